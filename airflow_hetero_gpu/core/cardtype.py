@@ -1,0 +1,39 @@
+"""Card-type matching (SPEC §4): case-insensitive, against the full name or the name without a
+leading ``NVIDIA ``, ``Tesla `` or ``GeForce `` (so ``A100-SXM4-80GB`` and ``RTX 4090`` match).
+
+As an extension, a requested type holding glob characters (``*``, ``?``, ``[``) is matched as a
+case-insensitive shell pattern against the same forms (``A100*`` takes every A100 variant).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from functools import lru_cache
+
+_PREFIXES = ("nvidia ", "tesla ", "geforce ")
+_GLOB = set("*?[")
+
+
+@lru_cache(maxsize=4096)
+def name_forms(card_type: str) -> tuple[str, ...]:
+    """The lower-cased forms a card type answers to: ``NVIDIA GeForce RTX 4090`` gives
+    ``nvidia geforce rtx 4090``, ``geforce rtx 4090`` and ``rtx 4090``."""
+    forms = [" ".join(card_type.lower().split())]
+    changed = True
+    while changed:
+        changed = False
+        for prefix in _PREFIXES:
+            if forms[-1].startswith(prefix) and len(forms[-1]) > len(prefix):
+                forms.append(forms[-1][len(prefix):].lstrip())
+                changed = True
+    return tuple(forms)
+
+
+@lru_cache(maxsize=4096)
+def card_type_matches(card_type: str, wanted: str) -> bool:
+    """Whether a GPU of ``card_type`` satisfies a request for ``wanted``."""
+    want = " ".join(wanted.lower().split())
+    forms = name_forms(card_type)
+    if _GLOB & set(want):
+        return any(fnmatch.fnmatchcase(f, want) for f in forms)
+    return want in forms

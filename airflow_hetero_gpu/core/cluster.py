@@ -1,0 +1,183 @@
+"""The cluster as the planner sees it: inventory + topology + candidate pools (SPEC §4-§6.1).
+
+Built once per collection; :func:`airflow_hetero_gpu.core.planner.plan` then runs against it
+many times (one call per request, with the ledger's reservations and evictions of the moment).
+Per-GPU facts are kept in numpy arrays so a plan over 100,000 GPUs stays in milliseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Iterable, Mapping
+
+import networkx as nx
+import numpy as np
+
+from airflow_hetero_gpu.core.config import ClusterConfig
+from airflow_hetero_gpu.core.model import Gpu, GpuKey
+from airflow_hetero_gpu.core.topology import REGISTRY, HostWiring, NetworkTiers, link_weight, mean_distance
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A candidate pool (S3): GPUs of one card type supporting the same set of task types."""
+
+    id: str
+    card_type: str
+    task_types: tuple[str, ...]
+    positions: np.ndarray  # positions of its GPUs in Cluster.gpus
+
+    @staticmethod
+    def make_id(card_type: str, task_types: tuple[str, ...]) -> str:
+        if task_types == (card_type,):
+            return card_type
+        return "+".join(sorted(task_types)) + "@" + card_type
+
+
+@dataclass
+class Cluster:
+    gpus: list[Gpu]
+    wiring: dict[str, HostWiring]
+    net: NetworkTiers
+    config: ClusterConfig
+    host_errors: dict[str, str] = field(default_factory=dict)
+    host_notes: dict[str, list[str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.gpus = sorted(self.gpus, key=lambda g: (g.host, g.index))
+        # task types come from the config; stamp them on the GPUs
+        self.gpus = [
+            g if g.task_types else _with_task_types(g, self.config.task_types_for(g.host, g.name))
+            for g in self.gpus
+        ]
+        self.position = {g.key: i for i, g in enumerate(self.gpus)}
+        if len(self.position) != len(self.gpus):
+            seen: set[GpuKey] = set()
+            dup = next(g.key for g in self.gpus if g.key in seen or seen.add(g.key))
+            raise ValueError(f"GPU {dup} appears twice in the inventory")
+        self.hosts = sorted({g.host for g in self.gpus} | set(self.host_errors))
+        host_id = {h: i for i, h in enumerate(self.hosts)}
+        n = len(self.gpus)
+        self.host_of = np.fromiter((host_id[g.host] for g in self.gpus), dtype=np.int64, count=n)
+        self.base_load = np.fromiter((g.base_load for g in self.gpus), dtype=np.float64, count=n)
+        self.healthy = np.fromiter((g.healthy for g in self.gpus), dtype=bool, count=n)
+        self.memory_free = np.fromiter(
+            (np.nan if g.memory_free_mib is None else g.memory_free_mib for g in self.gpus),
+            dtype=np.float64, count=n,
+        )
+        self.index_of = np.fromiter((g.index for g in self.gpus), dtype=np.int64, count=n)
+        # per-host distance matrices, interned by content
+        self.matrix_id: dict[str, int] = {}
+        self.matrix_row: dict[str, dict[int, int]] = {}
+        by_host: dict[str, list[int]] = {}
+        for g in self.gpus:
+            by_host.setdefault(g.host, []).append(g.index)
+        for host, indices in by_host.items():
+            w = self.wiring.get(host)
+            if w is None or set(indices) - set(w.indices):
+                links = {} if w is None else {
+                    (a, b): w.label(a, b) for a in w.indices for b in w.indices if a < b
+                }
+                w = HostWiring.from_links(indices, links)
+                self.wiring[host] = w
+            self.matrix_id[host] = REGISTRY.intern(w)
+            self.matrix_row[host] = {idx: r for r, idx in enumerate(w.indices)}
+        self.matrices = REGISTRY.matrices
+        # candidate pools (S3)
+        groups: dict[tuple[str, tuple[str, ...]], list[int]] = {}
+        for i, g in enumerate(self.gpus):
+            groups.setdefault((g.name, g.task_types), []).append(i)
+        self.pools = sorted(
+            (Pool(Pool.make_id(ct, tt), ct, tt, np.array(pos, dtype=np.int64)) for (ct, tt), pos in groups.items()),
+            key=lambda p: p.id,
+        )
+        self.pool_of = np.zeros(n, dtype=np.int64)
+        for pi, p in enumerate(self.pools):
+            self.pool_of[p.positions] = pi
+        self.pool_by_id = {p.id: p for p in self.pools}
+
+    # --- lookups -----------------------------------------------------------------------------
+    def gpu(self, key: tuple[str, int]) -> Gpu:
+        return self.gpus[self.position[GpuKey(*key)]]
+
+    def host_matrix(self, host: str):
+        return self.matrix_row[host], self.matrices[self.matrix_id[host]]
+
+    def mean_distance(self, keys) -> float:
+        """``d(S)`` of SPEC §5 for any set of GPUs of this cluster."""
+        return mean_distance([tuple(k) for k in keys], self.host_matrix, self.net)
+
+    def distance(self, a: tuple[str, int], b: tuple[str, int]) -> int:
+        if a[0] == b[0]:
+            rows, m = self.host_matrix(a[0])
+            return int(m[rows[a[1]], rows[b[1]]])
+        return self.net.host_distance(a[0], b[0])
+
+    def pool_of_gpu(self, key: tuple[str, int]) -> Pool:
+        return self.pools[int(self.pool_of[self.position[GpuKey(*key)]])]
+
+    # --- the networkx view (S2) --------------------------------------------------------------
+    @cached_property
+    def graph(self) -> nx.Graph:
+        """The cluster's GPU topology graph.
+
+        Nodes: every GPU ``(host, index)`` (attributes from the inventory), every host
+        ``("host", name)`` and every switch ``("switch", name)``. GPU-GPU edges inside a host carry
+        the ``topo -m`` label (``link``) and its weight; ``uplink`` edges join GPUs to their host,
+        hosts to their tier-1 switch and switches to their parents. Distances between hosts are
+        10 × the tier of the lowest common switch (SPEC §5), see :meth:`distance`.
+        """
+        g = nx.Graph()
+        for gpu in self.gpus:
+            g.add_node(gpu.key, kind="gpu", **gpu.to_json(), pool=self.pool_of_gpu(gpu.key).id)
+        for host in self.hosts:
+            g.add_node(("host", host), kind="host", error=self.host_errors.get(host))
+        for host, w in self.wiring.items():
+            for a in w.indices:
+                if (host, a) in self.position:
+                    g.add_edge(("host", host), GpuKey(host, a), kind="uplink")
+            for i, a in enumerate(w.indices):
+                for b in w.indices[i + 1:]:
+                    if (host, a) in self.position and (host, b) in self.position:
+                        label = w.label(a, b)
+                        g.add_edge(GpuKey(host, a), GpuKey(host, b), kind="link", link=label, weight=link_weight(label))
+        if self.net.flat:
+            g.add_node(("switch", "(all hosts)"), kind="switch", tier=1)
+            for host in self.hosts:
+                g.add_edge(("host", host), ("switch", "(all hosts)"), kind="uplink")
+        else:
+            for name, tier, members in self.net.groups:
+                g.add_node(("switch", name), kind="switch", tier=tier)
+            for name, tier, members in self.net.groups:
+                # parent: the lowest-tier group strictly above that contains all members
+                parents = [p for p, t, m in self.net.groups if t > tier and members <= m]
+                if parents:
+                    g.add_edge(("switch", name), ("switch", parents[0]), kind="uplink")
+                if tier == 1:
+                    for host in members:
+                        if host in self.hosts:
+                            g.add_edge(("host", host), ("switch", name), kind="uplink")
+        return g
+
+
+def _with_task_types(g: Gpu, task_types: tuple[str, ...]) -> Gpu:
+    from dataclasses import replace
+
+    return replace(g, task_types=task_types)
+
+
+def build_cluster(
+    gpus: Iterable[Gpu],
+    wiring: Mapping[str, HostWiring] | None = None,
+    net: NetworkTiers | None = None,
+    config: ClusterConfig | None = None,
+    host_errors: Mapping[str, str] | None = None,
+) -> Cluster:
+    return Cluster(
+        gpus=list(gpus),
+        wiring=dict(wiring or {}),
+        net=net or NetworkTiers.single_switch(),
+        config=config or ClusterConfig(),
+        host_errors=dict(host_errors or {}),
+    )

@@ -1,0 +1,53 @@
+"""Human explanations of why a pool's GPUs are not healthy or not available."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from airflow_hetero_gpu.core.view import PoolView
+
+MAX_EXAMPLES = 3
+
+
+def _examples(view: PoolView, positions) -> list:
+    gpus = view.state.cluster.gpus
+    return [gpus[int(p)] for p in positions[:MAX_EXAMPLES]]
+
+
+def _more(total: int, shown: int) -> str:
+    return f", +{total - shown} more" if total > shown else ""
+
+
+def describe_unhealthy(view: PoolView) -> str:
+    """``"dgx-a1 GPU3 ecc, dgx-a1 GPU5 xid-79"``: the pool's unhealthy GPUs with reasons."""
+    bad = view.positions_where("healthy", False)
+    ev = view.state.evicted
+    parts = []
+    for g in _examples(view, bad):
+        reasons = list(g.reasons) or [f"evicted ({', '.join(ev.get(g.key, ())) or 'abnormal'})"]
+        parts.append(f"{g.host} GPU{g.index} {'+'.join(reasons)}")
+    return ", ".join(parts) + _more(len(bad), len(parts))
+
+
+def describe_unavailable(view: PoolView) -> str:
+    """Why the pool's GPUs are not available, counted by cause (first cause that applies)."""
+    st = view.state
+    pos = view.positions
+    healthy = st.healthy[pos]
+    reserved = st.reserved[pos] & healthy
+    busy = st.busy[pos] & healthy & ~st.reserved[pos]
+    low_mem = ~st.memory_ok[pos] & healthy & ~st.reserved[pos] & ~st.busy[pos]
+    parts: list[str] = []
+    n_unhealthy = int((~healthy).sum())
+    if n_unhealthy:
+        parts.append(f"{n_unhealthy} unhealthy ({describe_unhealthy(view)})")
+    if reserved.any():
+        jobs = Counter(st.reserved_by.get(st.cluster.gpus[int(p)].key, "?") for p in pos[reserved])
+        listed = ", ".join(f"{job}×{n}" if n > 1 else job for job, n in sorted(jobs.items())[:MAX_EXAMPLES])
+        parts.append(f"{int(reserved.sum())} reserved (by {listed}{_more(len(jobs), min(len(jobs), MAX_EXAMPLES))})")
+    if busy.any():
+        parts.append(f"{int(busy.sum())} busy (load > {st.thresholds.busy_utilization:g})")
+    if low_mem.any():
+        need = st.request.gpu_memory_mib
+        parts.append(f"{int(low_mem.sum())} with less than {need:g} MiB free")
+    return "; ".join(parts) or "no GPUs"

@@ -1,0 +1,205 @@
+"""Which k GPUs inside a pool (SPEC §7.1), and which GPU replaces an abnormal one (SPEC §8).
+
+* One host can hold the job: on each such host the k-subset with the smallest mean distance
+  (exact search up to 16 available GPUs a host, greedy above), then the host with the smallest
+  d, ties to the host with *fewer* available GPUs (best fit), then host name, then the lowest
+  GPU indices.
+* Else span hosts: as few hosts as possible, under the lowest common switch tier possible,
+  hosts with the most available GPUs first, each host's share chosen as above.
+
+All or nothing: the result has exactly k GPUs or is ``None``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import combinations
+from math import comb
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from airflow_hetero_gpu.core.topology import NetworkTiers
+
+EXACT_SEARCH_MAX_GPUS = 16
+EPS = 1e-9
+
+# (matrix id, available rows, k) -> (pair-distance sum, chosen rows). Bounded; cleared when full.
+_SUBSET_CACHE: dict[tuple[int, tuple[int, ...], int], tuple[int, tuple[int, ...]]] = {}
+_SUBSET_CACHE_MAX = 500_000
+_COMBOS: dict[tuple[int, int], np.ndarray] = {}
+
+
+def _combos(n: int, k: int) -> np.ndarray:
+    arr = _COMBOS.get((n, k))
+    if arr is None:
+        arr = np.array(list(combinations(range(n), k)), dtype=np.int64).reshape(-1, k)
+        _COMBOS[(n, k)] = arr
+    return arr
+
+
+def best_subset(matrix_id: int, matrix: np.ndarray, rows: tuple[int, ...], k: int) -> tuple[int, tuple[int, ...]]:
+    """The k of ``rows`` (indices into ``matrix``, ascending) with the smallest pair-distance sum.
+
+    Returns (sum of pair distances, chosen rows). Ties go to the lexicographically smallest rows,
+    i.e. the lowest GPU indices. Cached by (matrix content id, rows, k).
+    """
+    key = (matrix_id, rows, k)
+    hit = _SUBSET_CACHE.get(key)
+    if hit is not None:
+        return hit
+    n = len(rows)
+    if k == n:
+        r = list(rows)
+        result = (int(matrix[np.ix_(r, r)].sum()) // 2, rows)
+    elif k == 1:
+        result = (0, rows[:1])
+    elif n <= EXACT_SEARCH_MAX_GPUS and comb(n, k) <= 20_000:
+        sub = matrix[np.ix_(rows, rows)]
+        cmb = _combos(n, k)
+        sums = np.zeros(len(cmb), dtype=np.int64)
+        for i in range(k):
+            for j in range(i + 1, k):
+                sums += sub[cmb[:, i], cmb[:, j]]
+        best = int(np.argmin(sums))  # first minimum = lexicographically smallest
+        result = (int(sums[best]), tuple(rows[c] for c in cmb[best]))
+    else:
+        result = _greedy_subset(matrix, rows, k)
+    if len(_SUBSET_CACHE) >= _SUBSET_CACHE_MAX:
+        _SUBSET_CACHE.clear()
+    _SUBSET_CACHE[key] = result
+    return result
+
+
+def _greedy_subset(matrix: np.ndarray, rows: tuple[int, ...], k: int) -> tuple[int, tuple[int, ...]]:
+    """Above the exact-search size: start from the closest pair, add the GPU nearest to the set."""
+    sub = matrix[np.ix_(rows, rows)].astype(np.int64)
+    n = len(rows)
+    masked = sub + np.eye(n, dtype=np.int64) * (1 << 40)
+    i, j = np.unravel_index(int(np.argmin(masked)), masked.shape)
+    chosen = [min(i, j), max(i, j)]
+    acc = sub[chosen[0]] + sub[chosen[1]]
+    total = int(sub[chosen[0], chosen[1]])
+    while len(chosen) < k:
+        cand = acc.copy()
+        cand[chosen] = 1 << 40
+        nxt = int(np.argmin(cand))
+        total += int(acc[nxt])
+        chosen.append(nxt)
+        acc = acc + sub[nxt]
+    chosen.sort()
+    return total, tuple(rows[c] for c in chosen)
+
+
+@dataclass(frozen=True)
+class HostAvail:
+    """One host's available GPUs in a pool."""
+
+    host: str
+    indices: tuple[int, ...]  # nvidia-smi indices, ascending
+    rows: tuple[int, ...]  # the same GPUs as rows of the host's distance matrix
+    matrix_id: int
+
+
+@dataclass(frozen=True)
+class Selection:
+    keys: tuple[tuple[str, int], ...]
+    mean_distance: float
+
+
+def _host_share(h: HostAvail, k: int, matrices: Sequence[np.ndarray]) -> tuple[int, tuple[int, ...]]:
+    pair_sum, rows = best_subset(h.matrix_id, matrices[h.matrix_id], h.rows, k)
+    row_to_index = dict(zip(h.rows, h.indices))
+    return pair_sum, tuple(row_to_index[r] for r in rows)
+
+
+def select_gpus(
+    hosts: Sequence[HostAvail],
+    k: int,
+    matrices: Sequence[np.ndarray],
+    net: NetworkTiers,
+) -> Selection | None:
+    """Choose k GPUs among the pool's available ones (SPEC §7.1), or ``None`` if fewer exist."""
+    if sum(len(h.indices) for h in hosts) < k:
+        return None
+    pairs = k * (k - 1) / 2
+    fits = [h for h in hosts if len(h.indices) >= k]
+    if fits:
+        best = None
+        for h in fits:
+            pair_sum, idx = _host_share(h, k, matrices)
+            rank = (pair_sum, len(h.indices), h.host, idx)
+            if best is None or rank < best[0]:
+                best = (rank, h.host, idx)
+        _, host, idx = best
+        d = best[0][0] / pairs if k > 1 else 1.0
+        return Selection(tuple((host, i) for i in idx), d)
+    return _span_hosts(hosts, k, matrices, net)
+
+
+def _span_hosts(hosts: Sequence[HostAvail], k: int, matrices, net: NetworkTiers) -> Selection | None:
+    order = sorted(hosts, key=lambda h: (-len(h.indices), h.host))
+    # As few hosts as possible: the smallest m whose m largest hosts hold k.
+    total, m = 0, 0
+    for h in order:
+        total += len(h.indices)
+        m += 1
+        if total >= k:
+            break
+    by_name = {h.host: h for h in hosts}
+    best: tuple | None = None
+    best_tier = None
+    for name, tier, members in net.spanning_groups(by_name):
+        if best_tier is not None and tier > best_tier:
+            break
+        inside = [h for h in order if h.host in members]
+        if sum(len(h.indices) for h in inside[:m]) < k:
+            continue
+        chosen = inside[:m]
+        keys: list[tuple[str, int]] = []
+        left = k
+        for h in chosen:
+            take = min(left, len(h.indices))
+            _, idx = _host_share(h, take, matrices)
+            keys.extend((h.host, i) for i in idx)
+            left -= take
+        d = _mean_distance_keys(keys, by_name, matrices, net)
+        rank = (d, tuple(sorted(h.host for h in chosen)))
+        if best is None or rank[0] < best[0][0] - EPS or (abs(rank[0] - best[0][0]) <= EPS and rank[1] < best[0][1]):
+            best = (rank, keys)
+            best_tier = tier
+    if best is None:
+        return None
+    keys = sorted(best[1])
+    return Selection(tuple(keys), best[0][0])
+
+
+def _mean_distance_keys(keys, by_name: Mapping[str, HostAvail], matrices, net: NetworkTiers) -> float:
+    from airflow_hetero_gpu.core.topology import mean_distance
+
+    def host_matrix(host: str):
+        h = by_name[host]
+        return dict(zip(h.indices, h.rows)), matrices[h.matrix_id]
+
+    return mean_distance(keys, host_matrix, net)
+
+
+def choose_replacement(
+    holding: Sequence[tuple[str, int]],
+    bad: tuple[str, int],
+    candidates: Sequence[tuple[str, int]],
+    distance_of: Callable[[Sequence[tuple[str, int]]], float],
+) -> tuple[str, int] | None:
+    """SPEC §8: the available GPU g' minimising d(S - g + g'), ties to g's host, then (host, index)."""
+    rest = [g for g in holding if tuple(g) != tuple(bad)]
+    best = None
+    for cand in candidates:
+        if tuple(cand) in {tuple(g) for g in holding}:
+            continue
+        d = distance_of([*rest, cand])
+        rank = (d, 0 if cand[0] == bad[0] else 1, cand[0], cand[1])
+        if best is None or rank[0] < best[0][0] - EPS or (
+            abs(rank[0] - best[0][0]) <= EPS and rank[1:] < best[0][1:]
+        ):
+            best = (rank, tuple(cand))
+    return best[1] if best else None

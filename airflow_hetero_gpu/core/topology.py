@@ -1,0 +1,166 @@
+"""Topology and distances (SPEC §5).
+
+Inside a host: every GPU pair has an edge weighted by its ``topo -m`` link (NV# 1, PIX 2, PXB 3,
+PHB 4, NODE 5, SYS/SOC 6); the distance is the weighted shortest path, so on a DGX-1 two GPUs
+without a direct NVLink are 2 apart through a third GPU. Between hosts: 10 × the tier of the
+lowest switch both hang under (no ``topology.conf``: one tier-1 switch, distance 10; no common
+switch: 10 × (highest tier + 1)).
+
+Distance matrices are computed once per distinct matrix *content* and shared by every host
+that has the same wiring, so a 10,000-host fleet of DGX boxes costs one shortest-path run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import combinations
+from typing import Iterable, Mapping, Sequence
+
+import networkx as nx
+import numpy as np
+
+UNKNOWN_LINK = "SYS"  # a pair the host's matrix does not cover is treated as the farthest link
+
+_LINK_WEIGHTS = {"PIX": 2, "PXB": 3, "PHB": 4, "NODE": 5, "SYS": 6, "SOC": 6}
+INTER_HOST_UNIT = 10
+
+
+def link_weight(label: str) -> int:
+    """Transmission-path length of one ``topo -m`` cell (SPEC §5)."""
+    label = label.upper()
+    if label.startswith("NV"):
+        return 1
+    return _LINK_WEIGHTS[label]
+
+
+@dataclass(frozen=True)
+class HostWiring:
+    """The GPU-to-GPU part of one host's ``topo -m`` matrix, by nvidia-smi index."""
+
+    indices: tuple[int, ...]
+    labels: tuple[str, ...]  # row-major upper triangle (i < j) in ``indices`` order
+
+    @classmethod
+    def from_links(cls, indices: Iterable[int], links: Mapping[tuple[int, int], str]) -> "HostWiring":
+        idx = tuple(sorted(indices))
+        labels = tuple(
+            links.get((a, b)) or links.get((b, a)) or UNKNOWN_LINK for a, b in combinations(idx, 2)
+        )
+        return cls(idx, labels)
+
+    def label(self, a: int, b: int) -> str:
+        if a == b:
+            return "X"
+        i, j = sorted((self.indices.index(a), self.indices.index(b)))
+        n = len(self.indices)
+        return self.labels[i * n - i * (i + 1) // 2 + (j - i - 1)]
+
+
+class _DistanceRegistry:
+    """Interns distance matrices by wiring content; hosts with equal wiring share an id."""
+
+    def __init__(self) -> None:
+        self._ids: dict[HostWiring, int] = {}
+        self.matrices: list[np.ndarray] = []
+
+    def intern(self, wiring: HostWiring) -> int:
+        mid = self._ids.get(wiring)
+        if mid is None:
+            mid = len(self.matrices)
+            self.matrices.append(_shortest_paths(wiring))
+            self._ids[wiring] = mid
+        return mid
+
+
+def host_graph(wiring: HostWiring) -> nx.Graph:
+    """One host's GPUs as a weighted complete graph (edge attributes ``link`` and ``weight``)."""
+    g = nx.Graph()
+    g.add_nodes_from(wiring.indices)
+    for (a, b), label in zip(combinations(wiring.indices, 2), wiring.labels):
+        g.add_edge(a, b, link=label, weight=link_weight(label))
+    return g
+
+
+def _shortest_paths(wiring: HostWiring) -> np.ndarray:
+    n = len(wiring.indices)
+    if n == 0:
+        return np.zeros((0, 0), dtype=np.int64)
+    d = nx.floyd_warshall_numpy(host_graph(wiring), nodelist=list(wiring.indices), weight="weight")
+    return np.rint(d).astype(np.int64)
+
+
+REGISTRY = _DistanceRegistry()
+
+
+@dataclass
+class NetworkTiers:
+    """Switch tiers between hosts, from ``topology.conf`` (or one tier-1 switch for all)."""
+
+    # (switch name, tier, hosts under it at any depth); sorted by tier then name
+    groups: list[tuple[str, int, frozenset[str]]] = field(default_factory=list)
+    max_tier: int = 1
+    flat: bool = True  # no topology.conf: every host under one tier-1 switch
+    _host_groups: dict[str, list[tuple[int, str]]] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def single_switch(cls) -> "NetworkTiers":
+        return cls()
+
+    @classmethod
+    def from_groups(cls, groups: Iterable[tuple[str, int, Iterable[str]]]) -> "NetworkTiers":
+        gs = sorted(((n, t, frozenset(h)) for n, t, h in groups), key=lambda g: (g[1], g[0]))
+        host_groups: dict[str, list[tuple[int, str]]] = {}
+        for name, tier, hosts in gs:
+            for h in hosts:
+                host_groups.setdefault(h, []).append((tier, name))
+        return cls(groups=gs, max_tier=max((t for _, t, _ in gs), default=0), flat=False,
+                   _host_groups=host_groups)
+
+    def tier(self, a: str, b: str) -> int:
+        """Tier of the lowest switch holding both hosts; ``max_tier + 1`` when none does."""
+        if self.flat:
+            return 1
+        ga = self._host_groups.get(a)
+        if not ga:
+            return self.max_tier + 1
+        gb = {name for _, name in self._host_groups.get(b, ())}
+        for tier, name in ga:  # sorted by tier
+            if name in gb:
+                return tier
+        return self.max_tier + 1
+
+    def host_distance(self, a: str, b: str) -> int:
+        return INTER_HOST_UNIT * self.tier(a, b)
+
+    def spanning_groups(self, hosts: Iterable[str]) -> list[tuple[str, int, frozenset[str]]]:
+        """Candidate host groups for a multi-host job, lowest tier first; the last one, the
+        whole set, stands for "no common switch"."""
+        everyone = frozenset(hosts)
+        if self.flat:
+            return [("(all hosts)", 1, everyone)]
+        return [*self.groups, ("(no common switch)", self.max_tier + 1, everyone)]
+
+
+def mean_distance(keys: Sequence[tuple[str, int]], host_matrix, net: NetworkTiers) -> float:
+    """``d(S)``: mean distance over all unordered pairs of ``keys``; 1 for a single GPU.
+
+    ``host_matrix(host) -> (row_of_index, matrix)`` gives a host's distance matrix.
+    """
+    if len(keys) <= 1:
+        return 1.0
+    by_host: dict[str, list[int]] = {}
+    for host, index in keys:
+        by_host.setdefault(host, []).append(index)
+    total = 0
+    for host, idx in by_host.items():
+        if len(idx) > 1:
+            rows, m = host_matrix(host)
+            r = [rows[i] for i in idx]
+            sub = m[np.ix_(r, r)]
+            total += int(sub.sum()) // 2
+    hosts = list(by_host)
+    for i, a in enumerate(hosts):
+        for b in hosts[i + 1:]:
+            total += net.host_distance(a, b) * len(by_host[a]) * len(by_host[b])
+    k = len(keys)
+    return total / (k * (k - 1) / 2)

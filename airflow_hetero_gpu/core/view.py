@@ -1,0 +1,82 @@
+"""A pool as one request sees it: the state of its GPUs at this instant (SPEC §6.3).
+
+Built by the planner once per (pool, request); filters and scorers read it and never mutate it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Mapping
+
+import numpy as np
+
+from airflow_hetero_gpu.core.config import Thresholds
+from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
+
+if TYPE_CHECKING:
+    from airflow_hetero_gpu.core.cluster import Cluster, Pool
+    from airflow_hetero_gpu.core.selection import Selection
+
+
+@dataclass
+class ClusterState:
+    """Per-request arrays over every GPU of the cluster (reservations and evictions applied)."""
+
+    cluster: "Cluster"
+    request: PlanRequest
+    thresholds: Thresholds
+    reserved_by: Mapping[GpuKey, str]
+    evicted: Mapping[GpuKey, tuple[str, ...]]
+    reserved: np.ndarray
+    healthy: np.ndarray
+    load: np.ndarray
+    busy: np.ndarray
+    memory_ok: np.ndarray
+    available: np.ndarray
+
+
+@dataclass
+class PoolView:
+    pool: "Pool"
+    state: ClusterState
+    selection: "Selection | None" = None
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def request(self) -> PlanRequest:
+        return self.state.request
+
+    @property
+    def thresholds(self) -> Thresholds:
+        return self.state.thresholds
+
+    @property
+    def positions(self) -> np.ndarray:
+        return self.pool.positions
+
+    def _mask(self, name: str) -> np.ndarray:
+        m = self._cache.get(name)
+        if m is None:
+            m = getattr(self.state, name)[self.pool.positions]
+            self._cache[name] = m
+        return m
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.pool.positions)
+
+    @property
+    def healthy_count(self) -> int:
+        return int(self._mask("healthy").sum())
+
+    @property
+    def available_count(self) -> int:
+        return int(self._mask("available").sum())
+
+    @property
+    def healthy_loads(self) -> np.ndarray:
+        return self.state.load[self.pool.positions[self._mask("healthy")]]
+
+    def positions_where(self, name: str, value: bool = True) -> np.ndarray:
+        m = self._mask(name)
+        return self.pool.positions[m if value else ~m]
