@@ -11,12 +11,23 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError, model_validator
+from typing import Annotated
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
 from airflow_hetero_gpu.core.cardtype import card_type_matches
 from airflow_hetero_gpu.errors import ConfigError
 
-Number = StrictFloat | StrictInt
+
+
+def _number(value: Any) -> Any:
+    # YAML gives int or float; a string or a boolean is a mistake, not a number to coerce.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"input should be a number, got {value!r}")
+    return value
+
+
+Number = Annotated[float, BeforeValidator(_number)]
 
 
 class _Strict(BaseModel):
