@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from airflow_hetero_gpu.capture.directory import CaptureSet, HostCapture, read_capture_dir
+from airflow_hetero_gpu.capture.slurm import SwitchTopology
 from airflow_hetero_gpu.core.cluster import Cluster, build_cluster
 from airflow_hetero_gpu.core.config import ClusterConfig, load_config
 from airflow_hetero_gpu.core.health import GpuFacts, health_reasons
@@ -79,10 +80,21 @@ def cluster_from_captures(captures: CaptureSet, config: ClusterConfig | None = N
     if captures.switches is None:
         net = NetworkTiers.single_switch()
     else:
-        net = NetworkTiers.from_groups(captures.switches.groups())
+        net = network_tiers(captures.switches)
     cluster = build_cluster(gpus, wiring, net, config, errors)
     cluster.host_notes = {n: list(c.notes) for n, c in captures.hosts.items() if c.notes}
     return cluster
+
+
+def network_tiers(switches: SwitchTopology) -> NetworkTiers:
+    """Every switch of ``topology.conf`` as a group: (name, tier, hosts under it at any depth)."""
+    members: dict[str, set[str]] = {name: set() for name in switches.switches}
+    for host in switches.hosts:
+        for name in switches.switches_of(host):
+            members[name].add(host)
+    return NetworkTiers.from_groups(
+        (name, sw.tier, members[name]) for name, sw in switches.switches.items()
+    )
 
 
 def load_cluster(captures_dir: str | Path, config_path: str | Path | None = None) -> Cluster:

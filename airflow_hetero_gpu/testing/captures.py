@@ -1,0 +1,45 @@
+"""Write a capture directory (SPEC §2) from emulated host specs, without SSH.
+
+The files hold exactly what the emulated ``nvidia-smi`` prints for those hosts (the same
+renderer the fake tools use), so tests and samples exercise the real readers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+from airflow_hetero_gpu.capture.directory import QUERY_FIELDS
+from airflow_hetero_gpu.testing import nvsmi
+from airflow_hetero_gpu.testing.state import HostSpec
+
+
+def write_capture_dir(
+    root: str | Path,
+    hosts: Iterable[HostSpec],
+    *,
+    topology_conf: str | None = None,
+    cluster_yaml: str | None = None,
+    errors: dict[str, str] | None = None,
+) -> Path:
+    """Render ``hosts`` into ``root``; ``errors`` maps host -> error.txt text (collection failed)."""
+    root = Path(root)
+    for spec in hosts:
+        state = spec.to_state()
+        d = root / "hosts" / spec.name
+        d.mkdir(parents=True, exist_ok=True)
+        text, _rc = nvsmi.query_gpu(state, QUERY_FIELDS, "csv")
+        (d / "query.csv").write_text(text)
+        (d / "topo.txt").write_text(nvsmi.topo_text(state))
+        xid = "".join(line for line in nvsmi.dmesg_text(state).splitlines(True) if "NVRM: Xid" in line)
+        if xid:
+            (d / "xid.log").write_text(xid)
+    for host, message in (errors or {}).items():
+        d = root / "hosts" / host
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "error.txt").write_text(message + "\n")
+    if topology_conf is not None:
+        (root / "topology.conf").write_text(topology_conf)
+    if cluster_yaml is not None:
+        (root / "cluster.yaml").write_text(cluster_yaml)
+    return root
