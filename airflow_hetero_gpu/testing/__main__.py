@@ -1,0 +1,80 @@
+"""``python -m airflow_hetero_gpu.testing start --root DIR [--hosts demo|small]``
+
+Starts an emulated GPU cluster, prints where each host answers and the client paths, and keeps
+it running until SIGTERM or SIGINT; then stops every sshd and every command started through it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Sequence
+
+from airflow_hetero_gpu.testing import sshd_available
+from airflow_hetero_gpu.testing.cluster import EmulatedCluster
+from airflow_hetero_gpu.testing.demo import demo_hosts, small_hosts
+from airflow_hetero_gpu.testing.sshd import SshdError
+
+HOST_SETS = {"demo": demo_hosts, "small": small_hosts}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m airflow_hetero_gpu.testing",
+                                     description="Run an emulated GPU cluster (real sshd, fake nvidia-smi).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    start = sub.add_parser("start", help="start a cluster and keep it running until SIGTERM/SIGINT")
+    start.add_argument("--root", required=True, type=Path, help="directory for keys, states and configs")
+    start.add_argument("--hosts", default="demo", choices=sorted(HOST_SETS), help="which host set")
+    start.add_argument("--first-address", default="127.0.0.11", help="address of the first host")
+    return parser
+
+
+def describe(cluster: EmulatedCluster) -> str:
+    """The human-readable summary printed once the cluster is up."""
+    lines = [f"emulated cluster under {cluster.root}"]
+    for host in cluster.hosts:
+        state = cluster.state(host.name)
+        cards = sorted({g["name"] for g in state.get("gpus", [])})
+        lines.append(f"  {host.name:<12} {host.address}:{host.port:<6} {len(state.get('gpus', []))} x "
+                     f"{', '.join(cards)}  state: {host.state_file}")
+    lines += [
+        f"user:          {cluster.user}",
+        f"identity file: {cluster.identity_file}",
+        f"known_hosts:   {cluster.known_hosts_path}",
+        f"--hosts value: {cluster.hosts_arg()}",
+        f"try:           ssh -i {cluster.identity_file} -o UserKnownHostsFile={cluster.known_hosts_path} "
+        f"-p {cluster.hosts[0].port} {cluster.user}@{cluster.hosts[0].address} nvidia-smi -L",
+        f"ready: {cluster.root / 'cluster.json'}",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if not sshd_available():
+        print("error: OpenSSH server not installed (apt-get install openssh-server)", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    cluster = EmulatedCluster(args.root, HOST_SETS[args.hosts](), first_address=args.first_address)
+    try:
+        cluster.start()
+    except (SshdError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        print(describe(cluster), flush=True)
+        while not stop.wait(0.5):
+            pass
+    finally:
+        cluster.stop()
+    print("stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""Find and end the processes an emulated host started (Linux ``/proc``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+PROC = Path("/proc")
+
+
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, ppid, pgid) of a process, or None when it is gone."""
+    try:
+        raw = (PROC / str(pid) / "stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # The command name may hold spaces and parentheses: split after the last ')'.
+    fields = raw[raw.rindex(")") + 2:].split()
+    return fields[0], int(fields[1]), int(fields[2])
+
+
+def alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie."""
+    st = _stat(pid)
+    return st is not None and st[0] not in ("Z", "X")
+
+
+def all_pids() -> list[int]:
+    return [int(p.name) for p in PROC.iterdir() if p.name.isdigit()]
+
+
+def descendants(root: int) -> dict[int, int]:
+    """Every live descendant of ``root`` -> its depth below root (children are 1)."""
+    children: dict[int, list[int]] = {}
+    for pid in all_pids():
+        st = _stat(pid)
+        if st is not None:
+            children.setdefault(st[1], []).append(pid)
+    found: dict[int, int] = {}
+    frontier = [(root, 0)]
+    while frontier:
+        pid, depth = frontier.pop()
+        for child in children.get(pid, []):
+            if child not in found:
+                found[child] = depth + 1
+                frontier.append((child, depth + 1))
+    return found
+
+
+def with_env_marker(marker: str, *, prefix: bool = False) -> list[int]:
+    """Processes whose environment holds ``HETERO_GPU_EMU_MARKER=<marker>`` (or a value starting
+    with ``marker`` when ``prefix``)."""
+    needle = f"HETERO_GPU_EMU_MARKER={marker}".encode()
+    found = []
+    for pid in all_pids():
+        try:
+            env = (PROC / str(pid) / "environ").read_bytes()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        entries = env.split(b"\0")
+        if any(e.startswith(needle) for e in entries) if prefix else needle in entries:
+            found.append(pid)
+    return found
+
+
+def kill_all(pids_by_depth: dict[int, int], timeout: float = 3.0) -> list[int]:
+    """SIGKILL the given processes and their process groups, deepest first; wait for them.
+
+    Our own process group is never signalled. Returns the pids still alive at the deadline.
+    """
+    own_pgid = os.getpgrp()
+    for pid in sorted(pids_by_depth, key=lambda p: -pids_by_depth[p]):
+        st = _stat(pid)
+        if st is None:
+            continue
+        pgid = st[2]
+        try:
+            if pgid > 1 and pgid != own_pgid:
+                os.killpg(pgid, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + timeout
+    left = [p for p in pids_by_depth if alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.01)
+        left = [p for p in left if alive(p)]
+    return left

@@ -1,0 +1,50 @@
+"""Pytest fixtures for the emulated GPU cluster. Import them explicitly in a test module::
+
+    from airflow_hetero_gpu.testing.pytest_fixtures import emulated_cluster  # noqa: F401
+
+    def test_something(emulated_cluster):
+        cluster = emulated_cluster()                 # the demo fleet, started
+        small = emulated_cluster(small_hosts(2))     # or any list of HostSpec
+
+Every cluster the factory made is stopped at teardown (sshd and every remote command killed).
+Tests using it are skipped, with the reason, only when the OpenSSH server is not installed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import pytest
+
+from airflow_hetero_gpu.testing import sshd_available
+from airflow_hetero_gpu.testing.cluster import EmulatedCluster
+from airflow_hetero_gpu.testing.demo import demo_hosts
+from airflow_hetero_gpu.testing.state import HostSpec
+
+ClusterFactory = Callable[..., EmulatedCluster]
+
+SKIP_REASON = (
+    "OpenSSH server not installed (no sshd/ssh-keygen): "
+    "apt-get install openssh-server openssh-client"
+)
+
+
+@pytest.fixture
+def emulated_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFactory]:
+    """A factory ``(hosts=None, **kwargs) -> started EmulatedCluster`` (demo hosts by default)."""
+    if not sshd_available():
+        pytest.skip(SKIP_REASON)
+    made: list[EmulatedCluster] = []
+
+    def factory(hosts: Sequence[HostSpec] | None = None, **kwargs: object) -> EmulatedCluster:
+        root: Path = tmp_path_factory.mktemp("emucluster")
+        cluster = EmulatedCluster(root, list(hosts) if hosts is not None else demo_hosts(), **kwargs)
+        made.append(cluster)
+        return cluster.start()
+
+    try:
+        yield factory
+    finally:
+        for cluster in made:
+            cluster.stop()

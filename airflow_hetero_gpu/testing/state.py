@@ -1,0 +1,176 @@
+"""The state of one emulated host: what its ``nvidia-smi`` and kernel log report.
+
+A host's state is a JSON file (``<host dir>/state.json``) that the fake tools read on every call,
+so a test changes a host by rewriting it (:meth:`EmulatedCluster.update_gpu` and friends do that
+atomically). :class:`HostSpec` and :class:`GpuSpec` are the typed way to write the first version.
+
+State file format (every key optional unless noted)::
+
+    {
+      "hostname": "dgx-a1",                      # required
+      "driver_version": "535.183.01",
+      "boot_time": 1735689600,                   # epoch seconds; journalctl timestamps
+      "gpus": [ {GPU}, ... ],
+      "topology": {"sample": "8x-a100-sxm-nv12-4nic-hgx-2numa"}   # a shipped real sample
+               | {"matrix": [["X", "NV12"], ["NV12", "X"]],          # or a generated matrix
+                  "cpu_affinity": ["0-31", "0-31"], "numa_affinity": ["0", "0"],
+                  "nics": [{"name": "mlx5_0", "links": ["PXB", "SYS", "X"]}],
+                  "gpu_numa_id_column": true, "ansi_header": false},
+      "xid": [ {"time": 1234.56789, "gpu": 3, "xid": 79, "pid": 1234, "name": "python3"},
+               "[ 99.000001] NVRM: Xid (PCI:0000:07:00): 13, ... raw line" ],
+      "faults": ["driver_gone" | "no_devices" | "nvidia_smi_missing" | "host_down" | "hang"
+                 | "host_key_changed" | "journal_denied" | "dmesg_denied"]
+    }
+
+A GPU (``{GPU}``) uses the keys of :class:`GpuSpec`; ``null`` prints ``[N/A]``; ``overrides``
+maps a query field name to the raw text to print (``{"temperature.gpu": "[Unknown Error]"}``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import uuid as _uuid
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+#: Host-level faults; see docs/emulated-cluster.md for what each does.
+FAULTS = (
+    "driver_gone",         # nvidia-smi: "NVIDIA-SMI has failed ..." exit 9
+    "no_devices",          # nvidia-smi: "No devices were found" exit 6
+    "nvidia_smi_missing",  # the shell: "nvidia-smi: command not found" exit 127
+    "host_down",           # sshd stopped: connection refused
+    "hang",                # sshd SIGSTOPped: connections hang before the banner
+    "host_key_changed",    # sshd restarted with a new host key absent from known_hosts
+    "journal_denied",      # journalctl -k: no permission
+    "dmesg_denied",        # dmesg: "read kernel buffer failed: Operation not permitted"
+)
+
+#: Faults the fake tools act on by reading the state (the others are process-level).
+STATE_FAULTS = ("driver_gone", "no_devices", "journal_denied", "dmesg_denied")
+
+STATE_FILE = "state.json"
+
+
+@dataclass
+class GpuSpec:
+    """One emulated GPU. ``None`` values print as ``[N/A]``."""
+
+    index: int
+    name: str
+    memory_total_mib: int
+    pci_bus_id: str                      # "00000000:3B:00.0"
+    uuid: str = ""                       # filled from host name and index when empty
+    serial: str | None = None
+    memory_used_mib: int = 0
+    memory_reserved_mib: int = 0
+    utilization_gpu: int | None = 0
+    utilization_memory: int | None = 0
+    temperature_c: int | None = 35
+    temperature_memory_c: int | None = None
+    power_draw_w: float | None = 60.0
+    power_limit_w: float | None = 400.0
+    ecc_mode: str | None = "Enabled"
+    ecc_uncorrected_volatile: int | None = 0
+    ecc_corrected_volatile: int | None = 0
+    retired_pages_pending: bool | None = None
+    remapped_rows_pending: bool | None = False
+    pstate: str = "P0"
+    compute_cap: str | None = None
+    fan_speed: int | None = None
+    clock_sm_mhz: int | None = 1410
+    clock_sm_max_mhz: int | None = 1410
+    clock_mem_mhz: int | None = 1593
+    vbios_version: str | None = None
+    lost: bool = False
+    lost_reason: str = "Unknown Error"
+    overrides: dict[str, str] = field(default_factory=dict)
+
+    def to_state(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+#: Keys a GPU entry of the state may carry (for validation of updates).
+GPU_KEYS = frozenset(f.name for f in fields(GpuSpec))
+
+
+@dataclass
+class HostSpec:
+    """One emulated host: its name, GPUs, topology and kernel log."""
+
+    name: str
+    gpus: list[GpuSpec]
+    topology: dict[str, Any]
+    driver_version: str = "535.183.01"
+    xid: list[Any] = field(default_factory=list)
+    faults: list[str] = field(default_factory=list)
+
+    def to_state(self) -> dict[str, Any]:
+        gpus = []
+        for gpu in self.gpus:
+            entry = gpu.to_state()
+            if not entry["uuid"]:
+                entry["uuid"] = gpu_uuid(self.name, gpu.index)
+            gpus.append(entry)
+        return {
+            "hostname": self.name,
+            "driver_version": self.driver_version,
+            "boot_time": 1_735_689_600,
+            "gpus": gpus,
+            "topology": dict(self.topology),
+            "xid": list(self.xid),
+            "faults": list(self.faults),
+        }
+
+
+def gpu_uuid(host: str, index: int) -> str:
+    """A stable, realistic-looking GPU UUID for (host, index)."""
+    return "GPU-" + str(_uuid.uuid5(_uuid.NAMESPACE_DNS, f"{host}.gpu{index}.hetero-gpu.invalid"))
+
+
+def validate_state(state: Mapping[str, Any]) -> None:
+    """Raise ValueError (naming the key) when a state cannot drive the fake tools."""
+    if not isinstance(state.get("hostname"), str) or not state["hostname"]:
+        raise ValueError("state: 'hostname' must be a non-empty string")
+    indices = set()
+    for pos, gpu in enumerate(state.get("gpus", [])):
+        unknown = set(gpu) - GPU_KEYS
+        if unknown:
+            raise ValueError(f"state: gpus[{pos}] has unknown keys {sorted(unknown)}")
+        for key in ("index", "name", "memory_total_mib", "pci_bus_id"):
+            if key not in gpu:
+                raise ValueError(f"state: gpus[{pos}] lacks {key!r}")
+        if gpu["index"] in indices:
+            raise ValueError(f"state: GPU index {gpu['index']} appears twice")
+        indices.add(gpu["index"])
+    for fault in state.get("faults", []):
+        if fault not in FAULTS:
+            raise ValueError(f"state: unknown fault {fault!r}; known: {', '.join(FAULTS)}")
+    topology = state.get("topology") or {}
+    if "sample" not in topology and "matrix" not in topology:
+        raise ValueError("state: 'topology' needs 'sample' or 'matrix'")
+
+
+def read_state(path: str | os.PathLike[str]) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def write_state(path: str | os.PathLike[str], state: Mapping[str, Any]) -> None:
+    """Write atomically (temp file + rename): a reader never sees half a state."""
+    validate_state(state)
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=".state.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(state, fh, indent=2, sort_keys=True)
+            fh.write("\n")
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
