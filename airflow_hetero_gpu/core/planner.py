@@ -55,21 +55,27 @@ def cluster_state(
                         memory_ok, available)
 
 
-def _host_avail(view: PoolView) -> list[HostAvail]:
-    """The pool's available GPUs grouped by host (positions are sorted by host, then index)."""
-    st = view.state
-    c = st.cluster
-    pos = view.positions_where("available")
+def _host_avail(view: PoolView, k: int) -> list[HostAvail]:
+    """The pool's available GPUs grouped by host, in host-name order.
+
+    When some host can hold all k GPUs, only such hosts are returned (§7.1 looks no further);
+    otherwise every host with an available GPU is (the job will span hosts).
+    """
+    c = view.state.cluster
+    pos = view.positions_where("available")  # sorted by host name, then index
     if len(pos) == 0:
         return []
-    hosts = c.host_of[pos]
-    cuts = np.flatnonzero(np.diff(hosts)) + 1
+    hid = c.host_of[pos]
+    cuts = np.flatnonzero(np.diff(hid)) + 1
+    starts = np.concatenate(([0], cuts))
+    ends = np.concatenate((cuts, [len(pos)]))
+    counts = ends - starts
+    keep = np.flatnonzero(counts >= k) if counts.max() >= k else np.arange(len(starts))
+    hid_l, idx_l, row_l = hid.tolist(), c.index_of[pos].tolist(), c.row_of[pos].tolist()
     out = []
-    for chunk in np.split(pos, cuts):
-        host = c.hosts[int(c.host_of[chunk[0]])]
-        indices = tuple(int(i) for i in c.index_of[chunk])
-        rows_of = c.matrix_row[host]
-        out.append(HostAvail(host, indices, tuple(rows_of[i] for i in indices), c.matrix_id[host]))
+    for s, e in zip(starts[keep].tolist(), ends[keep].tolist()):
+        h = hid_l[s]
+        out.append(HostAvail(c.hosts[h], tuple(idx_l[s:e]), tuple(row_l[s:e]), c.host_matrix_ids[h]))
     return out
 
 
@@ -113,7 +119,7 @@ def plan(
         if rep.reason is not None:
             rep.stage = "primary"
             continue
-        view.selection = select_gpus(_host_avail(view), request.gpus, cluster.matrices, cluster.net)
+        view.selection = select_gpus(_host_avail(view, request.gpus), request.gpus, cluster.matrices, cluster.net)
         if view.selection is None:  # cannot happen when enough are available; kept as a guard
             rep.stage, rep.reason = "primary", "no set of available GPUs found"
             continue
@@ -131,8 +137,7 @@ def plan(
                 rep.reason = f"evaluation {rep.score.total:.6g} below {best.pool}'s {best.score.total:.6g}" \
                     if rep.score.total < best.score.total - EPS else f"tie with {best.pool}, lost on hosts spanned or pool id"
         decision = Decision(best.pool, [cluster.gpu(k) for k in best.selection], best.score, best.mean_distance)
-    unhealthy = [g for g, ok in zip(cluster.gpus, state.healthy) if not ok]
-    unhealthy = [_with_eviction(g, state.evicted) for g in unhealthy]
+    unhealthy = [_with_eviction(cluster.gpus[int(p)], state.evicted) for p in np.flatnonzero(~state.healthy)]
     return PlanResult(request, decision, reports, unhealthy, dict(cluster.host_errors))
 
 

@@ -126,7 +126,12 @@ def select_gpus(
     fits = [h for h in hosts if len(h.indices) >= k]
     if fits:
         best = None
-        for h in fits:
+        seen: set[tuple[int, tuple[int, ...]]] = set()
+        for h in fits:  # in host-name order
+            signature = (h.matrix_id, h.rows)
+            if signature in seen:  # same wiring, same free GPUs as an earlier (smaller-named) host
+                continue
+            seen.add(signature)
             pair_sum, idx = _host_share(h, k, matrices)
             rank = (pair_sum, len(h.indices), h.host, idx)
             if best is None or rank < best[0]:
@@ -147,15 +152,20 @@ def _span_hosts(hosts: Sequence[HostAvail], k: int, matrices, net: NetworkTiers)
         if total >= k:
             break
     by_name = {h.host: h for h in hosts}
+    # every switch's available hosts, most available first (one pass over hosts x depth)
+    members: dict[str, list[HostAvail]] = {}
+    for h in order:
+        for name in net.groups_of(h.host):
+            members.setdefault(name, []).append(h)
     best: tuple | None = None
     best_tier = None
-    for name, tier, members in net.spanning_groups(by_name):
+    for name, tier, _ in net.spanning_groups(by_name):
         if best_tier is not None and tier > best_tier:
             break
-        inside = [h for h in order if h.host in members]
-        if sum(len(h.indices) for h in inside[:m]) < k:
-            continue
+        inside = order if name in ("(all hosts)", "(no common switch)") else members.get(name, [])
         chosen = inside[:m]
+        if len(chosen) < m or sum(len(h.indices) for h in chosen) < k:
+            continue
         keys: list[tuple[str, int]] = []
         left = k
         for h in chosen:

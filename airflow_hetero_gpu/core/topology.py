@@ -132,6 +132,10 @@ class NetworkTiers:
     def host_distance(self, a: str, b: str) -> int:
         return INTER_HOST_UNIT * self.tier(a, b)
 
+    def groups_of(self, host: str) -> list[str]:
+        """The switches ``host`` hangs under, lowest tier first."""
+        return [name for _, name in self._host_groups.get(host, ())]
+
     def spanning_groups(self, hosts: Iterable[str]) -> list[tuple[str, int, frozenset[str]]]:
         """Candidate host groups for a multi-host job, lowest tier first; the last one, the
         whole set, stands for "no common switch"."""
