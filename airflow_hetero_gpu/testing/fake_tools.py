@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Sequence, TextIO
 
@@ -71,6 +72,9 @@ def nvidia_smi(argv: Sequence[str], state: dict, out: TextIO, err: TextIO) -> in
         _emit(out, str(exc))
         return exc.returncode
 
+    delay = float(state.get("nvidia_smi_delay_s") or 0)
+    if delay > 0:
+        time.sleep(delay)  # a slow or stuck driver, for command-timeout tests
     faults = set(state.get("faults", []))
     if "driver_gone" in faults:
         # Real captures show this text on stdout (followed by an empty line) and on stderr.

@@ -18,6 +18,7 @@ State file format (every key optional unless noted)::
                   "gpu_numa_id_column": true, "ansi_header": false},
       "xid": [ {"time": 1234.56789, "gpu": 3, "xid": 79, "pid": 1234, "name": "python3"},
                "[ 99.000001] NVRM: Xid (PCI:0000:07:00): 13, ... raw line" ],
+      "nvidia_smi_delay_s": 0,                   # every nvidia-smi call sleeps this long first
       "faults": ["driver_gone" | "no_devices" | "nvidia_smi_missing" | "host_down" | "hang"
                  | "host_key_changed" | "journal_denied" | "dmesg_denied"]
     }
