@@ -9,9 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from airflow_hetero_gpu.capture.xid import APPLICATION_XIDS
 from airflow_hetero_gpu.core.config import Thresholds
-
-APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
 
 @dataclass(frozen=True)

@@ -19,18 +19,10 @@ from typing import Iterable, Mapping, Sequence
 import networkx as nx
 import numpy as np
 
+from airflow_hetero_gpu.capture.topo import link_weight
+
 UNKNOWN_LINK = "SYS"  # a pair the host's matrix does not cover is treated as the farthest link
-
-_LINK_WEIGHTS = {"PIX": 2, "PXB": 3, "PHB": 4, "NODE": 5, "SYS": 6, "SOC": 6}
 INTER_HOST_UNIT = 10
-
-
-def link_weight(label: str) -> int:
-    """Transmission-path length of one ``topo -m`` cell (SPEC §5)."""
-    label = label.upper()
-    if label.startswith("NV"):
-        return 1
-    return _LINK_WEIGHTS[label]
 
 
 @dataclass(frozen=True)
