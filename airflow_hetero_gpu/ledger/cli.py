@@ -1,0 +1,129 @@
+"""The ledger's ``hetero-gpu`` sub-commands: ``release``, ``uncordon``, ``reservations``, ``evictions``.
+
+Each handler returns an exit status; bad input raises a one-line
+:class:`~airflow_hetero_gpu.errors.HeteroGpuError` subclass that the CLI prints (exit 2).
+``--ledger`` defaults to the SQLite file under ``$AIRFLOW_HOME``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import datetime, timezone
+
+from airflow_hetero_gpu.cli import EXIT_OK, table
+from airflow_hetero_gpu.core.cluster import Cluster
+from airflow_hetero_gpu.core.config import ClusterConfig
+from airflow_hetero_gpu.core.model import GpuKey, PlanRequest, PlanResult
+from airflow_hetero_gpu.ledger.errors import LedgerError
+from airflow_hetero_gpu.ledger.store import DEFAULT_LEASE_SECONDS, Ledger
+
+
+def parse_gpu_target(text: str) -> tuple[str, int | None]:
+    """``HOST`` or ``HOST:INDEX`` -> (host, index or None)."""
+    host, sep, index = text.strip().rpartition(":")
+    if not sep:
+        host, index = index, ""
+    if not host or any(c.isspace() for c in host) or (sep and not index.isdigit()):
+        raise LedgerError(f"expected HOST or HOST:INDEX (INDEX a GPU number >= 0), got {text!r}")
+    return host, int(index) if sep else None
+
+
+def reserve_for_cli(
+    ledger_url: str | None,
+    job_id: str,
+    cluster: Cluster,
+    request: PlanRequest,
+    config: ClusterConfig | None = None,
+    *,
+    lease_seconds: float = DEFAULT_LEASE_SECONDS,
+) -> PlanResult:
+    """``plan --reserve``: plan and claim in one ledger transaction; decision None means exit 3."""
+    with Ledger.from_url(ledger_url) as ledger:
+        return ledger.reserve(job_id, cluster, request, lease_seconds=lease_seconds, config=config)
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    with Ledger.from_url(args.ledger) as ledger:
+        freed = ledger.release(args.job_id)
+    if freed:
+        print(f"released job {args.job_id!r}")
+    else:
+        print(f"job {args.job_id!r} holds no live reservation; nothing to release")
+    return EXIT_OK
+
+
+def cmd_uncordon(args: argparse.Namespace) -> int:
+    host, index = parse_gpu_target(args.target)
+    with Ledger.from_url(args.ledger) as ledger:
+        back = ledger.uncordon(host, index)
+    if back:
+        print("readmitted: " + ", ".join(str(k) for k in back))
+    else:
+        print(f"no evicted GPU on {args.target.strip()}; nothing to do")
+    return EXIT_OK
+
+
+def _remaining(expires_at: datetime) -> str:
+    seconds = (expires_at - datetime.now(timezone.utc)).total_seconds()
+    return f"{max(0, int(seconds))}s"
+
+
+def cmd_reservations(args: argparse.Namespace) -> int:
+    with Ledger.from_url(args.ledger) as ledger:
+        live = ledger.live_reservations()
+    if args.json:
+        print(json.dumps([r.to_json() for r in live], indent=2))
+        return EXIT_OK
+    rows = [
+        (r.job_id, r.pool, len(r.gpus), " ".join(str(GpuKey(g.host, g.index)) for g in r.gpus),
+         f"{r.score.get('total', 0.0):.3f}", r.expires_at.strftime("%Y-%m-%d %H:%M:%S"), _remaining(r.expires_at),
+         "/".join(str(x) for x in (r.identity.dag_id, r.identity.run_id, r.identity.task_id) if x) if r.identity else "")
+        for r in live
+    ]
+    print(table(["JOB", "POOL", "K", "GPUS", "E", "EXPIRES (UTC)", "LEFT", "AIRFLOW TASK"], rows))
+    if not live:
+        print("(no live reservations)")
+    return EXIT_OK
+
+
+def cmd_evictions(args: argparse.Namespace) -> int:
+    with Ledger.from_url(args.ledger) as ledger:
+        evicted = ledger.evictions()
+    if args.json:
+        print(json.dumps([e.to_json() for e in evicted], indent=2))
+        return EXIT_OK
+    rows = [(e.host, e.index, e.uuid or "", ",".join(e.reasons), e.evicted_at.strftime("%Y-%m-%d %H:%M:%S"),
+             e.healthy_checks) for e in evicted]
+    print(table(["HOST", "IDX", "UUID", "REASONS", "EVICTED (UTC)", "HEALTHY CHECKS"], rows))
+    if not evicted:
+        print("(no evicted GPUs)")
+    return EXIT_OK
+
+
+def _ledger_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ledger", metavar="URL", default=None,
+                   help="ledger database URL (default: sqlite file $AIRFLOW_HOME/hetero_gpu_ledger.db)")
+
+
+def register(subparsers) -> None:
+    """Add the ledger's sub-commands to ``hetero-gpu``'s sub-parsers."""
+    p = subparsers.add_parser("release", help="free a job's reservation (harmless when there is none)")
+    p.add_argument("--job-id", required=True, metavar="ID", help="job id of the reservation")
+    _ledger_arg(p)
+    p.set_defaults(func=cmd_release)
+
+    p = subparsers.add_parser("uncordon", help="bring an evicted GPU (HOST:INDEX) or all of a host's back")
+    p.add_argument("target", metavar="HOST[:INDEX]", help="one GPU, or every evicted GPU of the host")
+    _ledger_arg(p)
+    p.set_defaults(func=cmd_uncordon)
+
+    p = subparsers.add_parser("reservations", help="the live reservations")
+    _ledger_arg(p)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_reservations)
+
+    p = subparsers.add_parser("evictions", help="the evicted (abnormal) GPUs")
+    _ledger_arg(p)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_evictions)

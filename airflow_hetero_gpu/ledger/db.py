@@ -1,0 +1,108 @@
+"""Engines and transactions for the ledger's two databases, with the one lock that serialises writes.
+
+Every write goes through :func:`write_transaction`, which takes a database-wide lock for the
+whole transaction before reading anything:
+
+* PostgreSQL: ``SELECT pg_advisory_xact_lock(key)``, released by the server at commit or
+  rollback, including when the client dies (the server rolls back the dead session). The
+  connection runs at READ COMMITTED so every statement after the lock sees everything the
+  previous lock holder committed (a REPEATABLE READ snapshot could predate the lock).
+* SQLite: ``BEGIN IMMEDIATE`` takes the database's write lock at once (waiting up to the busy
+  timeout); readers keep working under WAL. A dead process's lock vanishes with its file locks.
+
+Reads (:func:`read_transaction`) take no lock: PostgreSQL at REPEATABLE READ, SQLite with a
+deferred ``BEGIN``, so several statements see one consistent snapshot.
+"""
+
+from __future__ import annotations
+
+import zlib
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterator
+
+from sqlalchemy import bindparam, create_engine, event, func, select
+from sqlalchemy.engine import URL, Connection, Engine
+from sqlalchemy.pool import StaticPool
+
+from airflow_hetero_gpu.ledger.url import is_memory
+
+# One 64-bit advisory lock key for the whole ledger (schema changes and every write).
+LOCK_KEY = zlib.crc32(b"airflow_hetero_gpu.ledger") | (0x4847 << 32)  # "HG" in the high bits
+SQLITE_BUSY_TIMEOUT_S = 60.0
+_BEGIN_OPTION = "hetero_gpu_sqlite_begin"
+
+
+def make_engine(url: URL) -> Engine:
+    """An engine for ``url`` set up for the ledger (SQLite: WAL, busy timeout, explicit BEGIN)."""
+    if url.get_backend_name() == "sqlite":
+        return _sqlite_engine(url)
+    return create_engine(url, isolation_level="READ COMMITTED", pool_pre_ping=True, pool_size=2,
+                         max_overflow=2)
+
+
+def _sqlite_engine(url: URL) -> Engine:
+    kwargs: dict = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}}
+    if is_memory(url):
+        kwargs["poolclass"] = StaticPool  # one shared in-memory database
+        kwargs["connect_args"]["check_same_thread"] = False
+    elif url.database:
+        Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, **kwargs)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record) -> None:
+        # Let the "begin" event below issue BEGIN itself (pysqlite's implicit BEGIN is deferred);
+        # the busy timeout comes from connect_args.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        try:
+            if not is_memory(url):
+                cur.execute("PRAGMA journal_mode = WAL")
+                cur.execute("PRAGMA synchronous = NORMAL")
+            cur.execute("PRAGMA foreign_keys = ON")
+        finally:
+            cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        if conn.get_execution_options().get(_BEGIN_OPTION) == "IMMEDIATE":
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        else:
+            conn.exec_driver_sql("BEGIN")
+
+    return engine
+
+
+@contextmanager
+def write_transaction(engine: Engine) -> Iterator[Connection]:
+    """A transaction holding the ledger lock from its first statement to commit/rollback."""
+    with engine.connect() as conn:
+        if engine.dialect.name == "sqlite":
+            conn.execution_options(**{_BEGIN_OPTION: "IMMEDIATE"})
+            with conn.begin():
+                yield conn
+        else:
+            with conn.begin():
+                conn.execute(select(func.pg_advisory_xact_lock(bindparam("key", LOCK_KEY))))
+                yield conn
+
+
+@contextmanager
+def read_transaction(engine: Engine) -> Iterator[Connection]:
+    """A read-only transaction over one consistent snapshot; takes no lock."""
+    with engine.connect() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
+        with conn.begin():
+            yield conn
+
+
+def db_now(conn: Connection) -> datetime:
+    """The time leases are measured by: the PostgreSQL server's clock (one clock for every client),
+    or this machine's for SQLite (every client of a SQLite file runs on this machine)."""
+    if conn.dialect.name == "postgresql":
+        value = conn.execute(select(func.clock_timestamp())).scalar_one()
+        return value.astimezone(timezone.utc)
+    return datetime.now(timezone.utc)

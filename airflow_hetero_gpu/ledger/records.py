@@ -1,0 +1,123 @@
+"""What the ledger hands back: reservations, their GPUs, evictions, the Airflow task identity."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Mapping
+
+from airflow_hetero_gpu.core.model import GpuKey
+from airflow_hetero_gpu.ledger.errors import LedgerError
+
+
+@dataclass(frozen=True)
+class TaskIdentity:
+    """The Airflow task instance a reservation belongs to, when known."""
+
+    dag_id: str | None = None
+    run_id: str | None = None
+    task_id: str | None = None
+    try_number: int | None = None
+
+    @classmethod
+    def coerce(cls, value: "TaskIdentity | Mapping[str, Any] | None") -> "TaskIdentity | None":
+        """Accept a TaskIdentity, a mapping with (some of) its fields, or None."""
+        if value is None or isinstance(value, TaskIdentity):
+            return value
+        if not isinstance(value, Mapping):
+            raise LedgerError(f"identity: expected a mapping with dag_id, run_id, task_id, try_number, got {value!r}")
+        unknown = set(value) - {"dag_id", "run_id", "task_id", "try_number"}
+        if unknown:
+            raise LedgerError(f"identity: unknown key {sorted(unknown)[0]!r}")
+        try_number = value.get("try_number")
+        if try_number is not None and (isinstance(try_number, bool) or not isinstance(try_number, int)):
+            raise LedgerError(f"identity: try_number must be an integer, got {try_number!r}")
+        return cls(value.get("dag_id"), value.get("run_id"), value.get("task_id"), try_number)
+
+    def to_json(self) -> dict:
+        return {"dag_id": self.dag_id, "run_id": self.run_id, "task_id": self.task_id,
+                "try_number": self.try_number}
+
+
+@dataclass(frozen=True)
+class ReservedGpu:
+    """One GPU of a reservation; ``slot`` is its place in the job's GPU list (rank order)."""
+
+    host: str
+    index: int
+    uuid: str | None
+    slot: int
+
+    @property
+    def key(self) -> GpuKey:
+        return GpuKey(self.host, self.index)
+
+    def to_json(self) -> dict:
+        return {"host": self.host, "index": self.index, "uuid": self.uuid}
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A live claim on k GPUs by one job, valid until ``expires_at`` unless renewed."""
+
+    job_id: str
+    pool: str
+    gpus: tuple[ReservedGpu, ...]
+    score: dict[str, float]
+    created_at: datetime
+    renewed_at: datetime
+    expires_at: datetime
+    gpu_count: int
+    request: dict | None = None
+    mean_distance: float | None = None
+    identity: TaskIdentity | None = None
+
+    @property
+    def keys(self) -> list[GpuKey]:
+        return [g.key for g in self.gpus]
+
+    @property
+    def hosts(self) -> list[str]:
+        return list(dict.fromkeys(g.host for g in self.gpus))
+
+    def to_json(self) -> dict:
+        return {
+            "job_id": self.job_id,
+            "pool": self.pool,
+            "gpus": [g.to_json() for g in self.gpus],
+            "hosts": self.hosts,
+            "score": dict(self.score),
+            "request": self.request,
+            "identity": self.identity.to_json() if self.identity else None,
+            "created_at": self.created_at.isoformat(),
+            "renewed_at": self.renewed_at.isoformat(),
+            "expires_at": self.expires_at.isoformat(),
+        }
+
+
+@dataclass(frozen=True)
+class Eviction:
+    """An abnormal GPU kept out of every pool until readmitted (SPEC §8, S11)."""
+
+    host: str
+    index: int
+    uuid: str | None
+    reasons: tuple[str, ...]
+    evicted_at: datetime
+    checked_at: datetime | None = None
+    healthy_checks: int = 0
+
+    @property
+    def key(self) -> GpuKey:
+        return GpuKey(self.host, self.index)
+
+    def to_json(self) -> dict:
+        return {
+            "host": self.host,
+            "index": self.index,
+            "uuid": self.uuid,
+            "reasons": list(self.reasons),
+            "evicted_at": self.evicted_at.isoformat(),
+            "checked_at": self.checked_at.isoformat() if self.checked_at else None,
+            "healthy_checks": self.healthy_checks,
+        }

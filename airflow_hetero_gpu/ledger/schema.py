@@ -1,0 +1,230 @@
+"""The ledger's tables, as the code queries them, and the ordered migration steps that build them.
+
+The schema is versioned: ``schema_version`` holds one row per applied step. A database is only
+ever built by running the steps in order from its current version, so a fresh database and an
+upgraded one end up with the same tables, and an upgrade never drops a reservation.
+
+Version history
+  1. ``reservations`` (job id, pool, GPU count, score terms, times), ``reservation_gpus`` (one
+     row per reserved GPU; its primary key (host, gpu_index) makes a GPU impossible to hold
+     twice), ``evictions`` (abnormal GPUs and their reasons).
+  2. Airflow task identity (dag_id, run_id, task_id, try_number), the request and the mean
+     distance on reservations; the consecutive-healthy-checks counter and last check time on
+     evictions.
+
+To add a version: append a step to :data:`STEPS` (never edit a released one) and update the
+table definitions below to the result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Callable
+
+from sqlalchemy import (
+    JSON,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    UniqueConstraint,
+    func,
+    inspect,
+    insert,
+    select,
+)
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.schema import ExecutableDDLElement
+from sqlalchemy.types import TypeDecorator
+
+NAME = 250  # Airflow's dag_id / run_id / task_id limit
+
+
+class UtcDateTime(TypeDecorator):
+    """A timezone-aware UTC timestamp on every database (SQLite stores it naive, in UTC)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: the ledger stores aware UTC times only")
+        value = value.astimezone(timezone.utc)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+
+
+# --- the current tables (version 2) -------------------------------------------------------------
+metadata = MetaData()
+
+schema_version = Table(
+    "schema_version", metadata,
+    Column("version", Integer, primary_key=True, autoincrement=False),
+    Column("description", String(200), nullable=False),
+    Column("applied_at", UtcDateTime, nullable=False),
+)
+
+reservations = Table(
+    "reservations", metadata,
+    Column("job_id", String(NAME), primary_key=True),
+    Column("pool", String(500), nullable=False),
+    Column("gpu_count", Integer, nullable=False),
+    Column("score", JSON, nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("renewed_at", UtcDateTime, nullable=False),
+    Column("expires_at", UtcDateTime, nullable=False, index=True),
+    # version 2
+    Column("request", JSON, nullable=True),
+    Column("mean_distance", Float, nullable=True),
+    Column("dag_id", String(NAME), nullable=True),
+    Column("run_id", String(NAME), nullable=True),
+    Column("task_id", String(NAME), nullable=True),
+    Column("try_number", Integer, nullable=True),
+)
+
+reservation_gpus = Table(
+    "reservation_gpus", metadata,
+    Column("host", String(NAME), nullable=False),
+    Column("gpu_index", Integer, nullable=False),
+    Column("job_id", String(NAME), ForeignKey("reservations.job_id", ondelete="CASCADE"), nullable=False,
+           index=True),
+    Column("slot", Integer, nullable=False),  # the GPU's place in the job's GPU list (rank order)
+    Column("uuid", String(NAME), nullable=True),
+    PrimaryKeyConstraint("host", "gpu_index", name="pk_reservation_gpus"),  # one holder per GPU, ever
+    UniqueConstraint("job_id", "slot", name="uq_reservation_gpus_slot"),
+)
+
+evictions = Table(
+    "evictions", metadata,
+    Column("host", String(NAME), nullable=False),
+    Column("gpu_index", Integer, nullable=False),
+    Column("uuid", String(NAME), nullable=True),
+    Column("reasons", JSON, nullable=False),
+    Column("evicted_at", UtcDateTime, nullable=False),
+    # version 2
+    Column("checked_at", UtcDateTime, nullable=True),
+    Column("healthy_checks", Integer, nullable=False, server_default="0"),
+    PrimaryKeyConstraint("host", "gpu_index", name="pk_evictions"),
+)
+
+
+# --- migration steps ---------------------------------------------------------------------------
+class AddColumn(ExecutableDDLElement):
+    """``ALTER TABLE <table> ADD COLUMN <column spec>``, compiled by the dialect (quoted names)."""
+
+    inherit_cache = False
+
+    def __init__(self, table: str, column: Column):
+        self.column = column
+        Table(table, MetaData(), column)  # attach: the dialect's column spec needs a table
+
+
+@compiles(AddColumn)
+def _compile_add_column(element: AddColumn, compiler, **kw) -> str:
+    table = compiler.preparer.format_table(element.column.table)
+    return f"ALTER TABLE {table} ADD COLUMN {compiler.get_column_specification(element.column)}"
+
+
+def _v1(conn: Connection) -> None:
+    """The first layout, frozen here as it was (the code never queries these objects)."""
+    m = MetaData()
+    Table(
+        "reservations", m,
+        Column("job_id", String(NAME), primary_key=True),
+        Column("pool", String(500), nullable=False),
+        Column("gpu_count", Integer, nullable=False),
+        Column("score", JSON, nullable=False),
+        Column("created_at", UtcDateTime, nullable=False),
+        Column("renewed_at", UtcDateTime, nullable=False),
+        Column("expires_at", UtcDateTime, nullable=False, index=True),
+    )
+    Table(
+        "reservation_gpus", m,
+        Column("host", String(NAME), nullable=False),
+        Column("gpu_index", Integer, nullable=False),
+        Column("job_id", String(NAME), ForeignKey("reservations.job_id", ondelete="CASCADE"), nullable=False,
+               index=True),
+        Column("slot", Integer, nullable=False),
+        Column("uuid", String(NAME), nullable=True),
+        PrimaryKeyConstraint("host", "gpu_index", name="pk_reservation_gpus"),
+        UniqueConstraint("job_id", "slot", name="uq_reservation_gpus_slot"),
+    )
+    Table(
+        "evictions", m,
+        Column("host", String(NAME), nullable=False),
+        Column("gpu_index", Integer, nullable=False),
+        Column("uuid", String(NAME), nullable=True),
+        Column("reasons", JSON, nullable=False),
+        Column("evicted_at", UtcDateTime, nullable=False),
+        PrimaryKeyConstraint("host", "gpu_index", name="pk_evictions"),
+    )
+    m.create_all(conn)
+
+
+def _v2(conn: Connection) -> None:
+    for column in (
+        Column("request", JSON, nullable=True),
+        Column("mean_distance", Float, nullable=True),
+        Column("dag_id", String(NAME), nullable=True),
+        Column("run_id", String(NAME), nullable=True),
+        Column("task_id", String(NAME), nullable=True),
+        Column("try_number", Integer, nullable=True),
+    ):
+        conn.execute(AddColumn("reservations", column))
+    conn.execute(AddColumn("evictions", Column("checked_at", UtcDateTime, nullable=True)))
+    conn.execute(AddColumn("evictions", Column("healthy_checks", Integer, nullable=False, server_default="0")))
+
+
+@dataclass(frozen=True)
+class Step:
+    version: int
+    description: str
+    apply: Callable[[Connection], None]
+
+
+STEPS: tuple[Step, ...] = (
+    Step(1, "reservations, reservation GPUs, evictions", _v1),
+    Step(2, "task identity, request and distance on reservations; readmission counter on evictions", _v2),
+)
+LATEST = STEPS[-1].version
+
+
+def current_version(conn: Connection) -> int:
+    """The database's schema version; 0 for an empty database."""
+    if not inspect(conn).has_table("schema_version"):
+        return 0
+    return conn.execute(select(func.coalesce(func.max(schema_version.c.version), 0))).scalar_one()
+
+
+def upgrade(conn: Connection, now: datetime, target: int = LATEST) -> list[int]:
+    """Apply the missing steps up to ``target`` inside the caller's (locked) transaction.
+
+    Returns the versions applied. The caller holds the ledger lock, so concurrent first users
+    wait here instead of racing on ``CREATE TABLE``.
+    """
+    version = current_version(conn)
+    if version == 0:
+        schema_version.create(conn, checkfirst=True)
+    applied = []
+    for step in STEPS:
+        if version < step.version <= target:
+            step.apply(conn)
+            conn.execute(insert(schema_version).values(version=step.version, description=step.description,
+                                                       applied_at=now))
+            applied.append(step.version)
+    return applied
