@@ -60,9 +60,10 @@ class EmulatedHost:
     def bin_dir(self) -> Path:
         return self.directory / "bin"
 
-    def hosts_arg(self, user: str | None = None) -> str:
-        """This host in ``[user@]HOST:PORT`` form (the ``--hosts`` syntax)."""
-        return f"{user + '@' if user else ''}{self.address}:{self.port}"
+    def hosts_arg(self, user: str | None = None, *, named: bool = True) -> str:
+        """This host in ``[NAME=][USER@]HOST:PORT`` form (the ``--hosts`` syntax)."""
+        name = f"{self.name}=" if named else ""
+        return f"{name}{user + '@' if user else ''}{self.address}:{self.port}"
 
 
 class EmulatedCluster:
@@ -116,10 +117,11 @@ class EmulatedCluster:
                 return host
         raise KeyError(f"no emulated host {name!r}; hosts: {', '.join(h.name for h in self.hosts)}")
 
-    def hosts_arg(self, names: Iterable[str] | None = None) -> str:
-        """``user@addr:port,...`` for the given hosts (all by default)."""
+    def hosts_arg(self, names: Iterable[str] | None = None, *, named: bool = True) -> str:
+        """``NAME=user@addr:port,...`` for the given hosts (all by default), the value of
+        ``hetero-gpu collect --hosts``; ``named=False`` leaves out the ``NAME=`` prefixes."""
         chosen = [self.host(n) for n in names] if names is not None else self.hosts
-        return ",".join(h.hosts_arg(self.user) for h in chosen)
+        return ",".join(h.hosts_arg(self.user, named=named) for h in chosen)
 
     def ssh_argv(self, name: str, command: str) -> list[str]:
         """An OpenSSH client command line that reaches the host with strict host-key checking."""

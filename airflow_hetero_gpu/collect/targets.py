@@ -1,0 +1,123 @@
+"""SSH targets of a collection and the ``--hosts`` syntax that names them.
+
+``--hosts`` takes a comma-separated list of ``[NAME=][USER@]HOST[:PORT]`` where HOST is a host
+name, an IPv4 address or a bracketed IPv6 address (``[::1]:2222``; a bare IPv6 address without a
+port is accepted too). NAME, when given, is the host's name in the capture directory
+(``hosts/<NAME>/``); it defaults to HOST.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*\$?$")
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62})(?:\.[A-Za-z0-9_-]{1,63})*\.?$")
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    """One host to collect from: its capture name, address, port and login user."""
+
+    host_name: str
+    address: str
+    port: int = 22
+    user: str | None = None
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.host_name or "") and not _is_ip(self.host_name):
+            raise ValueError(f"invalid host name {self.host_name!r}: use letters, digits, '.', '_' or '-'")
+        if not (1 <= int(self.port) <= 65535):
+            raise ValueError(f"invalid port {self.port!r} for host {self.host_name!r}: must be 1-65535")
+
+    @property
+    def endpoint(self) -> str:
+        """``addr:port`` (``[v6]:port`` for IPv6), as used in messages."""
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"{host}:{self.port}"
+
+    def __str__(self) -> str:
+        return f"{self.user + '@' if self.user else ''}{self.endpoint}"
+
+
+def _is_ip(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _bad(item: str, why: str) -> ValueError:
+    return ValueError(f"invalid --hosts entry {item!r}: {why}")
+
+
+def parse_host(item: str) -> SshTarget:
+    """Parse one ``[NAME=][USER@]HOST[:PORT]`` entry; ValueError names the entry."""
+    raw = item
+    item = item.strip()
+    if not item:
+        raise _bad(raw, "empty entry")
+    name: str | None = None
+    if "=" in item:
+        name, item = item.split("=", 1)
+        if not _NAME.match(name):
+            raise _bad(raw, f"host name {name!r} may hold only letters, digits, '.', '_' or '-'")
+    user: str | None = None
+    if "@" in item:
+        user, item = item.rsplit("@", 1)
+        if not _USER.match(user):
+            raise _bad(raw, f"user {user!r} is not a valid login name")
+    port = 22
+    if item.startswith("["):
+        end = item.find("]")
+        if end < 0:
+            raise _bad(raw, "missing ']' after an IPv6 address")
+        host, rest = item[1:end], item[end + 1:]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise _bad(raw, f"{host!r} in brackets is not an IPv6 address") from None
+        if rest:
+            if not rest.startswith(":"):
+                raise _bad(raw, f"unexpected {rest!r} after ']'")
+            port = _port(raw, rest[1:])
+    elif item.count(":") > 1:
+        host = item
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise _bad(raw, "an IPv6 address with a port needs brackets: [ADDR]:PORT") from None
+    else:
+        host, _, port_text = item.partition(":")
+        if _:
+            port = _port(raw, port_text)
+        if not host:
+            raise _bad(raw, "no host")
+        if not (_is_ip(host) or _HOSTNAME.match(host)):
+            raise _bad(raw, f"{host!r} is not a host name or IP address")
+    try:
+        return SshTarget(host_name=name or host, address=host, port=port, user=user)
+    except ValueError as exc:
+        raise _bad(raw, str(exc)) from None
+
+
+def _port(raw: str, text: str) -> int:
+    if not text.isdigit() or not (1 <= int(text) <= 65535):
+        raise _bad(raw, f"port {text!r} must be a number 1-65535")
+    return int(text)
+
+
+def parse_hosts_arg(value: str) -> list[SshTarget]:
+    """Parse ``[NAME=][USER@]HOST[:PORT],...`` into targets; ValueError names the bad value."""
+    if not value or not value.strip():
+        raise ValueError("--hosts is empty: give [USER@]HOST[:PORT],...")
+    targets = [parse_host(item) for item in value.split(",")]
+    seen: dict[str, SshTarget] = {}
+    for target in targets:
+        if target.host_name in seen:
+            raise ValueError(f"host {target.host_name!r} appears twice in --hosts")
+        seen[target.host_name] = target
+    return targets
