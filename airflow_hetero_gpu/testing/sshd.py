@@ -93,7 +93,8 @@ class Sshd:
     # -- configuration ------------------------------------------------------------------------
 
     def write_config(self) -> None:
-        # SetEnv in sshd_config needs OpenSSH >= 7.8; the values may not contain spaces.
+        # SetEnv in sshd_config needs OpenSSH >= 8.7 (older sshd stops with "Bad configuration
+        # option: SetEnv", which start() reports); the values may not contain spaces.
         for value in (self.path_value, str(self.state_file), self.env_marker):
             if any(c.isspace() or c == '"' for c in value):
                 raise SshdError(f"path {value!r} contains whitespace or quotes; use another root")
