@@ -1,0 +1,175 @@
+"""Ledger URLs and the ledger's ``hetero-gpu`` sub-commands."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from airflow_hetero_gpu.cli import main
+from airflow_hetero_gpu.core.cluster import build_cluster
+from airflow_hetero_gpu.core.model import Gpu, GpuKey, PlanRequest
+from airflow_hetero_gpu.core.topology import HostWiring
+from airflow_hetero_gpu.errors import HeteroGpuError
+from airflow_hetero_gpu.ledger import Ledger, LedgerUrlError, default_url, parse_url
+from airflow_hetero_gpu.ledger.cli import parse_gpu_target, reserve_for_cli
+from airflow_hetero_gpu.testing.postgres import ledger_db_url  # noqa: F401  (fixture)
+
+
+def make_cluster():
+    gpus = [Gpu(f"h{h}", i, f"GPU-h{h}-{i}", "NVIDIA A100-SXM4-80GB", 81920, 0, 0.0) for h in range(2) for i in range(4)]
+    nv = {pair: "NV12" for pair in itertools.combinations(range(4), 2)}
+    return build_cluster(gpus, {f"h{h}": HostWiring.from_links(range(4), nv) for h in range(2)})
+
+
+# --- URLs --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("given, expected", [
+    ("postgresql://u:pw@db.example:5432/ledger", "postgresql+psycopg://u:pw@db.example:5432/ledger"),
+    ("postgres://u@db/ledger", "postgresql+psycopg://u@db/ledger"),
+    ("postgresql+psycopg://u@db/ledger", "postgresql+psycopg://u@db/ledger"),
+    ("postgresql+psycopg2://u@db/ledger", "postgresql+psycopg2://u@db/ledger"),
+    ("sqlite:////var/lib/ledger.db", "sqlite:////var/lib/ledger.db"),
+    ("sqlite://", "sqlite://"),
+    ("/var/lib/ledger.db", "sqlite:////var/lib/ledger.db"),
+])
+def test_urls_are_mapped_to_their_driver(given, expected):
+    assert parse_url(given).render_as_string(hide_password=False) == expected
+
+
+@pytest.mark.parametrize("given, message", [
+    ("mysql://u@db/ledger", "unsupported database 'mysql'"),
+    ("postgresql://u@db", "names no database"),
+    ("postgresql:ledger", "malformed"),
+    ("db.example:5432/ledger", "malformed"),
+    ("sqlite:/tmp/x.db", "malformed"),
+    ("postgresql://u:secret@db:notaport/x", "malformed"),
+])
+def test_bad_urls_are_one_line_errors_naming_the_value(given, message):
+    with pytest.raises(LedgerUrlError, match=message) as err:
+        parse_url(given)
+    assert "\n" not in str(err.value)
+    assert "secret" not in str(err.value)
+
+
+def test_default_ledger_lives_under_airflow_home(monkeypatch, tmp_path):
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "af"))
+    assert default_url() == f"sqlite:///{tmp_path}/af/hetero_gpu_ledger.db"
+    with Ledger.from_url(None) as led:  # creates the directory and the file
+        assert led.dialect == "sqlite"
+    assert (tmp_path / "af" / "hetero_gpu_ledger.db").is_file()
+    monkeypatch.delenv("AIRFLOW_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_url() == f"sqlite:///{tmp_path}/home/airflow/hetero_gpu_ledger.db"
+
+
+def test_sqlite_uses_wal(tmp_path):
+    with Ledger.from_url(f"sqlite:///{tmp_path}/l.db") as led:
+        led.expire()
+    assert (tmp_path / "l.db-wal").exists() or (tmp_path / "l.db").is_file()
+    import sqlite3
+
+    con = sqlite3.connect(tmp_path / "l.db")
+    try:
+        assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        con.close()
+
+
+def test_in_memory_ledger_works_for_one_process():
+    with Ledger.from_url("sqlite://") as led:
+        assert led.reserve("j", make_cluster(), PlanRequest(2)).decision is not None
+        assert len(led.reserved_map()) == 2
+
+
+def test_unreachable_postgres_is_a_one_line_error():
+    with pytest.raises(HeteroGpuError, match=r"ledger postgresql\+psycopg://u:\*\*\*@127.0.0.1:1/x") as err:
+        Ledger.from_url("postgresql://u:pw@127.0.0.1:1/x")
+    assert "\n" not in str(err.value) and "pw" not in str(err.value)
+
+
+# --- HOST[:INDEX] ------------------------------------------------------------------------------
+@pytest.mark.parametrize("given, expected", [("dgx-a", ("dgx-a", None)), ("dgx-a:3", ("dgx-a", 3)),
+                                             ("10.0.0.7:0", ("10.0.0.7", 0))])
+def test_gpu_targets(given, expected):
+    assert parse_gpu_target(given) == expected
+
+
+@pytest.mark.parametrize("given", ["", ":3", "dgx-a:", "dgx-a:x", "dgx-a:-1", "dgx a:1"])
+def test_bad_gpu_targets_name_the_value(given):
+    with pytest.raises(HeteroGpuError, match="HOST:INDEX") as err:
+        parse_gpu_target(given)
+    assert repr(given) in str(err.value)
+
+
+# --- the sub-commands ----------------------------------------------------------------------------
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_reserve_for_cli_then_reservations_and_release(ledger_db_url, capsys):  # noqa: F811
+    cluster = make_cluster()
+    result = reserve_for_cli(ledger_db_url, "job-7", cluster, PlanRequest(3), cluster.config)
+    assert result.decision is not None
+    assert reserve_for_cli(ledger_db_url, "job-8", cluster, PlanRequest(6), cluster.config).decision is None
+
+    code, out, _ = run(capsys, "reservations", "--ledger", ledger_db_url, "--json")
+    assert code == 0
+    listed = json.loads(out)
+    assert [r["job_id"] for r in listed] == ["job-7"]
+    assert [(g["host"], g["index"]) for g in listed[0]["gpus"]] == [tuple(k) for k in result.decision.keys]
+    assert listed[0]["score"] == result.decision.score.to_json()
+
+    code, out, _ = run(capsys, "reservations", "--ledger", ledger_db_url)
+    assert code == 0 and "job-7" in out and "h0:0 h0:1 h0:2" in out
+
+    code, out, _ = run(capsys, "release", "--job-id", "job-7", "--ledger", ledger_db_url)
+    assert code == 0 and "released job 'job-7'" in out
+    code, out, _ = run(capsys, "release", "--job-id", "job-7", "--ledger", ledger_db_url)
+    assert code == 0 and "nothing to release" in out
+    code, out, _ = run(capsys, "reservations", "--ledger", ledger_db_url)
+    assert code == 0 and "no live reservations" in out
+
+
+def test_uncordon_and_evictions(ledger_db_url, capsys):  # noqa: F811
+    with Ledger.from_url(ledger_db_url) as led:
+        led.evict(("h0", 1), "GPU-h0-1", ["ecc"])
+        led.evict(("h1", 2), "GPU-h1-2", ["xid-79"])
+        led.evict(("h1", 3), "GPU-h1-3", ["lost"])
+    code, out, _ = run(capsys, "evictions", "--ledger", ledger_db_url, "--json")
+    assert code == 0 and [(e["host"], e["index"], e["reasons"]) for e in json.loads(out)] == [
+        ("h0", 1, ["ecc"]), ("h1", 2, ["xid-79"]), ("h1", 3, ["lost"])]
+    code, out, _ = run(capsys, "uncordon", "h0:1", "--ledger", ledger_db_url)
+    assert code == 0 and "readmitted: h0:1" in out
+    code, out, _ = run(capsys, "uncordon", "h1", "--ledger", ledger_db_url)
+    assert code == 0 and "readmitted: h1:2, h1:3" in out
+    code, out, _ = run(capsys, "uncordon", "h1", "--ledger", ledger_db_url)
+    assert code == 0 and "nothing to do" in out
+    code, out, _ = run(capsys, "evictions", "--ledger", ledger_db_url)
+    assert code == 0 and "no evicted GPUs" in out
+    with Ledger.from_url(ledger_db_url) as led:
+        assert led.evicted_map() == {}
+
+
+def test_cli_bad_input_exits_2_with_one_line(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path}/l.db"
+    code, _, err = run(capsys, "uncordon", "h0:x", "--ledger", url)
+    assert code == 2 and "'h0:x'" in err and err.count("\n") == 1
+    code, _, err = run(capsys, "release", "--job-id", "j", "--ledger", "mysql://db/x")
+    assert code == 2 and "unsupported database 'mysql'" in err and err.count("\n") == 1
+    code, _, err = run(capsys, "reservations", "--ledger", "sqlite:/nope")
+    assert code == 2 and "'sqlite:/nope'" in err
+
+
+def test_cli_ledger_defaults_to_airflow_home(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    cluster = make_cluster()
+    reserve_for_cli(None, "j", cluster, PlanRequest(1), None)
+    code, out, _ = run(capsys, "reservations", "--json")
+    assert code == 0 and [r["job_id"] for r in json.loads(out)] == ["j"]
+    assert Path(tmp_path / "hetero_gpu_ledger.db").is_file()
+    with Ledger.from_url(None) as led:
+        assert led.reserved_map() == {GpuKey("h0", 0): "j"}
