@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -203,3 +204,20 @@ def test_cli_starts_prints_and_stops_on_sigterm(tmp_path):
     assert proc.returncode == 0, err
     assert out.strip().endswith("stopped")
     assert pgrep(str(root)) == []
+
+
+def test_a_port_taken_before_sshd_binds_it_moves_the_host(tmp_path, monkeypatch):
+    from airflow_hetero_gpu.testing import cluster as cluster_module
+
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.11", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        offers = iter([taken])
+        real_free_port = cluster_module.free_port
+        monkeypatch.setattr(cluster_module, "free_port", lambda address: next(offers, None) or real_free_port(address))
+        with EmulatedCluster(tmp_path / "c", small_hosts(1, gpus=1)) as cluster:
+            port = cluster.host("node01").port
+            assert port != taken
+            assert cluster.known_hosts_path.read_text().startswith(f"[127.0.0.11]:{port} ssh-ed25519 ")
+            assert ssh(cluster, "node01", "true").returncode == 0

@@ -20,7 +20,7 @@ import pwd
 import secrets
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Iterable, Sequence
@@ -142,8 +142,12 @@ class EmulatedCluster:
             return self
         try:
             self._prepare()
-            for host in self.hosts:
-                self._sshd[host.name].start(self.start_timeout)
+            moved = False
+            for position, host in enumerate(list(self.hosts)):
+                moved |= self._start_sshd(position, host)
+            if moved:
+                self._write_known_hosts()
+                self._write_summary()
             self._started = True
             for spec in self.specs:
                 for fault in spec.faults:
@@ -153,6 +157,23 @@ class EmulatedCluster:
             self.stop()
             raise
         return self
+
+    def _start_sshd(self, position: int, host: EmulatedHost, attempts: int = 3) -> bool:
+        """Start one host's sshd; if its port was taken meanwhile, move to a new free port.
+
+        Returns True when the port changed (known_hosts must then be rewritten)."""
+        sshd = self._sshd[host.name]
+        for attempt in range(attempts):
+            try:
+                sshd.start(self.start_timeout)
+                return attempt > 0
+            except SshdError as exc:
+                if "Address already in use" not in str(exc) or attempt == attempts - 1:
+                    raise
+                sshd.port = free_port(host.address)
+                host = replace(host, port=sshd.port)
+                self.hosts[position] = host
+        return False
 
     def _prepare(self) -> None:
         (self.root / "client").mkdir(parents=True, exist_ok=True)

@@ -63,10 +63,12 @@ def free_port(address: str) -> int:
         return int(sock.getsockname()[1])
 
 
-def port_accepts(address: str, port: int, timeout: float = 0.2) -> bool:
+def answers_ssh(address: str, port: int, timeout: float = 0.5) -> bool:
+    """True when something on address:port accepts and sends an SSH banner."""
     try:
-        with socket.create_connection((address, port), timeout=timeout):
-            return True
+        with socket.create_connection((address, port), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            return sock.recv(256).startswith(b"SSH-")
     except OSError:
         return False
 
@@ -156,7 +158,7 @@ class Sshd:
                     f"sshd for {self.address}:{self.port} exited with status {self.proc.returncode}: "
                     f"{self.log_tail()}"
                 )
-            if port_accepts(self.address, self.port):
+            if answers_ssh(self.address, self.port) and self.proc.poll() is None:
                 return
             time.sleep(delay)
             delay = min(delay * 2, 0.1)
