@@ -173,3 +173,22 @@ def test_cli_ledger_defaults_to_airflow_home(monkeypatch, tmp_path, capsys):
     assert Path(tmp_path / "hetero_gpu_ledger.db").is_file()
     with Ledger.from_url(None) as led:
         assert led.reserved_map() == {GpuKey("h0", 0): "j"}
+
+
+SAMPLE = Path(__file__).resolve().parents[1] / "airflow_hetero_gpu" / "samples" / "cluster"
+
+
+@pytest.mark.skipif(not SAMPLE.is_dir(), reason="the shipped sample capture directory is absent")
+def test_plan_reserve_exits_0_then_3_when_the_gpus_are_taken(ledger_db_url, capsys):  # noqa: F811
+    args = ["plan", "--captures", str(SAMPLE), "--gpus", "8", "--gpu-type", "A100*", "--reserve",
+            "--ledger", ledger_db_url, "--json"]
+    code, out, _ = run(capsys, *args, "--job-id", "first")
+    assert code == 0
+    placed = json.loads(out)["decision"]
+    code, out, _ = run(capsys, *args, "--job-id", "second")
+    assert code == 3 and json.loads(out)["decision"] is None
+    code, out, _ = run(capsys, *args, "--job-id", "first")  # a retry gets its own GPUs back
+    assert code == 0 and json.loads(out)["decision"]["gpus"] == placed["gpus"]
+    with Ledger.from_url(ledger_db_url) as led:
+        assert [r.job_id for r in led.live_reservations()] == ["first"]
+        assert led.get("first").keys == [GpuKey(g["host"], g["index"]) for g in placed["gpus"]]
