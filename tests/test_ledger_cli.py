@@ -192,3 +192,13 @@ def test_plan_reserve_exits_0_then_3_when_the_gpus_are_taken(ledger_db_url, caps
     with Ledger.from_url(ledger_db_url) as led:
         assert [r.job_id for r in led.live_reservations()] == ["first"]
         assert led.get("first").keys == [GpuKey(g["host"], g["index"]) for g in placed["gpus"]]
+
+
+def test_missing_postgres_binaries_give_a_skip_reason(monkeypatch):
+    from airflow_hetero_gpu.testing import postgres
+
+    monkeypatch.delenv("HETERO_GPU_PG_BIN", raising=False)
+    monkeypatch.setattr(postgres.shutil, "which", lambda name: None)
+    monkeypatch.setattr(postgres.glob, "glob", lambda pattern: [])
+    with pytest.raises(postgres.PostgresUnavailable, match="apt-get install -y postgresql"):
+        postgres.find_bin_dir()

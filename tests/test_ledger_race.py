@@ -13,7 +13,6 @@ import signal
 import time
 from multiprocessing.connection import wait
 
-import pytest
 from sqlalchemy import create_engine, func, select
 
 from airflow_hetero_gpu.core.cluster import build_cluster

@@ -30,7 +30,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -117,7 +116,9 @@ class PostgresServer:
         return ""
 
     def start(self) -> "PostgresServer":
-        self.root = Path(tempfile.mkdtemp(prefix="hetero-gpu-pg-"))
+        # Another account must be able to reach the directory: /tmp rather than a private $TMPDIR.
+        parent = "/tmp" if self.account is not None and os.path.isdir("/tmp") else None
+        self.root = Path(tempfile.mkdtemp(prefix="hetero-gpu-pg-", dir=parent))
         if self.account is not None:
             os.chown(self.root, self.account.pw_uid, self.account.pw_gid)
         os.chmod(self.root, 0o700)
