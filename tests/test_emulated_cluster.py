@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 
 from airflow_hetero_gpu.testing import procs
 from airflow_hetero_gpu.testing.cluster import EmulatedCluster
-from airflow_hetero_gpu.testing.demo import FAULTY_GPU, demo_hosts, small_hosts
+from airflow_hetero_gpu.testing.demo import FAULTY_GPU, small_hosts
 from airflow_hetero_gpu.testing.pytest_fixtures import emulated_cluster  # noqa: F401
 from airflow_hetero_gpu.testing.sshd import Sshd, SshdError, find_sshd, free_port, generate_key
 
@@ -32,9 +33,20 @@ def ssh(cluster: EmulatedCluster, host: str, command: str, timeout: float = 20,
 
 
 def pgrep(pattern: str) -> list[str]:
-    proc = subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True)
+    """``pgrep -af PATTERN`` minus ourselves (a /proc scan where procps is not installed)."""
     own = str(os.getpid())
-    return [line for line in proc.stdout.splitlines() if not line.startswith(own + " ") and "pgrep" not in line]
+    if shutil.which("pgrep"):
+        out = subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True).stdout.splitlines()
+    else:
+        out = []
+        for entry in Path("/proc").iterdir():
+            try:
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+            except OSError:
+                continue
+            if entry.name.isdigit() and cmd and re.search(pattern, cmd):
+                out.append(f"{entry.name} {cmd}")
+    return [line for line in out if not line.startswith(own + " ") and "pgrep" not in line]
 
 
 def test_demo_cluster_layout(emulated_cluster):

@@ -13,7 +13,7 @@ Tests using it are skipped, with the reason, only when the OpenSSH server is not
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import pytest
 
@@ -37,7 +37,7 @@ def emulated_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clust
         pytest.skip(SKIP_REASON)
     made: list[EmulatedCluster] = []
 
-    def factory(hosts: Sequence[HostSpec] | None = None, **kwargs: object) -> EmulatedCluster:
+    def factory(hosts: Sequence[HostSpec] | None = None, **kwargs: Any) -> EmulatedCluster:
         root: Path = tmp_path_factory.mktemp("emucluster")
         cluster = EmulatedCluster(root, list(hosts) if hosts is not None else demo_hosts(), **kwargs)
         made.append(cluster)
