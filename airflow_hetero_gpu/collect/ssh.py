@@ -32,6 +32,12 @@ from airflow_hetero_gpu.collect.targets import SshTarget
 
 log = logging.getLogger(__name__)
 
+#: paramiko logs a traceback for every failed handshake; our clients log on this channel, kept
+#: quiet by default (the one-line reason goes to error.txt). Lower its level to debug SSH.
+PARAMIKO_LOG_CHANNEL = f"{__name__}.paramiko"
+logging.getLogger(PARAMIKO_LOG_CHANNEL).setLevel(logging.CRITICAL)
+logging.getLogger(PARAMIKO_LOG_CHANNEL).addHandler(logging.NullHandler())
+
 #: The ``--query-gpu`` fields of SPEC section 2, in its order.
 QUERY_FIELDS = (
     "index,uuid,name,pci.bus_id,memory.total,memory.used,utilization.gpu,temperature.gpu,"
@@ -410,6 +416,7 @@ def paramiko_client_factory(identity_file: str | os.PathLike[str] | None = None,
     def factory(target: SshTarget, connect_timeout: float | None = None) -> paramiko.SSHClient:
         timeout = connect_timeout if connect_timeout is not None else default_timeout
         client = paramiko.SSHClient()
+        client.set_log_channel(PARAMIKO_LOG_CHANNEL)
         try:
             if known_hosts is not None:
                 client.load_host_keys(str(known_hosts))
