@@ -85,7 +85,8 @@ A100_REQ = dict(gpu_type="A100*")
 # --- reserve / renew / release / expire -----------------------------------------------------------
 def test_reserve_claims_the_planned_gpus(ledger, cluster, clock):
     result = ledger.reserve("job-1", cluster, PlanRequest(4, **A100_REQ), lease_seconds=60,
-                            identity={"dag_id": "train", "run_id": "r1", "task_id": "fit", "try_number": 1})
+                            identity={"dag_id": "train", "run_id": "r1", "task_id": "fit", "try_number": 1,
+                                      "map_index": 3})
     assert result.decision is not None
     assert result.decision.keys == [k("h0", 0), k("h0", 1), k("h0", 2), k("h0", 3)]
     res = ledger.get("job-1")
@@ -93,7 +94,8 @@ def test_reserve_claims_the_planned_gpus(ledger, cluster, clock):
     assert [g.uuid for g in res.gpus] == ["GPU-h0-0", "GPU-h0-1", "GPU-h0-2", "GPU-h0-3"]
     assert res.pool == A100 and res.gpu_count == 4
     assert res.score == result.decision.score.to_json()
-    assert res.identity == TaskIdentity("train", "r1", "fit", 1)
+    assert res.identity == TaskIdentity("train", "r1", "fit", try_number=1, map_index=3)
+    assert res.to_json()["identity"]["map_index"] == 3
     assert res.expires_at == clock.now + timedelta(seconds=60)
     assert ledger.reserved_map() == {key: "job-1" for key in result.decision.keys}
     # the next job plans around it
@@ -339,6 +341,8 @@ def test_replace_hook_runs_inside_the_transaction(ledger_db_url, cluster):  # no
     (lambda led, c: led.reserve("j", c, PlanRequest(1), lease_seconds=0), "lease_seconds"),
     (lambda led, c: led.reserve("j", c, PlanRequest(1), lease_seconds=float("nan")), "lease_seconds"),
     (lambda led, c: led.reserve("j", c, PlanRequest(1), identity={"dag": "x"}), "unknown key 'dag'"),
+    (lambda led, c: led.reserve("j", c, PlanRequest(1), identity={"try_number": "1"}), "try_number must be"),
+    (lambda led, c: led.reserve("j", c, PlanRequest(1), identity={"dag_id": 7}), "dag_id must be"),
     (lambda led, c: led.evict(("h0", -1)), "index >= 0"),
     (lambda led, c: led.evict("h0"), "expected \\(host, index\\)"),
     (lambda led, c: led.uncordon(""), "host name"),

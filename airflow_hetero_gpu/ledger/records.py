@@ -18,6 +18,7 @@ class TaskIdentity:
     run_id: str | None = None
     task_id: str | None = None
     try_number: int | None = None
+    map_index: int | None = None  # mapped tasks; None (or -1, Airflow's "not mapped")
 
     @classmethod
     def coerce(cls, value: "TaskIdentity | Mapping[str, Any] | None") -> "TaskIdentity | None":
@@ -25,18 +26,26 @@ class TaskIdentity:
         if value is None or isinstance(value, TaskIdentity):
             return value
         if not isinstance(value, Mapping):
-            raise LedgerError(f"identity: expected a mapping with dag_id, run_id, task_id, try_number, got {value!r}")
-        unknown = set(value) - {"dag_id", "run_id", "task_id", "try_number"}
+            raise LedgerError(
+                f"identity: expected a mapping with dag_id, run_id, task_id, try_number, map_index, got {value!r}"
+            )
+        unknown = set(value) - {"dag_id", "run_id", "task_id", "try_number", "map_index"}
         if unknown:
             raise LedgerError(f"identity: unknown key {sorted(unknown)[0]!r}")
-        try_number = value.get("try_number")
-        if try_number is not None and (isinstance(try_number, bool) or not isinstance(try_number, int)):
-            raise LedgerError(f"identity: try_number must be an integer, got {try_number!r}")
-        return cls(value.get("dag_id"), value.get("run_id"), value.get("task_id"), try_number)
+        for name in ("try_number", "map_index"):
+            number = value.get(name)
+            if number is not None and (isinstance(number, bool) or not isinstance(number, int)):
+                raise LedgerError(f"identity: {name} must be an integer, got {number!r}")
+        for name in ("dag_id", "run_id", "task_id"):
+            text = value.get(name)
+            if text is not None and not isinstance(text, str):
+                raise LedgerError(f"identity: {name} must be a string, got {text!r}")
+        return cls(value.get("dag_id"), value.get("run_id"), value.get("task_id"), value.get("try_number"),
+                   value.get("map_index"))
 
     def to_json(self) -> dict:
         return {"dag_id": self.dag_id, "run_id": self.run_id, "task_id": self.task_id,
-                "try_number": self.try_number}
+                "map_index": self.map_index, "try_number": self.try_number}
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ Version history
   1. ``reservations`` (job id, pool, GPU count, score terms, times), ``reservation_gpus`` (one
      row per reserved GPU; its primary key (host, gpu_index) makes a GPU impossible to hold
      twice), ``evictions`` (abnormal GPUs and their reasons).
-  2. Airflow task identity (dag_id, run_id, task_id, try_number), the request and the mean
+  2. Airflow task identity (dag_id, run_id, task_id, map_index, try_number), the request and the mean
      distance on reservations; the consecutive-healthy-checks counter and last check time on
      evictions.
 
@@ -94,6 +94,7 @@ reservations = Table(
     Column("dag_id", String(NAME), nullable=True),
     Column("run_id", String(NAME), nullable=True),
     Column("task_id", String(NAME), nullable=True),
+    Column("map_index", Integer, nullable=True),
     Column("try_number", Integer, nullable=True),
 )
 
@@ -183,6 +184,7 @@ def _v2(conn: Connection) -> None:
         Column("dag_id", String(NAME), nullable=True),
         Column("run_id", String(NAME), nullable=True),
         Column("task_id", String(NAME), nullable=True),
+        Column("map_index", Integer, nullable=True),
         Column("try_number", Integer, nullable=True),
     ):
         conn.execute(AddColumn("reservations", column))

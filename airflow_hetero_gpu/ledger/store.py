@@ -453,12 +453,13 @@ def _check_reasons(reasons: Iterable[str] | str) -> tuple[str, ...]:
 def _reservation(rows: Sequence[Any]) -> Reservation:
     first = rows[0]
     gpus = tuple(ReservedGpu(r.host, r.gpu_index, r.uuid, r.slot) for r in rows if r.host is not None)
-    has_identity = any(getattr(first, f) is not None for f in ("dag_id", "run_id", "task_id", "try_number"))
+    fields = ("dag_id", "run_id", "task_id", "try_number", "map_index")
+    has_identity = any(getattr(first, f) is not None for f in fields)
     return Reservation(
         job_id=first.job_id, pool=first.pool, gpus=gpus, score=dict(first.score), created_at=first.created_at,
         renewed_at=first.renewed_at, expires_at=first.expires_at, gpu_count=first.gpu_count,
         request=first.request, mean_distance=first.mean_distance,
-        identity=TaskIdentity(first.dag_id, first.run_id, first.task_id, first.try_number) if has_identity else None,
+        identity=TaskIdentity(*(getattr(first, f) for f in fields)) if has_identity else None,
     )
 
 
