@@ -33,13 +33,26 @@ def cluster_state(
     reserved: Mapping[GpuKey, str] | None = None,
     evicted: Mapping[GpuKey, Sequence[str]] | None = None,
     config: ClusterConfig | None = None,
+    *,
+    reserved_mask: np.ndarray | None = None,
 ) -> ClusterState:
-    """Apply reservations (load 1) and evictions (unavailable) to the cluster for one request."""
+    """Apply reservations (load 1) and evictions (unavailable) to the cluster for one request.
+
+    ``reserved_mask``: optional fast path for callers that keep the reservations as a boolean
+    mask over ``cluster.gpus`` (the simulator); it must mark exactly the GPUs of ``reserved``,
+    whose ``GpuKey`` keys are then used as given, only to name holders in reasons.
+    """
     cfg = config or cluster.config
     th = cfg.thresholds
-    reserved = {GpuKey(*k): v for k, v in (reserved or {}).items()}
+    if reserved_mask is None:
+        reserved = {GpuKey(*k): v for k, v in (reserved or {}).items()}
+        reserved_mask = _mask(cluster, reserved)
+    else:
+        reserved = reserved if reserved is not None else {}
+        reserved_mask = np.asarray(reserved_mask, dtype=bool)
+        if reserved_mask.shape != (len(cluster.gpus),):
+            raise ValueError(f"reserved_mask: expected {len(cluster.gpus)} entries, got {reserved_mask.shape}")
     evicted = {GpuKey(*k): tuple(v) for k, v in (evicted or {}).items()}
-    reserved_mask = _mask(cluster, reserved)
     evicted_mask = _mask(cluster, evicted)
     healthy = cluster.healthy & ~evicted_mask
     load = cluster.base_load.copy()
@@ -94,15 +107,18 @@ def plan(
     evicted: Mapping[GpuKey, Sequence[str]] | None = None,
     config: ClusterConfig | None = None,
     weights: Mapping[str, float] | None = None,
+    reserved_mask: np.ndarray | None = None,
 ) -> PlanResult:
     """Place ``request`` on ``cluster``.
 
     ``reserved`` maps GPUs held by live reservations to their job id (they count as load 1);
     ``evicted`` maps GPUs evicted in the ledger to their reasons (unavailable, not healthy).
     ``config``/``weights`` override the cluster's configuration for this call.
+    ``reserved_mask`` (optional) is the same reservations as a boolean mask over
+    ``cluster.gpus``, for callers that keep one; see :func:`cluster_state`.
     """
     cfg = (config or cluster.config).with_weights(weights)
-    state = cluster_state(cluster, request, reserved, evicted, cfg)
+    state = cluster_state(cluster, request, reserved, evicted, cfg, reserved_mask=reserved_mask)
     w = cfg.weights.model_dump()
     reports: list[PoolReport] = []
     best: PoolReport | None = None
