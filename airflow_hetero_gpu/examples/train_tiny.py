@@ -1,0 +1,210 @@
+"""A tiny but real distributed training: an MLP learning a synthetic regression under DDP.
+
+Start it with torchrun (it reads RANK, LOCAL_RANK and WORLD_SIZE from torchrun's environment)::
+
+    torchrun --nnodes 1 --nproc-per-node 2 train_tiny.py --epochs 5 --checkpoint-dir /tmp/ckpt
+
+- Data: ``--samples`` points ``x ~ N(0, 1)^features``, ``y = sin(x·w) + x·v + noise``, generated
+  from ``--seed`` so every rank builds the same set; each rank trains on its own shard.
+- Backend: gloo on CPU (the default), or ``--backend nccl`` on the GPU ``LOCAL_RANK`` of the
+  devices the launcher made visible (needs CUDA).
+- Rank 0 prints ``epoch E loss L`` after every epoch (``--log-every``), the loss being the mean
+  over all ranks, so a log shows it falling.
+- ``--checkpoint-dir``: rank 0 writes model, optimizer and epoch after every epoch, atomically
+  (temporary file, fsync, rename). On start, rank 0 loads the last checkpoint when there is one
+  and broadcasts it, so the directory only needs to exist on rank 0's host; every rank then
+  prints ``rank R resumed from epoch N``.
+- ``--fail-at-epoch E --fail-rank R``: rank R exits with status 3 at the start of epoch E
+  (a simulated crash, for tests of failure handling).
+- SIGTERM (what torchrun and the launcher send to stop a job) stops the loop after the current
+  step; the process then exits with status 143.
+
+Needs only PyTorch: this file is copied to, or installed on, the training hosts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+CHECKPOINT_NAME = "checkpoint.pt"
+CRASH_EXIT_CODE = 3
+SIGTERM_EXIT_CODE = 128 + signal.SIGTERM
+
+
+class Stop:
+    """Set by the SIGTERM handler; the training loop checks it between steps."""
+
+    requested = False
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    Stop.requested = True
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=5, help="train until this epoch (1-based)")
+    parser.add_argument("--checkpoint-dir", type=Path, default=None)
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    parser.add_argument("--samples", type=int, default=512)
+    parser.add_argument("--features", type=int, default=8)
+    parser.add_argument("--hidden", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--log-every", type=int, default=1, help="print the loss every N epochs")
+    parser.add_argument("--sleep", type=float, default=0.0,
+                        help="seconds to pause after each epoch (to watch or interrupt a run)")
+    parser.add_argument("--fail-at-epoch", type=int, default=None)
+    parser.add_argument("--fail-rank", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.epochs < 1 or args.samples < 1 or args.batch_size < 1 or args.log_every < 1:
+        parser.error("--epochs, --samples, --batch-size and --log-every must be at least 1")
+    return args
+
+
+def make_data(samples: int, features: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same synthetic regression set on every rank (fixed seed)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(samples, features, generator=gen)
+    w = torch.randn(features, 1, generator=gen)
+    v = torch.randn(features, 1, generator=gen) * 0.5
+    y = torch.sin(x @ w) + x @ v + 0.05 * torch.randn(samples, 1, generator=gen)
+    return x, y
+
+
+def make_model(features: int, hidden: int) -> nn.Module:
+    return nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, hidden),
+                         nn.ReLU(), nn.Linear(hidden, 1))
+
+
+def save_checkpoint(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    epoch: int) -> None:
+    """Write the checkpoint atomically: a reader sees the old one or the new one, never half."""
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / CHECKPOINT_NAME
+    tmp = directory / f".{CHECKPOINT_NAME}.{os.getpid()}.tmp"
+    state = {"epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    with open(tmp, "wb") as handle:
+        torch.save(state, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, final)
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def load_checkpoint(directory: Path | None) -> dict[str, Any] | None:
+    if directory is None:
+        return None
+    path = directory / CHECKPOINT_NAME
+    if not path.is_file():
+        return None
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def say(text: str, *, err: bool = False) -> None:
+    stream = sys.stderr if err else sys.stdout
+    print(text, file=stream, flush=True)
+
+
+def train(args: argparse.Namespace) -> int:
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if args.backend == "nccl":
+        if not torch.cuda.is_available():
+            say(f"rank {rank}: --backend nccl needs CUDA, and none is available", err=True)
+            return 2
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    torch.set_num_threads(1)
+    dist.init_process_group(backend=args.backend)
+    try:
+        return _train(args, rank, world, device)
+    finally:
+        if not Stop.requested:
+            dist.destroy_process_group()
+
+
+def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device) -> int:
+    torch.manual_seed(args.seed)
+    x, y = make_data(args.samples, args.features, args.seed)
+    x, y = x[rank::world].to(device), y[rank::world].to(device)
+    model = make_model(args.features, args.hidden).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+
+    # Rank 0 reads the checkpoint and hands it to everyone: no shared file system needed.
+    box: list[Any] = [load_checkpoint(args.checkpoint_dir) if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    checkpoint = box[0]
+    start = 1
+    if checkpoint is not None:
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        start = int(checkpoint["epoch"]) + 1
+        say(f"rank {rank} resumed from epoch {checkpoint['epoch']}")
+    ddp = DistributedDataParallel(model)
+    if rank == 0:
+        say(f"training: world size {world}, {args.samples} samples, epochs {start}..{args.epochs}, "
+            f"backend {args.backend}")
+
+    loss_fn = nn.MSELoss(reduction="sum")
+    for epoch in range(start, args.epochs + 1):
+        if args.fail_at_epoch == epoch and args.fail_rank == rank:
+            say(f"rank {rank}: simulated crash at epoch {epoch}", err=True)
+            os._exit(CRASH_EXIT_CODE)
+        total = torch.zeros(2, device=device)
+        for first in range(0, x.shape[0], args.batch_size):
+            if Stop.requested:
+                say(f"rank {rank}: SIGTERM received, stopping in epoch {epoch}", err=True)
+                return SIGTERM_EXIT_CODE
+            xb, yb = x[first:first + args.batch_size], y[first:first + args.batch_size]
+            optimizer.zero_grad()
+            loss = loss_fn(ddp(xb), yb)
+            (loss / xb.shape[0]).backward()
+            optimizer.step()
+            total += torch.stack([loss.detach(), torch.tensor(float(xb.shape[0]), device=device)])
+        dist.all_reduce(total)
+        mean = (total[0] / total[1]).item()
+        if rank == 0:
+            if epoch % args.log_every == 0 or epoch == args.epochs:
+                say(f"epoch {epoch} loss {mean:.6f}")
+            if args.checkpoint_dir is not None:
+                save_checkpoint(args.checkpoint_dir, model, optimizer, epoch)
+        if args.sleep > 0:
+            deadline = time.monotonic() + args.sleep
+            while not Stop.requested and time.monotonic() < deadline:
+                time.sleep(min(0.05, args.sleep))
+    if rank == 0:
+        say("training done")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    args = parse_args(argv)
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        say("train_tiny.py must be started by torchrun (RANK and WORLD_SIZE are not set)", err=True)
+        return 2
+    return train(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

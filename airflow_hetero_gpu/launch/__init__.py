@@ -1,0 +1,53 @@
+"""Launching distributed training on the chosen GPUs over SSH (the seed's step S9).
+
+Pure Python and paramiko; no Airflow. The pieces, in the order a launch uses them:
+
+- :mod:`~airflow_hetero_gpu.launch.command`: each host's remote command line (torchrun or any
+  argv), with every user value shell-quoted, under ``setsid`` with its process group recorded;
+- :mod:`~airflow_hetero_gpu.launch.ports`: the rendezvous port (probed on the first host, or
+  derived from the job id);
+- :mod:`~airflow_hetero_gpu.launch.remote`: :class:`RemoteJob`, one process per host, output
+  streamed line by line, failure on one host ends the job everywhere, ``kill()``;
+- :mod:`~airflow_hetero_gpu.launch.orphans`: finding and ending a job's processes left behind
+  by a launcher that died.
+
+See ``docs/launch.md``.
+"""
+
+from airflow_hetero_gpu.launch.command import (
+    HOST_ENV,
+    JOB_ENV,
+    NODE_RANK_ENV,
+    PGID_MARKER,
+    Command,
+    HostShare,
+    LaunchSpec,
+    Torchrun,
+    build_commands,
+    build_host_command,
+    validate_env_name,
+    validate_job_id,
+)
+from airflow_hetero_gpu.launch.orphans import RemoteProcess, SweepResult, find_orphans, kill_orphans
+from airflow_hetero_gpu.launch.ports import FREE_PORT_COMMAND, PortProbeError, derive_port, probe_free_port
+from airflow_hetero_gpu.launch.remote import (
+    HostResult,
+    JobFailure,
+    JobKilled,
+    JobResult,
+    JobStartError,
+    RemoteJob,
+    Worker,
+    choose_rdzv_port,
+    placements_from_decision,
+    torchrun_job,
+)
+
+__all__ = [
+    "Command", "FREE_PORT_COMMAND", "HOST_ENV", "HostResult", "HostShare", "JOB_ENV", "JobFailure",
+    "JobKilled", "JobResult", "JobStartError", "LaunchSpec", "NODE_RANK_ENV", "PGID_MARKER",
+    "PortProbeError", "RemoteJob", "RemoteProcess", "SweepResult", "Torchrun", "Worker",
+    "build_commands", "build_host_command", "choose_rdzv_port", "derive_port", "find_orphans",
+    "kill_orphans", "placements_from_decision", "probe_free_port", "torchrun_job",
+    "validate_env_name", "validate_job_id",
+]

@@ -1,0 +1,307 @@
+"""The remote command line that starts one host's share of a distributed job.
+
+Every host of a job runs the same shape of command: a POSIX ``sh -c`` script that
+
+1. creates the job's run directory ``$HOME/.hetero-gpu/run/<job id>/``,
+2. changes to the working directory (when one is given),
+3. exports ``CUDA_VISIBLE_DEVICES`` (the GPUs chosen on that host, comma-joined; empty hides
+   every GPU) and the user's environment,
+4. ``exec setsid -w env <job markers> sh -c <leader>``: a new session and process group whose
+   processes all carry ``HETERO_GPU_JOB_ID``, ``HETERO_GPU_HOST`` and ``HETERO_GPU_NODE_RANK``
+   (the orphan sweep finds the job's processes by them); the leader prints
+   ``HETERO_GPU_PGID=<pgid>`` as its first line, writes the same number to
+   ``<run dir>/<host>.pgid`` and ``exec``s the program: torchrun (:class:`Torchrun`) or any
+   argv (:class:`Command`). ``setsid -w`` waits and returns the program's exit status.
+
+Quoting rules: every value that comes from a user (script, arguments, environment values,
+working directory, job id, host name, launcher argv) goes through :func:`shlex.quote`, and the
+whole script is quoted once more as the single argument of ``sh -c``, so the login shell of the
+remote user (bash, zsh, ...) only ever sees one quoted word. Environment *names* must be shell
+identifiers and job ids ``[A-Za-z0-9._-]+``; anything else is a ``ValueError`` with a one-line
+message. Nothing here talks to a network: these are pure functions of their arguments.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence, Union
+
+#: Environment variables the command exports on every host; the orphan sweep matches on them.
+JOB_ENV = "HETERO_GPU_JOB_ID"
+HOST_ENV = "HETERO_GPU_HOST"
+NODE_RANK_ENV = "HETERO_GPU_NODE_RANK"
+#: The first stdout line of every host's command: ``HETERO_GPU_PGID=<process group id>``.
+PGID_MARKER = "HETERO_GPU_PGID="
+#: Where each host keeps a job's pid files, relative to the remote user's home directory.
+RUN_ROOT = ".hetero-gpu/run"
+#: Exit status of the remote command when the run directory or working directory is unusable.
+SETUP_EXIT_CODE = 125
+
+_JOB_ID = re.compile(r"[A-Za-z0-9._-]+")
+_HOST = re.compile(r"[A-Za-z0-9._:-]+")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_MARKERS = frozenset({JOB_ENV, HOST_ENV, NODE_RANK_ENV})
+_RESERVED_ENV = _MARKERS | {"CUDA_VISIBLE_DEVICES"}
+_MAX_JOB_ID = 128
+
+# The process that becomes the job's process group leader. $1 is the pid file, the rest the
+# program. It is a constant: user input reaches it only as quoted positional arguments.
+_LEADER = 'echo "' + PGID_MARKER + '$$"; echo "$$" > "$1" || exit ' + str(SETUP_EXIT_CODE) + '; shift; exec "$@"'
+
+
+def validate_job_id(job_id: str) -> str:
+    """Return ``job_id`` when it is 1-128 characters of ``[A-Za-z0-9._-]``, else ValueError."""
+    if not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id) or len(job_id) > _MAX_JOB_ID \
+            or job_id in (".", ".."):
+        raise ValueError(
+            f"invalid job id {job_id!r}: use 1-{_MAX_JOB_ID} letters, digits, '.', '_' or '-'"
+        )
+    return job_id
+
+
+def validate_host_name(host: str) -> str:
+    """Return ``host`` when it is a usable host name (it names the host's pid file)."""
+    if not isinstance(host, str) or not _HOST.fullmatch(host) or host in (".", ".."):
+        raise ValueError(f"invalid host name {host!r}: use letters, digits, '.', '_', ':' or '-'")
+    return host
+
+
+def validate_env_name(name: str) -> str:
+    """Return ``name`` when it is a shell identifier not reserved by the launcher."""
+    if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+        raise ValueError(f"invalid environment variable name {name!r}: must match [A-Za-z_][A-Za-z0-9_]*")
+    if name in _RESERVED_ENV:
+        raise ValueError(f"environment variable {name} is set by the launcher and cannot be overridden")
+    return name
+
+
+@dataclass(frozen=True)
+class HostShare:
+    """One host's part of a job: its name, the address other hosts reach it at, its GPUs."""
+
+    host: str
+    address: str
+    gpus: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        validate_host_name(self.host)
+        if not self.address or any(c.isspace() for c in self.address):
+            raise ValueError(f"invalid address {self.address!r} for host {self.host!r}")
+        gpus = tuple(self.gpus)
+        if any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in gpus):
+            raise ValueError(f"GPU indices of host {self.host!r} must be non-negative integers: {gpus!r}")
+        if len(set(gpus)) != len(gpus):
+            raise ValueError(f"GPU indices of host {self.host!r} repeat: {gpus!r}")
+        object.__setattr__(self, "gpus", gpus)
+
+    @property
+    def endpoint_host(self) -> str:
+        """The address as it appears in ``HOST:PORT`` (IPv6 in brackets)."""
+        return f"[{self.address}]" if ":" in self.address else self.address
+
+
+@dataclass(frozen=True)
+class Torchrun:
+    """Start ``script args...`` under torchrun with the c10d rendezvous on the first host.
+
+    ``nproc_per_node`` defaults to the number of GPUs the host got (at least 1);
+    ``launcher`` is the torchrun argv (``("python3", "-m", "torch.distributed.run")`` works
+    where the ``torchrun`` script is not on the remote PATH); ``torchrun_args`` are passed to
+    torchrun before the script (e.g. ``("--monitor-interval", "1")``).
+    """
+
+    script: str
+    args: tuple[str, ...] = ()
+    max_restarts: int | None = None
+    nproc_per_node: int | None = None
+    launcher: tuple[str, ...] = ("torchrun",)
+    torchrun_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.script:
+            raise ValueError("torchrun needs a training script")
+        for name in ("args", "launcher", "torchrun_args"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                raise ValueError(f"{name} must be a list of strings, not one string: {value!r}")
+            value = tuple(value)
+            if any(not isinstance(v, str) for v in value):
+                raise ValueError(f"{name} must hold only strings: {value!r}")
+            object.__setattr__(self, name, value)
+        if not self.launcher:
+            raise ValueError("launcher must not be empty")
+        if self.max_restarts is not None and (not isinstance(self.max_restarts, int) or self.max_restarts < 0):
+            raise ValueError(f"max_restarts must be a non-negative integer: {self.max_restarts!r}")
+        if self.nproc_per_node is not None and (not isinstance(self.nproc_per_node, int) or self.nproc_per_node < 1):
+            raise ValueError(f"nproc_per_node must be a positive integer: {self.nproc_per_node!r}")
+
+
+@dataclass(frozen=True)
+class Command:
+    """Start the same argv on every host (for launchers other than torchrun).
+
+    The program finds its place through ``HETERO_GPU_NODE_RANK``, ``HETERO_GPU_HOST`` and
+    ``CUDA_VISIBLE_DEVICES``; ``HETERO_GPU_NNODES``, ``HETERO_GPU_MASTER_ADDR`` and
+    ``HETERO_GPU_MASTER_PORT`` are exported too.
+    """
+
+    argv: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if isinstance(self.argv, str):
+            raise ValueError(f"argv must be a list of strings, not one string: {self.argv!r}")
+        argv = tuple(self.argv)
+        if not argv or any(not isinstance(a, str) for a in argv):
+            raise ValueError(f"argv must be a non-empty list of strings: {argv!r}")
+        object.__setattr__(self, "argv", argv)
+
+
+Program = Union[Torchrun, Command]
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What to run for a job, and where it runs on each host."""
+
+    job_id: str
+    program: Program
+    env: Mapping[str, str] = field(default_factory=dict)
+    workdir: str | None = None
+
+    def __post_init__(self) -> None:
+        validate_job_id(self.job_id)
+        env = dict(self.env)
+        for name, value in env.items():
+            validate_env_name(name)
+            if not isinstance(value, str):
+                raise ValueError(f"environment variable {name}: value must be a string, got {value!r}")
+            if "\0" in value:
+                raise ValueError(f"environment variable {name}: value contains a NUL byte")
+        object.__setattr__(self, "env", env)
+        if self.workdir is not None and (not self.workdir or "\0" in self.workdir):
+            raise ValueError(f"invalid working directory {self.workdir!r}")
+
+
+def run_dir(job_id: str) -> str:
+    """The job's run directory relative to the remote home: ``.hetero-gpu/run/<job id>``."""
+    return f"{RUN_ROOT}/{validate_job_id(job_id)}"
+
+
+def torchrun_argv(program: Torchrun, job_id: str, shares: Sequence[HostShare], rank: int,
+                  rdzv_port: int) -> list[str]:
+    """The unquoted torchrun argv of host ``rank`` (what the remote shell will exec).
+
+    No ``--node-rank``: torchrun ignores it with the c10d rendezvous (and warns), because c10d
+    numbers the nodes itself once all have joined. The launcher's own host order is exported
+    as ``HETERO_GPU_NODE_RANK`` instead.
+    """
+    share = shares[rank]
+    nproc = program.nproc_per_node or max(1, len(share.gpus))
+    argv = [
+        *program.launcher,
+        "--nnodes", str(len(shares)),
+        "--nproc-per-node", str(nproc),
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"{shares[0].endpoint_host}:{rdzv_port}",
+        "--rdzv-id", job_id,
+        # The first host serves the c10d store; saying so avoids torchrun's guess, which
+        # treats every loopback or local address as "mine".
+        "--rdzv-conf", f"is_host={'true' if rank == 0 else 'false'}",
+    ]
+    if program.max_restarts is not None:
+        argv += ["--max-restarts", str(program.max_restarts)]
+    argv += [*program.torchrun_args, program.script, *program.args]
+    return argv
+
+
+def program_argv(spec: LaunchSpec, shares: Sequence[HostShare], rank: int, rdzv_port: int) -> list[str]:
+    """The unquoted argv host ``rank`` runs."""
+    if isinstance(spec.program, Torchrun):
+        return torchrun_argv(spec.program, spec.job_id, shares, rank, rdzv_port)
+    return list(spec.program.argv)
+
+
+def host_environment(spec: LaunchSpec, shares: Sequence[HostShare], rank: int,
+                     rdzv_port: int) -> list[tuple[str, str]]:
+    """The variables host ``rank`` exports, in order: job markers, GPUs, then the user's."""
+    share = shares[rank]
+    env = [
+        (JOB_ENV, spec.job_id),
+        (HOST_ENV, share.host),
+        (NODE_RANK_ENV, str(rank)),
+        ("CUDA_VISIBLE_DEVICES", ",".join(str(g) for g in share.gpus)),
+    ]
+    if isinstance(spec.program, Command):
+        env += [
+            ("HETERO_GPU_NNODES", str(len(shares))),
+            ("HETERO_GPU_MASTER_ADDR", shares[0].address),
+            ("HETERO_GPU_MASTER_PORT", str(rdzv_port)),
+        ]
+    env += sorted(spec.env.items())
+    return env
+
+
+def build_script(spec: LaunchSpec, shares: Sequence[HostShare], rank: int, rdzv_port: int) -> str:
+    """The POSIX shell script host ``rank`` runs (before the outer ``sh -c`` quoting)."""
+    _check(shares, rank, rdzv_port)
+    q = shlex.quote
+    env = host_environment(spec, shares, rank, rdzv_port)
+    markers = [(n, v) for n, v in env if n in _MARKERS]
+    others = [(n, v) for n, v in env if n not in _MARKERS]
+    lines = [f'run_dir="$HOME"/{q(run_dir(spec.job_id))}',
+             f'mkdir -p "$run_dir" || exit {SETUP_EXIT_CODE}']
+    if spec.workdir is not None:
+        lines.append(f"cd {q(spec.workdir)} || exit {SETUP_EXIT_CODE}")
+    lines.append("export " + " ".join(f"{n}={q(v)}" for n, v in others))
+    # The job markers go to the new session only, through env(1): setsid's waiting parent stays
+    # unmarked, so a kill never hits it and it reports how the session ended.
+    pid_file = f'"$run_dir"/{q(shares[rank].host + ".pgid")}'
+    argv = " ".join(q(a) for a in program_argv(spec, shares, rank, rdzv_port))
+    lines.append(
+        "exec setsid -w env " + " ".join(f"{n}={q(v)}" for n, v in markers)
+        + f" sh -c {q(_LEADER)} {q('hetero-gpu-' + spec.job_id)} {pid_file} {argv}"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def build_host_command(spec: LaunchSpec, shares: Sequence[HostShare], rank: int, rdzv_port: int) -> str:
+    """The full command line for SSH ``exec`` on host ``rank``: ``sh -c '<script>'``."""
+    return f"sh -c {shlex.quote(build_script(spec, shares, rank, rdzv_port))}"
+
+
+def build_commands(spec: LaunchSpec, shares: Sequence[HostShare], rdzv_port: int) -> list[str]:
+    """One command line per host, in node-rank order (the first host serves the rendezvous)."""
+    if not shares:
+        raise ValueError("a job needs at least one host")
+    hosts = [s.host for s in shares]
+    if len(set(hosts)) != len(hosts):
+        raise ValueError(f"a host appears twice in the job: {hosts}")
+    return [build_host_command(spec, shares, rank, rdzv_port) for rank in range(len(shares))]
+
+
+def _check(shares: Sequence[HostShare], rank: int, rdzv_port: int) -> None:
+    if not shares:
+        raise ValueError("a job needs at least one host")
+    if not 0 <= rank < len(shares):
+        raise ValueError(f"node rank {rank} out of range for {len(shares)} hosts")
+    if isinstance(rdzv_port, bool) or not isinstance(rdzv_port, int) or not 1 <= rdzv_port <= 65535:
+        raise ValueError(f"invalid rendezvous port {rdzv_port!r}: must be 1-65535")
+
+
+def parse_pgid_line(line: str) -> int | None:
+    """The process group id from a ``HETERO_GPU_PGID=<n>`` line, else None."""
+    if line.startswith(PGID_MARKER):
+        value = line[len(PGID_MARKER):].strip()
+        if value.isdigit() and int(value) > 1:
+            return int(value)
+    return None
+
+
+__all__ = [
+    "Command", "HostShare", "JOB_ENV", "HOST_ENV", "LaunchSpec", "NODE_RANK_ENV", "PGID_MARKER",
+    "Program", "RUN_ROOT", "SETUP_EXIT_CODE", "Torchrun", "build_commands", "build_host_command",
+    "build_script", "host_environment", "parse_pgid_line", "program_argv", "run_dir",
+    "torchrun_argv", "validate_env_name", "validate_host_name", "validate_job_id",
+]

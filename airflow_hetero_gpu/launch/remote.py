@@ -1,0 +1,596 @@
+"""Run one process per host over SSH, stream their output, and stop them all together.
+
+:class:`RemoteJob` takes one :class:`Worker` per host (an SSH target, a node rank and the
+command from :mod:`airflow_hetero_gpu.launch.command`) and
+
+- connects to every host first (in parallel, at most ``max_parallel`` at once), so that a host
+  that cannot be reached fails the start before anything runs (:class:`JobStartError`);
+- starts each command on its own SSH channel (``exec``, no pty) and reads its stdout and stderr
+  in one thread each, calling ``on_line(host, rank, stream, line)`` for every line as it comes and
+  keeping only the last ``tail_lines`` lines per host (and at most ``max_line_bytes`` per line);
+- waits for every host; the first host that exits non-zero becomes the job's
+  :class:`JobFailure`, and every host's processes are then ended (see :meth:`RemoteJob.kill`);
+- :meth:`RemoteJob.kill` ends the job on every host: the orphan sweep of
+  :mod:`airflow_hetero_gpu.launch.orphans` sends SIGTERM to each of the job's process groups,
+  waits ``kill_grace`` seconds, then sends SIGKILL. It is idempotent and may be called from any
+  thread (Airflow calls ``on_kill`` from another thread than ``execute``).
+
+:func:`torchrun_job` builds the whole thing for a torchrun launch: rendezvous port, one command
+per host, the job.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import re
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
+
+import paramiko
+
+from airflow_hetero_gpu.collect.targets import SshTarget
+from airflow_hetero_gpu.launch.command import (
+    HostShare,
+    LaunchSpec,
+    build_commands,
+    parse_pgid_line,
+    validate_job_id,
+)
+from airflow_hetero_gpu.launch.orphans import KILL_WAIT_S, ClientFactory, SweepResult, sweep_host
+from airflow_hetero_gpu.launch.ports import DEFAULT_PORT_RANGE, derive_port, probe_free_port
+
+log = logging.getLogger(__name__)
+
+#: ``on_line(host, rank, stream, line)``; ``stream`` is ``"stdout"`` or ``"stderr"``.
+LineCallback = Callable[[str, int, str, str], None]
+STREAMS = ("stdout", "stderr")
+
+
+# --------------------------------------------------------------------------------------------
+# What goes in and what comes out
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One host's process of a job: where (SSH target), which node rank, what command."""
+
+    target: SshTarget
+    rank: int
+    command: str
+
+    @property
+    def host(self) -> str:
+        return self.target.host_name
+
+
+@dataclass
+class HostResult:
+    """How one host's process ended. ``exit_code`` is None when no status came back (the
+    connection was lost, or the process was killed by a signal before it could report)."""
+
+    host: str
+    rank: int
+    exit_code: int | None
+    seconds: float
+    tail: list[str]
+    pgid: int | None = None
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "rank": self.rank, "exit_code": self.exit_code,
+                "seconds": round(self.seconds, 3), "tail": list(self.tail), "pgid": self.pgid,
+                "error": self.error}
+
+
+class JobStartError(RuntimeError):
+    """The job could not be started on ``host``; nothing of it is left running."""
+
+    def __init__(self, host: str, reason: str):
+        super().__init__(f"cannot start on {host}: {reason}")
+        self.host = host
+        self.reason = reason
+
+
+_ROOT_CAUSE = "Root Cause (first observed failure):"
+_FIELD = re.compile(r"^\s*(rank|exitcode)\s*:\s*(-?\d+)")
+
+
+def summarize_tail(tail: Sequence[str]) -> str | None:
+    """One line that says why a host failed: torchrun's root cause when its failure report is
+    in the tail (``torchrun root cause: rank 3 exitcode 3``), else the last line with text."""
+    for start in range(len(tail) - 1, -1, -1):
+        if tail[start].strip() == _ROOT_CAUSE:
+            found: dict[str, str] = {}
+            for line in tail[start + 1:start + 12]:
+                match = _FIELD.match(line)
+                if match:
+                    found.setdefault(match.group(1), match.group(2))
+            if found:
+                return "torchrun root cause: " + " ".join(f"{k} {v}" for k, v in sorted(found.items(), reverse=True))
+            break
+    return next((line.strip() for line in reversed(tail) if any(c.isalnum() for c in line)), None)
+
+
+class JobFailure(RuntimeError):
+    """A host's process exited non-zero (or vanished): the job failed there.
+
+    ``str()`` is one line; ``tail`` holds the host's last output lines.
+    """
+
+    def __init__(self, host: str, rank: int, exit_code: int | None, tail: Sequence[str],
+                 reason: str | None = None):
+        status = f"exited with status {exit_code}" if exit_code is not None else (reason or "ended without an exit status")
+        summary = summarize_tail(tail)
+        super().__init__(f"worker on {host} (node rank {rank}) {status}" + (f"; {summary}" if summary else ""))
+        self.host = host
+        self.rank = rank
+        self.exit_code = exit_code
+        self.tail = list(tail)
+        self.summary = summary
+
+
+class JobKilled(RuntimeError):
+    """The job was stopped by :meth:`RemoteJob.kill` before it finished."""
+
+
+@dataclass
+class JobResult:
+    """Every host's outcome; ``failure`` is the first host that failed on its own."""
+
+    job_id: str
+    hosts: list[HostResult]
+    seconds: float
+    failure: JobFailure | None = None
+    killed: bool = False
+    cleanup: dict[str, SweepResult] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None and not self.killed and all(h.exit_code == 0 for h in self.hosts)
+
+    def __getitem__(self, host: str) -> HostResult:
+        for result in self.hosts:
+            if result.host == host:
+                return result
+        raise KeyError(host)
+
+    def raise_for_failure(self) -> "JobResult":
+        """Raise the :class:`JobFailure` (or :class:`JobKilled`) when the job did not succeed."""
+        if self.failure is not None:
+            raise self.failure
+        if self.killed:
+            raise JobKilled(f"job {self.job_id} was killed")
+        for host in self.hosts:
+            if host.exit_code != 0:
+                raise JobFailure(host.host, host.rank, host.exit_code, host.tail, host.error)
+        return self
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able form (for XCom)."""
+        return {
+            "job_id": self.job_id,
+            "ok": self.ok,
+            "seconds": round(self.seconds, 3),
+            "killed": self.killed,
+            "failure": None if self.failure is None else {
+                "host": self.failure.host, "rank": self.failure.rank,
+                "exit_code": self.failure.exit_code, "message": str(self.failure),
+            },
+            "hosts": [h.as_dict() for h in self.hosts],
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# One host's run
+# --------------------------------------------------------------------------------------------
+
+
+class _HostRun:
+    """The SSH channel of one worker, its reader threads and what they saw."""
+
+    def __init__(self, worker: Worker, client: paramiko.SSHClient, tail_lines: int):
+        self.worker = worker
+        self.client = client
+        self.channel: paramiko.Channel | None = None
+        self.tail: deque[str] = deque(maxlen=tail_lines)
+        self.pgid: int | None = None
+        self.started = 0.0
+        self.ended: float | None = None
+        self.exit_code: int | None = None
+        self.error: str | None = None
+        self.done = threading.Event()
+        self.threads: list[threading.Thread] = []
+
+    def result(self) -> HostResult:
+        end = self.ended if self.ended is not None else time.monotonic()
+        return HostResult(self.worker.host, self.worker.rank, self.exit_code,
+                          max(0.0, end - self.started) if self.started else 0.0,
+                          list(self.tail), self.pgid, self.error)
+
+
+class RemoteJob:
+    """A distributed job: one process per host over SSH, ended together."""
+
+    def __init__(self, job_id: str, workers: Sequence[Worker], client_factory: ClientFactory, *,
+                 on_line: LineCallback | None = None, tail_lines: int = 200,
+                 kill_grace: float = 10.0, max_parallel: int = 8, max_line_bytes: int = 64 * 1024):
+        validate_job_id(job_id)
+        if not workers:
+            raise ValueError("a job needs at least one worker")
+        hosts = [w.host for w in workers]
+        if len(set(hosts)) != len(hosts):
+            raise ValueError(f"a host appears twice in job {job_id}: {hosts}")
+        if tail_lines < 1 or max_line_bytes < 1 or max_parallel < 1 or kill_grace < 0:
+            raise ValueError("tail_lines, max_line_bytes, max_parallel must be >= 1 and kill_grace >= 0")
+        self.job_id = job_id
+        self.workers = list(workers)
+        self.client_factory = client_factory
+        self.on_line = on_line
+        self.tail_lines = tail_lines
+        self.kill_grace = kill_grace
+        self.max_parallel = max_parallel
+        self.max_line_bytes = max_line_bytes
+        self._runs: list[_HostRun] = []
+        self._events: queue.Queue[_HostRun] = queue.Queue()
+        self._lock = threading.Lock()
+        self._started = False
+        self._stopping = False          # no new command may start once this is set
+        self._killed = False            # kill() was asked for (not a failure clean-up)
+        self._kill_thread: threading.Thread | None = None
+        self._kill_done = threading.Event()
+        self._cleanup: dict[str, SweepResult] = {}
+        self._failure: JobFailure | None = None
+        self._t0 = 0.0
+        self._result: JobResult | None = None
+
+    # -- start ---------------------------------------------------------------------------------
+
+    def start(self) -> "RemoteJob":
+        """Connect to every host, then start every command.
+
+        Raises :class:`JobStartError` (after ending whatever had started) when a host cannot be
+        reached or refuses the command. When :meth:`kill` comes first, nothing more starts and
+        :meth:`wait` reports the job as killed.
+        """
+        with self._lock:
+            if self._started:
+                raise RuntimeError(f"job {self.job_id} was already started")
+            self._started = True
+        self._t0 = time.monotonic()
+        clients = self._connect_all()
+        runs = [_HostRun(w, clients[w.host], self.tail_lines) for w in self.workers]
+        error: JobStartError | None = None
+        with self._lock:
+            self._runs = runs
+        for run in runs:
+            with self._lock:
+                if self._stopping:
+                    break
+                try:
+                    self._exec(run)
+                except Exception as exc:
+                    self._stopping = True
+                    error = JobStartError(run.worker.host, f"{exc or type(exc).__name__}")
+                    break
+        if error is not None:
+            self._end_all()
+            self._close_clients()
+            raise error
+        return self
+
+    def _connect_all(self) -> dict[str, paramiko.SSHClient]:
+        def connect(worker: Worker) -> tuple[Worker, paramiko.SSHClient | None, str | None]:
+            try:
+                return worker, self.client_factory(worker.target), None
+            except Exception as exc:
+                return worker, None, f"{exc or type(exc).__name__}"
+
+        with ThreadPoolExecutor(max_workers=min(self.max_parallel, len(self.workers))) as pool:
+            outcomes = list(pool.map(connect, self.workers))
+        clients = {w.host: c for w, c, _ in outcomes if c is not None}
+        errors = [(w, e) for w, c, e in outcomes if c is None]
+        if errors:
+            for client in clients.values():
+                client.close()
+            worker, reason = errors[0]
+            raise JobStartError(worker.host, reason or "connection failed")
+        return clients
+
+    def _exec(self, run: _HostRun) -> None:
+        transport = run.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise ConnectionError("SSH connection closed")
+        channel = transport.open_session()
+        run.started = time.monotonic()
+        channel.exec_command(run.worker.command)
+        run.channel = channel
+        stdout = channel.makefile("rb")
+        stderr = channel.makefile_stderr("rb")
+        err_thread = threading.Thread(target=self._read, args=(run, "stderr", stderr), daemon=True,
+                                      name=f"{self.job_id}:{run.worker.host}:stderr")
+        out_thread = threading.Thread(target=self._read_and_finish, args=(run, stdout, err_thread),
+                                      daemon=True, name=f"{self.job_id}:{run.worker.host}:stdout")
+        run.threads = [out_thread, err_thread]
+        err_thread.start()
+        out_thread.start()
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def _read(self, run: _HostRun, stream: str, handle: Any) -> None:
+        first = stream == "stdout"
+        try:
+            while True:
+                raw = handle.readline(self.max_line_bytes)
+                if not raw:
+                    return
+                line = raw.decode("utf-8", "replace").rstrip("\r\n")
+                if first:
+                    first = False
+                    pgid = parse_pgid_line(line)
+                    if pgid is not None:
+                        run.pgid = pgid
+                        continue
+                run.tail.append(line)
+                if self.on_line is not None:
+                    try:
+                        self.on_line(run.worker.host, run.worker.rank, stream, line)
+                    except Exception:  # a broken callback must not stop the reading
+                        log.exception("on_line callback failed for %s", run.worker.host)
+        except Exception as exc:  # the connection dropped mid-read
+            run.error = run.error or f"output stream lost: {exc or type(exc).__name__}"
+
+    def _read_and_finish(self, run: _HostRun, stdout: Any, err_thread: threading.Thread) -> None:
+        self._read(run, "stdout", stdout)
+        err_thread.join()
+        assert run.channel is not None
+        status = run.channel.recv_exit_status()
+        run.ended = time.monotonic()
+        if status >= 0:
+            run.exit_code = status
+        else:
+            run.error = run.error or "no exit status (connection lost or process killed by a signal)"
+        run.done.set()
+        self._events.put(run)
+
+    # -- waiting -------------------------------------------------------------------------------
+
+    def wait(self, timeout: float | None = None) -> JobResult:
+        """Block until every host's process ended; return the :class:`JobResult`.
+
+        The first host to exit non-zero (or to vanish) before any kill becomes ``failure``,
+        and the job is then ended everywhere. ``TimeoutError`` when ``timeout`` seconds pass
+        first (the job keeps running).
+        """
+        if self._result is not None:
+            return self._result
+        if not self._started:
+            raise RuntimeError(f"job {self.job_id} was not started")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            runs = list(self._runs)
+        pending = {id(r) for r in runs if r.channel is not None and not r.done.is_set()}
+        for run in runs:
+            if run.done.is_set():
+                self._note_end(run)
+        while pending:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"job {self.job_id} still running after {timeout} s")
+            try:
+                run = self._events.get(timeout=left)
+            except queue.Empty:
+                continue
+            pending.discard(id(run))
+            self._note_end(run)
+        if self._kill_thread is not None:
+            self._kill_thread.join()
+        self._close_clients()
+        for run in runs:
+            if run.channel is None:
+                run.error = run.error or "not started: the job was being ended"
+        self._result = JobResult(
+            self.job_id, [r.result() for r in runs], time.monotonic() - self._t0,
+            failure=self._failure, killed=self._killed, cleanup=dict(self._cleanup),
+        )
+        return self._result
+
+    def run(self, timeout: float | None = None) -> JobResult:
+        """Start, wait, and raise :class:`JobFailure` / :class:`JobKilled` unless all exit 0."""
+        self.start()
+        try:
+            result = self.wait(timeout)
+        except BaseException:
+            self.kill()
+            raise
+        return result.raise_for_failure()
+
+    def _note_end(self, run: _HostRun) -> None:
+        code = run.exit_code
+        log.debug("job %s: %s exited with %s", self.job_id, run.worker.host, code)
+        if code == 0:
+            return
+        with self._lock:
+            if self._stopping:
+                return
+            self._failure = JobFailure(run.worker.host, run.worker.rank, code, list(run.tail), run.error)
+            self._stopping = True
+        log.warning("job %s: %s; ending it on every host", self.job_id, self._failure)
+        self._start_ending()
+
+    # -- ending --------------------------------------------------------------------------------
+
+    def kill(self) -> None:
+        """End the job's processes on every host; idempotent, callable from any thread.
+
+        Blocks until every host has been swept (at most about ``kill_grace`` + 5 s plus the
+        SSH round trips). No new command starts once kill has begun, and a process that was
+        still starting is swept again once it shows up.
+        """
+        with self._lock:
+            if self._result is not None:
+                return
+            first = not self._stopping
+            self._stopping = True
+            if first:
+                finished = bool(self._runs) and all(r.done.is_set() for r in self._runs)
+                self._killed = not finished
+        if first:
+            self._start_ending()
+        with self._lock:
+            thread = self._kill_thread
+        if thread is not None:
+            thread.join()
+
+    def _start_ending(self) -> None:
+        with self._lock:
+            if self._kill_thread is not None:
+                return
+            self._kill_thread = threading.Thread(target=self._end_all_guarded, daemon=True,
+                                                 name=f"{self.job_id}:kill")
+            self._kill_thread.start()
+
+    def _end_all_guarded(self) -> None:
+        try:
+            self._end_all()
+        except Exception:
+            log.exception("job %s: ending the job failed", self.job_id)
+        finally:
+            self._kill_done.set()
+
+    def _end_all(self) -> None:
+        """Sweep every started host (TERM, grace, KILL), wait for the channels to close, and
+        sweep again where one stays open (a process that was still starting)."""
+        started = [r for r in self._runs if r.channel is not None]
+        if not started:
+            return
+        self._sweep(started, self.kill_grace)
+        deadline = time.monotonic() + KILL_WAIT_S + 5.0
+        for attempt in range(2):
+            for run in started:
+                run.done.wait(timeout=max(0.0, deadline - time.monotonic()))
+            still_open = [r for r in started if not r.done.is_set()]
+            if not still_open:
+                return
+            if attempt == 0:
+                self._sweep(still_open, 0.0)
+                deadline = time.monotonic() + KILL_WAIT_S + 5.0
+        for run in started:
+            if not run.done.is_set() and run.channel is not None:
+                log.warning("job %s: %s did not end; closing its channel", self.job_id, run.worker.host)
+                run.error = run.error or "did not end after SIGKILL; channel closed"
+                run.channel.close()
+
+    def _sweep(self, runs: Iterable[_HostRun], grace: float) -> None:
+        runs = list(runs)
+
+        def one(run: _HostRun) -> SweepResult:
+            host = run.worker.host
+            try:
+                return sweep_host(run.client, self.job_id, host, kill=True, grace=grace)
+            except Exception as exc:
+                return SweepResult(host, error=f"{exc or type(exc).__name__}")
+
+        with ThreadPoolExecutor(max_workers=min(self.max_parallel, len(runs))) as pool:
+            for result in pool.map(one, runs):
+                self._cleanup[result.host] = result
+                if result.error or result.left:
+                    log.warning("job %s: sweep of %s: %s", self.job_id, result.host,
+                                result.error or f"{len(result.left)} process(es) survived SIGKILL")
+
+    def _close_clients(self) -> None:
+        for run in self._runs:
+            try:
+                run.client.close()
+            except Exception:
+                pass
+
+    # -- introspection -------------------------------------------------------------------------
+
+    @property
+    def pgids(self) -> dict[str, int | None]:
+        """Each host's process group id, as its command reported it (None until it did)."""
+        return {r.worker.host: r.pgid for r in self._runs}
+
+    def __enter__(self) -> "RemoteJob":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._result is None:
+            self.kill()
+            self.wait()
+
+
+# --------------------------------------------------------------------------------------------
+# Building a torchrun job
+# --------------------------------------------------------------------------------------------
+
+Placement = tuple[SshTarget, Sequence[int]]
+
+
+def placements_from_decision(decision: Any, targets: Mapping[str, SshTarget]) -> list[Placement]:
+    """Each host of a planner ``Decision`` with its chosen GPU indices, in the decision's host
+    order (the first host serves the rendezvous); ``targets`` maps host names to SSH targets."""
+    by_host: dict[str, list[int]] = {}
+    for gpu in decision.gpus:
+        by_host.setdefault(gpu.host, []).append(int(gpu.index))
+    missing = [h for h in by_host if h not in targets]
+    if missing:
+        raise ValueError(f"no SSH target for host(s) {', '.join(missing)}")
+    return [(targets[host], tuple(sorted(indices))) for host, indices in by_host.items()]
+
+
+def choose_rdzv_port(job_id: str, first: SshTarget, client_factory: ClientFactory,
+                     policy: int | Literal["probe", "derive"] = "probe",
+                     port_range: tuple[int, int] = DEFAULT_PORT_RANGE) -> int:
+    """The rendezvous port by ``policy``: a fixed number, ``"derive"`` (from the job id) or
+    ``"probe"`` (a free port on the first host, see :mod:`airflow_hetero_gpu.launch.ports`)."""
+    if isinstance(policy, int) and not isinstance(policy, bool):
+        if not 1 <= policy <= 65535:
+            raise ValueError(f"invalid rendezvous port {policy}: must be 1-65535")
+        return policy
+    if policy == "derive":
+        return derive_port(job_id, port_range)
+    if policy != "probe":
+        raise ValueError(f"invalid rendezvous port policy {policy!r}: use a port, 'probe' or 'derive'")
+    try:
+        client = client_factory(first)
+    except Exception as exc:
+        raise JobStartError(first.host_name, f"{exc or type(exc).__name__}") from exc
+    try:
+        return probe_free_port(client)
+    finally:
+        client.close()
+
+
+def torchrun_job(spec: LaunchSpec, placements: Sequence[Placement], client_factory: ClientFactory, *,
+                 rdzv_port: int | Literal["probe", "derive"] = "probe",
+                 port_range: tuple[int, int] = DEFAULT_PORT_RANGE,
+                 rdzv_address: str | None = None, **job_options: Any) -> RemoteJob:
+    """A :class:`RemoteJob` running ``spec`` on the placements (SSH target, GPU indices), in
+    node-rank order. The rendezvous runs on the first host at ``rdzv_address`` (default: its
+    SSH address). ``job_options`` go to :class:`RemoteJob` (``on_line``, ``kill_grace``, ...)."""
+    if not placements:
+        raise ValueError("a job needs at least one host")
+    shares = [
+        HostShare(target.host_name, rdzv_address if (i == 0 and rdzv_address) else target.address,
+                  tuple(gpus))
+        for i, (target, gpus) in enumerate(placements)
+    ]
+    port = choose_rdzv_port(spec.job_id, placements[0][0], client_factory, rdzv_port, port_range)
+    commands = build_commands(spec, shares, port)
+    workers = [Worker(target, rank, command)
+               for rank, ((target, _), command) in enumerate(zip(placements, commands))]
+    return RemoteJob(spec.job_id, workers, client_factory, **job_options)
+
+
+__all__ = [
+    "HostResult", "JobFailure", "JobKilled", "JobResult", "JobStartError", "LineCallback",
+    "Placement", "RemoteJob", "Worker", "choose_rdzv_port", "placements_from_decision",
+    "summarize_tail", "torchrun_job",
+]

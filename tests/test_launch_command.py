@@ -1,0 +1,271 @@
+"""The remote command builder: validation, torchrun argv, quoting (run through a real sh)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from airflow_hetero_gpu.launch.command import (
+    PGID_MARKER,
+    Command,
+    HostShare,
+    LaunchSpec,
+    Torchrun,
+    build_commands,
+    build_host_command,
+    build_script,
+    parse_pgid_line,
+    run_dir,
+    torchrun_argv,
+    validate_env_name,
+    validate_job_id,
+)
+from airflow_hetero_gpu.launch.ports import derive_port
+
+SHARES = [HostShare("dgx-a", "10.0.0.1", (0, 1, 2, 3)), HostShare("rtx-b", "10.0.0.2", (1, 3))]
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("job_id, ok", [
+    ("retrain-42", True),
+    ("a.b_c-D9", True),
+    ("x" * 128, True),
+    ("x" * 129, False),
+    ("", False),
+    (".", False),
+    ("..", False),
+    ("a/b", False),
+    ("a b", False),
+    ("job;rm", False),
+    ("$(id)", False),
+    ("job\n", False),
+    ("ümlaut", False),
+])
+def test_job_id_validation(job_id, ok):
+    if ok:
+        assert validate_job_id(job_id) == job_id
+    else:
+        with pytest.raises(ValueError) as err:
+            validate_job_id(job_id)
+        assert "\n" not in str(err.value) and "invalid job id" in str(err.value)
+
+
+@pytest.mark.parametrize("name, ok", [
+    ("OMP_NUM_THREADS", True),
+    ("_x1", True),
+    ("NCCL_SOCKET_IFNAME", True),
+    ("1X", False),
+    ("A-B", False),
+    ("A B", False),
+    ("X=1", False),
+    ("", False),
+    ("$X", False),
+    ("CUDA_VISIBLE_DEVICES", False),
+    ("HETERO_GPU_JOB_ID", False),
+])
+def test_env_name_validation(name, ok):
+    if ok:
+        assert validate_env_name(name) == name
+    else:
+        with pytest.raises(ValueError):
+            validate_env_name(name)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"job_id": "bad id"}, "invalid job id"),
+    ({"env": {"BAD-NAME": "1"}}, "invalid environment variable name"),
+    ({"env": {"X": 1}}, "value must be a string"),
+    ({"env": {"X": "a\0b"}}, "NUL"),
+    ({"workdir": ""}, "invalid working directory"),
+])
+def test_launch_spec_rejects_bad_input(kwargs, message):
+    base = {"job_id": "j1", "program": Command(("true",))}
+    with pytest.raises(ValueError, match=message):
+        LaunchSpec(**{**base, **kwargs})
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: Torchrun(""), "needs a training script"),
+    (lambda: Torchrun("t.py", args="--lr 1"), "list of strings"),
+    (lambda: Torchrun("t.py", max_restarts=-1), "max_restarts"),
+    (lambda: Torchrun("t.py", nproc_per_node=0), "nproc_per_node"),
+    (lambda: Torchrun("t.py", launcher=()), "launcher"),
+    (lambda: Command("echo hi"), "not one string"),
+    (lambda: Command(()), "non-empty"),
+    (lambda: HostShare("a b", "10.0.0.1"), "invalid host name"),
+    (lambda: HostShare("a", "10.0.0.1", (0, 0)), "repeat"),
+    (lambda: HostShare("a", "10.0.0.1", (-1,)), "non-negative"),
+    (lambda: build_commands(LaunchSpec("j", Command(("true",))), SHARES, 0), "rendezvous port"),
+    (lambda: build_commands(LaunchSpec("j", Command(("true",))), [SHARES[0], SHARES[0]], 29500), "twice"),
+    (lambda: build_commands(LaunchSpec("j", Command(("true",))), [], 29500), "at least one host"),
+])
+def test_builders_reject_bad_input(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+# ---------------------------------------------------------------------------------------------
+# torchrun argv
+# ---------------------------------------------------------------------------------------------
+
+COMMON = ["--rdzv-backend", "c10d", "--rdzv-endpoint", "10.0.0.1:29500", "--rdzv-id", "job-7"]
+
+
+@pytest.mark.parametrize("program, rank, expected", [
+    (Torchrun("train.py", ("--epochs", "3")), 0,
+     ["torchrun", "--nnodes", "2", "--nproc-per-node", "4", *COMMON, "--rdzv-conf", "is_host=true",
+      "train.py", "--epochs", "3"]),
+    (Torchrun("train.py"), 1,
+     ["torchrun", "--nnodes", "2", "--nproc-per-node", "2", *COMMON, "--rdzv-conf", "is_host=false",
+      "train.py"]),
+    (Torchrun("/opt/t.py", max_restarts=3, nproc_per_node=1, launcher=("python3", "-m", "torch.distributed.run"),
+              torchrun_args=("--monitor-interval", "1")), 1,
+     ["python3", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", *COMMON,
+      "--rdzv-conf", "is_host=false", "--max-restarts", "3", "--monitor-interval", "1", "/opt/t.py"]),
+])
+def test_torchrun_argv(program, rank, expected):
+    assert torchrun_argv(program, "job-7", SHARES, rank, 29500) == expected
+
+
+def test_torchrun_argv_ipv6_endpoint_and_cpu_only_host():
+    shares = [HostShare("v6", "fd00::1"), HostShare("b", "fd00::2")]
+    argv = torchrun_argv(Torchrun("t.py"), "j", shares, 1, 29400)
+    assert argv[argv.index("--rdzv-endpoint") + 1] == "[fd00::1]:29400"
+    assert argv[argv.index("--nproc-per-node") + 1] == "1"
+
+
+def test_script_layout():
+    spec = LaunchSpec("job-7", Torchrun("train.py"), env={"OMP_NUM_THREADS": "1"}, workdir="/srv/run")
+    script = build_script(spec, SHARES, 1, 29500)
+    lines = script.splitlines()
+    assert lines[0] == 'run_dir="$HOME"/.hetero-gpu/run/job-7'
+    assert lines[2] == "cd /srv/run || exit 125"
+    assert lines[3] == "export CUDA_VISIBLE_DEVICES=1,3 OMP_NUM_THREADS=1"
+    assert lines[4].startswith("exec setsid -w env HETERO_GPU_JOB_ID=job-7 HETERO_GPU_HOST=rtx-b "
+                               "HETERO_GPU_NODE_RANK=1 sh -c ")
+    assert '"$run_dir"/rtx-b.pgid torchrun --nnodes 2' in lines[4]
+    command = build_host_command(spec, SHARES, 1, 29500)
+    assert shlex.split(command) == ["sh", "-c", script]
+
+
+def test_pgid_line_and_run_dir():
+    assert parse_pgid_line(f"{PGID_MARKER}4242") == 4242
+    assert parse_pgid_line(f"{PGID_MARKER}1") is None
+    assert parse_pgid_line(f"{PGID_MARKER}x") is None
+    assert parse_pgid_line("epoch 1 loss 0.5") is None
+    assert run_dir("j-1") == ".hetero-gpu/run/j-1"
+
+
+@pytest.mark.parametrize("job_id", ["a", "retrain-42", "x" * 100])
+def test_derived_port_is_stable_and_in_range(job_id):
+    port = derive_port(job_id, (30000, 30099))
+    assert 30000 <= port <= 30099
+    assert derive_port(job_id, (30000, 30099)) == port
+    with pytest.raises(ValueError):
+        derive_port(job_id, (10, 5))
+
+
+# ---------------------------------------------------------------------------------------------
+# Quoting: the generated command run by a real /bin/sh keeps every user string literal
+# ---------------------------------------------------------------------------------------------
+
+NASTY = [
+    "; touch {pwned}",
+    "$(touch {pwned})",
+    "`touch {pwned}`",
+    "' ; touch {pwned} ; '",
+    '" ; touch {pwned} ; "',
+    "a && touch {pwned}",
+    "| touch {pwned}",
+    "> {pwned}",
+    "*",
+    "~",
+    "$HOME",
+    "tab\there",
+    "new\nline",
+    "back\\slash",
+    "",
+    "-n",
+]
+
+
+def run_locally(command: str, home: Path, cwd: Path) -> subprocess.CompletedProcess:
+    env = {"HOME": str(home), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    return subprocess.run(command, shell=True, env=env, cwd=cwd, capture_output=True, text=True, timeout=30)
+
+
+@pytest.fixture
+def pwned(tmp_path: Path) -> Path:
+    path = Path("/tmp") / f"pwned-{uuid.uuid4().hex}"
+    yield path
+    assert not path.exists(), f"{path} was created: a user string was run by the shell"
+
+
+def printed_args(stdout: str) -> list[str]:
+    """Arguments printed by ``printf '%s\\0'``, after the PGID marker line."""
+    first, _, rest = stdout.partition("\n")
+    assert first.startswith(PGID_MARKER)
+    return rest.split("\0")[:-1]
+
+
+@pytest.mark.parametrize("mode", ["torchrun", "command"])
+def test_metacharacters_stay_literal(tmp_path: Path, pwned: Path, mode: str):
+    args = [a.format(pwned=pwned) for a in NASTY]
+    workdir = tmp_path / "work dir; $(touch x) 'q'"
+    workdir.mkdir()
+    if mode == "torchrun":
+        program = Torchrun("train; rm -rf ~.py", tuple(args), launcher=("printf", "%s\\0"))
+    else:
+        program = Command(("printf", "%s\\0", *args))
+    spec = LaunchSpec("job-q", program, workdir=str(workdir))
+    shares = [HostShare("h0", "127.0.0.1", (0,))]
+    proc = run_locally(build_host_command(spec, shares, 0, 29500), tmp_path, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    printed = printed_args(proc.stdout)
+    if mode == "torchrun":
+        assert printed[printed.index("train; rm -rf ~.py") + 1:] == args
+    else:
+        assert printed == args
+    assert not (workdir / "x").exists()
+
+
+def test_env_values_workdir_and_pid_file(tmp_path: Path, pwned: Path):
+    values = {"A": f"$(touch {pwned})", "B": "it's \"quoted\"", "C": "", "D": "x\ny", "E": "~/*"}
+    spec = LaunchSpec("job-env", Command(("sh", "-c", 'pwd; printf "%s|" "$A" "$B" "$C" "$D" "$E" '
+                                          '"$HETERO_GPU_JOB_ID" "$HETERO_GPU_HOST" "$HETERO_GPU_NODE_RANK" '
+                                          '"$CUDA_VISIBLE_DEVICES" "$HETERO_GPU_NNODES" '
+                                          '"$HETERO_GPU_MASTER_ADDR" "$HETERO_GPU_MASTER_PORT"')),
+                      env=values, workdir=str(tmp_path))
+    shares = [HostShare("h0", "10.1.1.1", (2, 5)), HostShare("h1", "10.1.1.2", (0,))]
+    proc = run_locally(build_host_command(spec, shares, 0, 29555), tmp_path, Path("/"))
+    assert proc.returncode == 0, proc.stderr
+    marker, cwd, printed = proc.stdout.split("\n", 2)
+    assert cwd == str(tmp_path)
+    assert printed.split("|")[:-1] == [values["A"], values["B"], "", "x\ny", "~/*", "job-env", "h0", "0",
+                                       "2,5", "2", "10.1.1.1", "29555"]
+    pid_file = tmp_path / ".hetero-gpu" / "run" / "job-env" / "h0.pgid"
+    assert pid_file.read_text().strip() == marker[len(PGID_MARKER):]
+
+
+def test_exit_status_and_setup_errors(tmp_path: Path):
+    shares = [HostShare("h0", "127.0.0.1")]
+    fail = LaunchSpec("job-x", Command(("sh", "-c", "exit 7")))
+    assert run_locally(build_host_command(fail, shares, 0, 1), tmp_path, tmp_path).returncode == 7
+    missing = LaunchSpec("job-x", Command(("true",)), workdir=str(tmp_path / "nope"))
+    proc = run_locally(build_host_command(missing, shares, 0, 1), tmp_path, tmp_path)
+    assert proc.returncode == 125
+
+
+def test_program_runs_in_its_own_process_group(tmp_path: Path):
+    spec = LaunchSpec("job-pg", Command(("sh", "-c", "ps -o pgid= -p $$")))
+    proc = run_locally(build_host_command(spec, [HostShare("h0", "127.0.0.1")], 0, 1), tmp_path, tmp_path)
+    marker, pgid = proc.stdout.split("\n")[:2]
+    assert int(pgid) == int(marker[len(PGID_MARKER):]) != os.getpgrp()
