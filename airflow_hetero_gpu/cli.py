@@ -182,7 +182,8 @@ def cmd_plan(args) -> int:
     if args.reserve:
         from airflow_hetero_gpu.ledger.cli import reserve_for_cli
 
-        result = reserve_for_cli(args.ledger, args.job_id, cluster, request, cluster.config)
+        result = reserve_for_cli(args.ledger, args.job_id, cluster, request, cluster.config,
+                                 lease_seconds=args.lease)
     else:
         reserved, evicted = _ledger_state(args)
         result = plan(cluster, request, reserved=reserved, evicted=evicted)
@@ -231,6 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ledger", metavar="URL", help="ledger database URL (reservations, evictions)")
     p.add_argument("--reserve", action="store_true", help="claim the chosen GPUs in the ledger")
     p.add_argument("--job-id", metavar="ID", help="job id of the reservation (with --reserve)")
+    p.add_argument("--lease", type=positive_int, default=600, metavar="SECONDS",
+                   help="lease of the reservation (with --reserve; default 600): it is freed when the "
+                        "lease runs out unless renewed, or at once with `hetero-gpu release`")
     p.set_defaults(func=cmd_plan)
 
     for register in _extra_commands():
@@ -247,12 +251,9 @@ def _extra_commands():
         out.append(collect_register)
     except ImportError:
         pass
-    try:
-        from airflow_hetero_gpu.ledger.cli import register as ledger_register
+    from airflow_hetero_gpu.ledger.cli import register as ledger_register
 
-        out.append(ledger_register)
-    except ImportError:
-        pass
+    out.append(ledger_register)
     return out
 
 
