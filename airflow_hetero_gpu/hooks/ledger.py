@@ -1,0 +1,72 @@
+"""LedgerHook: open the reservation ledger named by an Airflow connection or a URL.
+
+The ledger lives in its own database, never in Airflow's metadata database. A connection
+names it in one of three ways:
+
+* ``conn_type`` ``postgres`` (or ``postgresql``): host, port, login, password and schema
+  (the database name) form ``postgresql+psycopg://login:password@host:port/schema``;
+* ``conn_type`` ``sqlite``: ``host`` is the database file path;
+* any type with an extra ``{"url": "<SQLAlchemy URL>"}``, which wins over the fields.
+
+With neither a connection nor a URL the ledger is the SQLite file
+``$AIRFLOW_HOME/hetero_gpu_ledger.db``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+from airflow.sdk import BaseHook
+
+from airflow_hetero_gpu.errors import HeteroGpuError
+from airflow_hetero_gpu.ledger import Ledger
+
+
+def url_from_connection(conn: Any) -> str:
+    """The SQLAlchemy URL a connection stands for (see the module docstring)."""
+    extra = conn.extra_dejson or {}
+    if extra.get("url"):
+        return str(extra["url"])
+    kind = (conn.conn_type or "").lower()
+    if kind in ("postgres", "postgresql"):
+        if not conn.host:
+            raise HeteroGpuError(f"ledger connection {conn.conn_id!r}: no host")
+        auth = ""
+        if conn.login:
+            auth = quote(conn.login, safe="")
+            if conn.password:
+                auth += ":" + quote(conn.password, safe="")
+            auth += "@"
+        port = f":{conn.port}" if conn.port else ""
+        return f"postgresql+psycopg://{auth}{conn.host}{port}/{quote(conn.schema or 'postgres', safe='')}"
+    if kind == "sqlite":
+        if not conn.host:
+            raise HeteroGpuError(f"ledger connection {conn.conn_id!r}: no database file in host")
+        return f"sqlite:///{conn.host}"
+    raise HeteroGpuError(
+        f"ledger connection {conn.conn_id!r}: conn_type {conn.conn_type!r} is neither postgres nor sqlite "
+        "and has no extra 'url'"
+    )
+
+
+class LedgerHook(BaseHook):
+    """Resolve the ledger at run time (never at DAG parse time) and open it."""
+
+    conn_name_attr = "ledger_conn_id"
+    hook_name = "Hetero GPU ledger"
+
+    def __init__(self, ledger_conn_id: str | None = None, ledger_url: str | None = None) -> None:
+        super().__init__()
+        if ledger_conn_id and ledger_url:
+            raise HeteroGpuError("give ledger_conn_id or ledger_url, not both")
+        self.ledger_conn_id = ledger_conn_id
+        self.ledger_url = ledger_url
+
+    def get_url(self) -> str | None:
+        if self.ledger_conn_id:
+            return url_from_connection(self.get_connection(self.ledger_conn_id))
+        return self.ledger_url
+
+    def get_ledger(self) -> Ledger:
+        return Ledger.from_url(self.get_url())
