@@ -149,9 +149,11 @@ def test_script_layout():
     assert lines[0] == 'run_dir="$HOME"/.hetero-gpu/run/job-7'
     assert lines[2] == "cd /srv/run || exit 125"
     assert lines[3] == "export CUDA_VISIBLE_DEVICES=1,3 OMP_NUM_THREADS=1"
-    assert lines[4].startswith("exec setsid -w env HETERO_GPU_JOB_ID=job-7 HETERO_GPU_HOST=rtx-b "
+    assert lines[4].startswith("setsid -w env HETERO_GPU_JOB_ID=job-7 HETERO_GPU_HOST=rtx-b "
                                "HETERO_GPU_NODE_RANK=1 sh -c ")
     assert '"$run_dir"/rtx-b.pgid torchrun --nnodes 2' in lines[4]
+    assert lines[5:] == ["status=$?", 'rm -f "$run_dir"/rtx-b.pgid', 'rmdir "$run_dir" 2>/dev/null',
+                         'exit "$status"']
     command = build_host_command(spec, SHARES, 1, 29500)
     assert shlex.split(command) == ["sh", "-c", script]
 
@@ -239,7 +241,7 @@ def test_metacharacters_stay_literal(tmp_path: Path, pwned: Path, mode: str):
 
 def test_env_values_workdir_and_pid_file(tmp_path: Path, pwned: Path):
     values = {"A": f"$(touch {pwned})", "B": "it's \"quoted\"", "C": "", "D": "x\ny", "E": "~/*"}
-    spec = LaunchSpec("job-env", Command(("sh", "-c", 'pwd; printf "%s|" "$A" "$B" "$C" "$D" "$E" '
+    spec = LaunchSpec("job-env", Command(("sh", "-c", 'pwd; cat "$HOME/.hetero-gpu/run/job-env/h0.pgid"; printf "%s|" "$A" "$B" "$C" "$D" "$E" '
                                           '"$HETERO_GPU_JOB_ID" "$HETERO_GPU_HOST" "$HETERO_GPU_NODE_RANK" '
                                           '"$CUDA_VISIBLE_DEVICES" "$HETERO_GPU_NNODES" '
                                           '"$HETERO_GPU_MASTER_ADDR" "$HETERO_GPU_MASTER_PORT"')),
@@ -247,12 +249,13 @@ def test_env_values_workdir_and_pid_file(tmp_path: Path, pwned: Path):
     shares = [HostShare("h0", "10.1.1.1", (2, 5)), HostShare("h1", "10.1.1.2", (0,))]
     proc = run_locally(build_host_command(spec, shares, 0, 29555), tmp_path, Path("/"))
     assert proc.returncode == 0, proc.stderr
-    marker, cwd, printed = proc.stdout.split("\n", 2)
+    marker, cwd, pid_file_text, printed = proc.stdout.split("\n", 3)
     assert cwd == str(tmp_path)
+    assert pid_file_text == marker[len(PGID_MARKER):]
     assert printed.split("|")[:-1] == [values["A"], values["B"], "", "x\ny", "~/*", "job-env", "h0", "0",
                                        "2,5", "2", "10.1.1.1", "29555"]
-    pid_file = tmp_path / ".hetero-gpu" / "run" / "job-env" / "h0.pgid"
-    assert pid_file.read_text().strip() == marker[len(PGID_MARKER):]
+    # Removed with the process group it named, and the job's run directory with it.
+    assert not (tmp_path / ".hetero-gpu" / "run" / "job-env").exists()
 
 
 def test_exit_status_and_setup_errors(tmp_path: Path):

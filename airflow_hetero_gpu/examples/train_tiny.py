@@ -8,7 +8,8 @@ Start it with torchrun (it reads RANK, LOCAL_RANK and WORLD_SIZE from torchrun's
   from ``--seed`` so every rank builds the same set; each rank trains on its own shard.
 - Backend: gloo on CPU (the default), or ``--backend nccl`` on the GPU ``LOCAL_RANK`` of the
   devices the launcher made visible (needs CUDA).
-- Rank 0 prints ``epoch E loss L`` after every epoch (``--log-every``), the loss being the mean
+- Every rank prints ``rank R of W (local rank L) on HOST, device D`` once it joined the group;
+  rank 0 prints ``epoch E loss L`` after every epoch (``--log-every``), the loss being the mean
   over all ranks, so a log shows it falling.
 - ``--checkpoint-dir``: rank 0 writes model, optimizer and epoch after every epoch, atomically
   (temporary file, fsync, rename). On start, rank 0 loads the last checkpoint when there is one
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -136,6 +138,7 @@ def train(args: argparse.Namespace) -> int:
         device = torch.device("cpu")
     torch.set_num_threads(1)
     dist.init_process_group(backend=args.backend)
+    say(f"rank {rank} of {world} (local rank {local_rank}) on {socket.gethostname()}, device {device}")
     try:
         return _train(args, rank, world, device)
     finally:

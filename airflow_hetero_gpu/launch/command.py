@@ -6,12 +6,13 @@ Every host of a job runs the same shape of command: a POSIX ``sh -c`` script tha
 2. changes to the working directory (when one is given),
 3. exports ``CUDA_VISIBLE_DEVICES`` (the GPUs chosen on that host, comma-joined; empty hides
    every GPU) and the user's environment,
-4. ``exec setsid -w env <job markers> sh -c <leader>``: a new session and process group whose
+4. ``setsid -w env <job markers> sh -c <leader>``: a new session and process group whose
    processes all carry ``HETERO_GPU_JOB_ID``, ``HETERO_GPU_HOST`` and ``HETERO_GPU_NODE_RANK``
    (the orphan sweep finds the job's processes by them); the leader prints
    ``HETERO_GPU_PGID=<pgid>`` as its first line, writes the same number to
    ``<run dir>/<host>.pgid`` and ``exec``s the program: torchrun (:class:`Torchrun`) or any
-   argv (:class:`Command`). ``setsid -w`` waits and returns the program's exit status.
+   argv (:class:`Command`). ``setsid -w`` waits for the program; the script then removes the
+   pid file and exits with the program's status.
 
 Quoting rules: every value that comes from a user (script, arguments, environment values,
 working directory, job id, host name, launcher argv) goes through :func:`shlex.quote`, and the
@@ -260,9 +261,11 @@ def build_script(spec: LaunchSpec, shares: Sequence[HostShare], rank: int, rdzv_
     pid_file = f'"$run_dir"/{q(shares[rank].host + ".pgid")}'
     argv = " ".join(q(a) for a in program_argv(spec, shares, rank, rdzv_port))
     lines.append(
-        "exec setsid -w env " + " ".join(f"{n}={q(v)}" for n, v in markers)
+        "setsid -w env " + " ".join(f"{n}={q(v)}" for n, v in markers)
         + f" sh -c {q(_LEADER)} {q('hetero-gpu-' + spec.job_id)} {pid_file} {argv}"
     )
+    # The pid file lives as long as the process group it names.
+    lines += ["status=$?", f"rm -f {pid_file}", 'rmdir "$run_dir" 2>/dev/null', 'exit "$status"']
     return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,411 @@
+"""Remote jobs against the emulated cluster (real sshd per host), with real torchrun.
+
+Every "host" is this machine, so a job's processes on all hosts are visible here: the tests
+check that nothing is left with ``pgrep -f <job id>`` (torchrun and the launch shells carry the
+job id on their command line) and by the ``HETERO_GPU_JOB_ID`` marker in ``/proc/*/environ``
+(which torchrun's workers inherit).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from airflow_hetero_gpu.collect.ssh import paramiko_client_factory
+from airflow_hetero_gpu.collect.targets import SshTarget
+from airflow_hetero_gpu.examples import script_path
+from airflow_hetero_gpu.launch import (
+    Command,
+    JobFailure,
+    JobKilled,
+    JobStartError,
+    LaunchSpec,
+    RemoteJob,
+    Torchrun,
+    Worker,
+    build_commands,
+    find_orphans,
+    kill_orphans,
+    probe_free_port,
+    torchrun_job,
+)
+from airflow_hetero_gpu.launch.command import HostShare
+from airflow_hetero_gpu.testing.demo import small_hosts
+from airflow_hetero_gpu.testing.pytest_fixtures import emulated_cluster  # noqa: F401
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN = str(script_path("train_tiny.py"))
+LAUNCHER = (sys.executable, "-m", "torch.distributed.run")
+EPOCH = re.compile(r"^epoch (\d+) loss ([0-9.]+)$")
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                 reason="torch is not installed (pip install torch==2.13.0)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def new_job_id(tag: str) -> str:
+    return f"t-{tag}-{uuid.uuid4().hex[:10]}"
+
+
+def targets_of(cluster) -> list[SshTarget]:
+    return [SshTarget(h.name, h.address, h.port, cluster.user) for h in cluster.hosts]
+
+
+def factory_of(cluster):
+    return paramiko_client_factory(cluster.identity_file, cluster.known_hosts_path)
+
+
+class Lines:
+    """A thread-safe ``on_line`` callback that records ``(host, rank, stream, line)``."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, int, str, str]] = []
+        self._cond = threading.Condition()
+
+    def __call__(self, host: str, rank: int, stream: str, line: str) -> None:
+        with self._cond:
+            self.items.append((host, rank, stream, line))
+            self._cond.notify_all()
+
+    def wait_for(self, predicate: Callable[[str], bool], timeout: float = 60.0,
+                 count: int = 1) -> tuple[str, int, str, str]:
+        """The ``count``-th line matching ``predicate`` (waits for it up to ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                matching = [item for item in self.items if predicate(item[3])]
+                if len(matching) >= count:
+                    return matching[count - 1]
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"no matching line within {timeout} s; got: {self.text()[-2000:]}")
+                self._cond.wait(left)
+
+    def text(self) -> str:
+        return "\n".join(f"[{h}/{r} {s}] {line}" for h, r, s, line in list(self.items))
+
+    def lines(self) -> list[str]:
+        return [item[3] for item in list(self.items)]
+
+
+def marked_pids(job_id: str) -> list[int]:
+    """Processes on this machine whose environment carries the job marker."""
+    needle = f"HETERO_GPU_JOB_ID={job_id}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                if needle in handle.read().split(b"\0"):
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def pgrep(job_id: str) -> list[int]:
+    proc = subprocess.run(["pgrep", "-f", job_id], capture_output=True, text=True, check=False)
+    return [int(p) for p in proc.stdout.split()]
+
+
+def assert_nothing_left(job_id: str, timeout: float = 3.0) -> None:
+    """No process of the job on any emulated host (polls briefly for the reaping to finish)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = sorted(set(pgrep(job_id)) | set(marked_pids(job_id)))
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    details = []
+    for pid in left:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:200]
+        except OSError:
+            continue
+        details.append(f"{pid}: {cmdline!r}")
+    assert not left, "processes left behind: " + "; ".join(details)
+
+
+def train_job(cluster, tmp_path: Path, job_id: str, args: list[str], lines: Lines, **options) -> RemoteJob:
+    spec = LaunchSpec(job_id, Torchrun(TRAIN, tuple(args), launcher=LAUNCHER, nproc_per_node=2),
+                      env={"OMP_NUM_THREADS": "1"}, workdir=str(tmp_path))
+    placements = [(target, (0, 1)) for target in targets_of(cluster)]
+    options.setdefault("kill_grace", 5.0)
+    return torchrun_job(spec, placements, factory_of(cluster), on_line=lines, **options)
+
+
+def command_job(cluster, job_id: str, argv: tuple[str, ...], lines: Lines | None = None, **options) -> RemoteJob:
+    targets = targets_of(cluster)
+    shares = [HostShare(t.host_name, t.address, (0, 1)) for t in targets]
+    commands = build_commands(LaunchSpec(job_id, Command(argv)), shares, 29400)
+    workers = [Worker(t, rank, c) for rank, (t, c) in enumerate(zip(targets, commands))]
+    return RemoteJob(job_id, workers, factory_of(cluster), on_line=lines, **options)
+
+
+@pytest.fixture
+def two_hosts(emulated_cluster):
+    return emulated_cluster(small_hosts(2))
+
+
+# ---------------------------------------------------------------------------------------------
+# Real torchrun across two emulated hosts
+# ---------------------------------------------------------------------------------------------
+
+
+@needs_torch
+def test_trains_across_two_hosts_then_resumes_from_checkpoint(two_hosts, tmp_path):
+    job_id = new_job_id("train")
+    ckpt = tmp_path / "ckpt"
+    lines = Lines()
+    result = train_job(two_hosts, tmp_path, job_id, ["--epochs", "3", "--checkpoint-dir", str(ckpt)], lines).run()
+
+    assert result.ok, lines.text()
+    assert [(h.host, h.rank, h.exit_code) for h in result.hosts] == [("node01", 0, 0), ("node02", 1, 0)]
+    assert all(isinstance(h.pgid, int) and h.pgid > 1 for h in result.hosts)
+    # Every line comes with the host and node rank it was printed on.
+    node_rank = {"node01": 0, "node02": 1}
+    assert {(h, r) for h, r, _, _ in lines.items} == set(node_rank.items())
+    ranks_by_host: dict[str, set[int]] = {"node01": set(), "node02": set()}
+    for host, _, _, line in lines.items:
+        joined = re.match(r"rank (\d) of 4 ", line)
+        if joined:
+            ranks_by_host[host].add(int(joined.group(1)))
+    assert sorted(ranks_by_host["node01"] | ranks_by_host["node02"]) == [0, 1, 2, 3]
+    assert len(ranks_by_host["node01"]) == len(ranks_by_host["node02"]) == 2
+    losses = [float(m.group(2)) for m in map(EPOCH.match, lines.lines()) if m]
+    assert len(losses) == 3, lines.text()
+    assert losses[-1] < losses[0], f"loss did not fall: {losses}"
+    assert (ckpt / "checkpoint.pt").is_file()
+    assert_nothing_left(job_id)
+
+    lines2 = Lines()
+    result2 = train_job(two_hosts, tmp_path, job_id, ["--epochs", "5", "--checkpoint-dir", str(ckpt)], lines2).run()
+    assert result2.ok, lines2.text()
+    assert sum("resumed from epoch 3" in line for line in lines2.lines()) == 4, lines2.text()
+    epochs = [int(m.group(1)) for m in map(EPOCH.match, lines2.lines()) if m]
+    assert epochs == [4, 5]
+    assert_nothing_left(job_id)
+
+
+@needs_torch
+def test_worker_crash_fails_the_job_on_that_host_and_leaves_nothing(two_hosts, tmp_path):
+    job_id = new_job_id("crash")
+    lines = Lines()
+    job = train_job(two_hosts, tmp_path, job_id, ["--epochs", "50", "--fail-at-epoch", "2", "--fail-rank", "3"], lines)
+    with pytest.raises(JobFailure) as caught:
+        job.run(timeout=120)
+    failure = caught.value
+    crash_host = lines.wait_for(lambda line: "simulated crash at epoch 2" in line, timeout=0)[0]
+    assert failure.host == crash_host
+    assert failure.exit_code == 1                      # torchrun's status when a worker failed
+    assert failure.summary == "torchrun root cause: rank 3 exitcode 3"
+    assert crash_host in str(failure) and "\n" not in str(failure)
+    assert any("simulated crash at epoch 2" in line for line in failure.tail)
+    result = job.wait()
+    assert result.failure is failure and not result.ok and not result.killed
+    assert {h.host for h in result.hosts if h.exit_code != 0} >= {crash_host}
+    assert_nothing_left(job_id)
+
+
+@needs_torch
+def test_kill_mid_training_leaves_nothing(two_hosts, tmp_path):
+    job_id = new_job_id("kill")
+    lines = Lines()
+    job = train_job(two_hosts, tmp_path, job_id, ["--epochs", "100000", "--log-every", "5"], lines)
+    job.start()
+    lines.wait_for(lambda line: line.startswith("epoch 10 "))
+    assert all(p is not None for p in job.pgids.values())
+    killers = [threading.Thread(target=job.kill) for _ in range(2)]   # idempotent, any thread
+    for thread in killers:
+        thread.start()
+    result = job.wait(timeout=60)
+    for thread in killers:
+        thread.join(timeout=30)
+    assert result.killed and result.failure is None and not result.ok
+    with pytest.raises(JobKilled):
+        result.raise_for_failure()
+    assert all(r.clean for r in result.cleanup.values()), result.cleanup
+    assert_nothing_left(job_id)
+    job.kill()                                                         # after the end: no-op
+
+
+LAUNCHER_SCRIPT = """
+import json, sys
+sys.path.insert(0, {repo!r})
+from airflow_hetero_gpu.collect.ssh import paramiko_client_factory
+from airflow_hetero_gpu.collect.targets import SshTarget
+from airflow_hetero_gpu.launch import LaunchSpec, Torchrun, torchrun_job
+
+cfg = json.load(open(sys.argv[1]))
+summary = json.load(open(cfg["cluster"]))
+targets = [SshTarget(h["name"], h["address"], h["port"], summary["user"]) for h in summary["hosts"]]
+factory = paramiko_client_factory(summary["identity_file"], summary["known_hosts"])
+spec = LaunchSpec(cfg["job_id"], Torchrun(cfg["script"], tuple(cfg["args"]), launcher=tuple(cfg["launcher"]),
+                  nproc_per_node=2), env={{"OMP_NUM_THREADS": "1"}}, workdir=cfg["workdir"])
+
+def on_line(host, rank, stream, line):
+    print(host, rank, stream, line, flush=True)
+
+torchrun_job(spec, [(t, (0, 1)) for t in targets], factory, on_line=on_line).run()
+"""
+
+
+@needs_torch
+def test_orphans_of_a_sigkilled_launcher_are_found_and_killed(two_hosts, tmp_path):
+    job_id = new_job_id("orphan")
+    script = tmp_path / "launcher.py"
+    script.write_text(LAUNCHER_SCRIPT.format(repo=str(REPO)))
+    config = tmp_path / "launch.json"
+    config.write_text(json.dumps({
+        "cluster": str(two_hosts.root / "cluster.json"), "job_id": job_id, "script": TRAIN,
+        "args": ["--epochs", "100000", "--log-every", "100000"], "launcher": list(LAUNCHER),
+        "workdir": str(tmp_path),
+    }))
+    launcher = subprocess.Popen([sys.executable, str(script), str(config)], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    seen: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [seen.put(line) for line in launcher.stdout], daemon=True).start()
+    try:
+        deadline = time.monotonic() + 60
+        joined, training = 0, False
+        while joined < 4 or not training:   # every rank joined; rank 0 trains (silently from now)
+            line = seen.get(timeout=max(0.1, deadline - time.monotonic()))
+            joined += bool(re.search(r"rank \d of 4 ", line))
+            training = training or " training: " in line
+    finally:
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(timeout=10)
+
+    targets, factory = targets_of(two_hosts), factory_of(two_hosts)
+    found = find_orphans(job_id, targets, factory)
+    for host in ("node01", "node02"):
+        assert found[host].error is None
+        commands = [p.command for p in found[host].found]
+        assert any("torch.distributed.run" in c for c in commands), commands
+        assert sum("train_tiny.py" in c and "torch.distributed.run" not in c for c in commands) == 2, commands
+    assert pgrep(job_id) and marked_pids(job_id)
+
+    killed = kill_orphans(job_id, targets, factory, grace=5.0)
+    assert {h: (bool(r.found), r.left, r.error) for h, r in killed.items()} == {
+        "node01": (True, [], None), "node02": (True, [], None)}
+    assert all(not r.found for r in find_orphans(job_id, targets, factory).values())
+    assert_nothing_left(job_id)
+
+
+# ---------------------------------------------------------------------------------------------
+# Generic commands: quick checks of streaming, failures, kill and start errors (no torch)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_command_mode_keeps_arguments_literal_on_every_host(two_hosts):
+    pwned = Path("/tmp") / f"pwned-{uuid.uuid4().hex}"
+    args = (f"; touch {pwned}", f"$(touch {pwned})", "`id`", "a'b\"c", "*")
+    lines = Lines()
+    job_id = new_job_id("cmd")
+    result = command_job(two_hosts, job_id, ("sh", "-c", 'printf "%s\\n" "$HETERO_GPU_HOST" "$@"', "sh", *args),
+                         lines).run(timeout=30)
+    assert result.ok
+    for rank, host in enumerate(("node01", "node02")):
+        assert [line for h, r, s, line in lines.items if h == host] == [host, *args]
+        assert result[host].rank == rank and result[host].tail == [host, *args]
+    assert not pwned.exists()
+    assert_nothing_left(job_id)
+
+
+def test_output_is_streamed_and_tail_is_bounded(two_hosts):
+    lines = Lines()
+    job_id = new_job_id("tail")
+    script = ("head -c 2500 /dev/zero | tr '\\0' x; echo; i=0; while [ $i -lt 2000 ]; do echo line-$i; "
+              "i=$((i + 1)); done; echo to-stderr >&2")
+    job = command_job(two_hosts, job_id, ("sh", "-c", script), lines, tail_lines=50, max_line_bytes=1000)
+    result = job.run(timeout=60)
+    for host in ("node01", "node02"):
+        mine = [(s, line) for h, r, s, line in lines.items if h == host]
+        assert [line for s, line in mine[:3]] == ["x" * 1000, "x" * 1000, "x" * 500]
+        assert len(mine) == 3 + 2000 + 1 and ("stderr", "to-stderr") in mine
+        tail = result[host].tail
+        assert len(tail) == 50 and "line-1999" in tail[-2:] and "to-stderr" in tail[-2:]
+
+
+def test_a_failing_host_ends_the_others(two_hosts):
+    job_id = new_job_id("fail")
+    script = 'if [ "$HETERO_GPU_NODE_RANK" = 1 ]; then sleep 0.5; echo boom >&2; exit 4; fi; exec sleep 60'
+    job = command_job(two_hosts, job_id, ("sh", "-c", script), kill_grace=2.0)
+    started = time.monotonic()
+    with pytest.raises(JobFailure) as caught:
+        job.run(timeout=60)
+    assert (caught.value.host, caught.value.rank, caught.value.exit_code) == ("node02", 1, 4)
+    assert caught.value.tail == ["boom"] and str(caught.value) == (
+        "worker on node02 (node rank 1) exited with status 4; boom")
+    assert time.monotonic() - started < 20
+    result = job.wait()
+    assert result["node01"].exit_code != 0 and result.cleanup["node01"].found
+    assert_nothing_left(job_id)
+
+
+def test_kill_ends_processes_that_ignore_sigterm(two_hosts):
+    job_id = new_job_id("stubborn")
+    lines = Lines()
+    job = command_job(two_hosts, job_id, ("sh", "-c", "trap '' TERM; echo ready; sleep 60 & wait"), lines,
+                      kill_grace=0.5)
+    job.start()
+    lines.wait_for(lambda line: line == "ready", timeout=20, count=2)
+    job.kill()
+    result = job.wait(timeout=30)
+    assert result.killed
+    assert all(r.clean and r.found for r in result.cleanup.values()), result.cleanup
+    assert_nothing_left(job_id)
+
+
+def test_kill_before_start_runs_nothing(two_hosts):
+    job_id = new_job_id("early")
+    job = command_job(two_hosts, job_id, ("sleep", "60"))
+    job.kill()
+    job.start()
+    result = job.wait(timeout=10)
+    assert result.killed and all(h.exit_code is None for h in result.hosts)
+    assert_nothing_left(job_id)
+
+
+def test_start_fails_before_running_anything_when_a_host_is_down(two_hosts):
+    two_hosts.inject_fault("node02", "host_down")
+    job_id = new_job_id("down")
+    job = command_job(two_hosts, job_id, ("sleep", "60"))
+    with pytest.raises(JobStartError) as caught:
+        job.start()
+    assert caught.value.host == "node02" and "\n" not in str(caught.value)
+    assert_nothing_left(job_id)
+
+
+def test_a_broken_callback_does_not_stop_the_job(two_hosts):
+    def on_line(host, rank, stream, line):
+        raise RuntimeError("callback bug")
+
+    result = command_job(two_hosts, new_job_id("cb"), ("sh", "-c", "echo one; echo two"), on_line).run(timeout=30)
+    assert result.ok and result["node01"].tail == ["one", "two"]
+
+
+def test_probe_free_port_on_a_host(two_hosts):
+    client = factory_of(two_hosts)(targets_of(two_hosts)[0])
+    try:
+        port = probe_free_port(client)
+    finally:
+        client.close()
+    assert 1024 <= port <= 65535
