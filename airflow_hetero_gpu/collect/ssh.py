@@ -6,6 +6,10 @@ through ``client_factory``, run three constant commands and write
 ``out_dir/hosts/<host>/{query.csv,topo.txt,xid.log}``. A host that fails gets ``error.txt`` with
 a one-line reason instead; it never fails the whole collection.
 
+With ``use_nvml=True`` the query comes from the NVML agent (:mod:`.nvml`) piped into the host's
+``python3``; where that cannot run (no python3, no pynvml, NVML failing) the host falls back to
+``nvidia-smi`` and the report carries a warning saying why.
+
 ``client_factory(target)`` returns a *connected* client, so the same code serves plain paramiko
 (:func:`paramiko_client_factory`, for the command line) and Airflow's SSHHook. A factory that
 accepts a ``connect_timeout`` keyword gets the collection's connect timeout.
@@ -28,6 +32,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import paramiko
 
+from airflow_hetero_gpu.capture.directory import QUERY_FIELDS
+from airflow_hetero_gpu.collect.nvml import AGENT_COMMAND, AgentReply, agent_script, parse_agent_reply
 from airflow_hetero_gpu.collect.targets import SshTarget
 
 log = logging.getLogger(__name__)
@@ -38,11 +44,6 @@ PARAMIKO_LOG_CHANNEL = f"{__name__}.paramiko"
 logging.getLogger(PARAMIKO_LOG_CHANNEL).setLevel(logging.CRITICAL)
 logging.getLogger(PARAMIKO_LOG_CHANNEL).addHandler(logging.NullHandler())
 
-#: The ``--query-gpu`` fields of SPEC section 2, in its order.
-QUERY_FIELDS = (
-    "index,uuid,name,pci.bus_id,memory.total,memory.used,utilization.gpu,temperature.gpu,"
-    "power.draw,power.limit,ecc.errors.uncorrected.volatile.total,retired_pages.pending"
-)
 #: Constant remote command lines: nothing from the user is ever interpolated into them.
 QUERY_COMMAND = f"nvidia-smi --query-gpu={QUERY_FIELDS} --format=csv"
 TOPO_COMMAND = "nvidia-smi topo -m"
@@ -73,6 +74,7 @@ class HostResult:
     attempts: int = 0
     files: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    query_source: str | None = None  # "nvidia-smi" or "nvml": what produced query.csv
 
 
 @dataclass
@@ -188,10 +190,11 @@ class CommandResult:
 
 
 def run_command(client: paramiko.SSHClient, command: str, timeout: float,
-                label: str | None = None) -> CommandResult:
+                label: str | None = None, stdin: bytes | None = None) -> CommandResult:
     """Run one command on a connected client, reading stdout and stderr together.
 
-    Raises HostFailure("timeout: ...") when it does not finish within ``timeout`` seconds.
+    ``stdin``, when given, is sent to the command and its input closed. Raises
+    HostFailure("timeout: ...") when it does not finish within ``timeout`` seconds.
     """
     transport = client.get_transport()
     if transport is None or not transport.is_active():
@@ -206,6 +209,12 @@ def run_command(client: paramiko.SSHClient, command: str, timeout: float,
     try:
         channel.settimeout(timeout)
         channel.exec_command(command)
+        if stdin is not None:
+            try:
+                channel.sendall(stdin)
+                channel.shutdown_write()
+            except OSError:
+                pass  # the command ended without reading its input; its exit status says why
         while True:
             while channel.recv_ready():
                 out += channel.recv(65536)
@@ -237,21 +246,49 @@ def _has_query_header(stdout: str) -> bool:
     return any(line.startswith("index") for line in stdout.splitlines())
 
 
-def gather(client: paramiko.SSHClient, command_timeout: float,
-           read_kernel_log: bool) -> tuple[dict[str, str], list[str]]:
-    """Run the capture commands on one host: ({file name: text}, warnings)."""
-    warnings: list[str] = []
+def _nvml_query(client: paramiko.SSHClient, command_timeout: float) -> AgentReply:
+    """Run the NVML agent on the host (its source on stdin); a timeout fails the host."""
+    result = run_command(client, AGENT_COMMAND, command_timeout, "NVML agent", stdin=agent_script())
+    if result.returncode == 127:
+        return AgentReply(None, "python3: command not found")
+    if result.returncode != 0:
+        return AgentReply(None, f"python3 exit {result.returncode}: {_first_line(result.stderr, result.stdout)}")
+    reply = parse_agent_reply(result.stdout)
+    if reply.ok and not _has_query_header(reply.query_csv or ""):
+        return AgentReply(None, f"agent output has no CSV header: {_first_line(reply.query_csv or '')}")
+    return reply
+
+
+def _query(client: paramiko.SSHClient, command_timeout: float, use_nvml: bool,
+           warnings: list[str]) -> tuple[str, str]:
+    """(query.csv text, its source): the NVML agent when asked and able, else nvidia-smi."""
+    if use_nvml:
+        reply = _nvml_query(client, command_timeout)
+        if reply.ok and reply.query_csv is not None:
+            lost = [ln for ln in reply.query_csv.splitlines() if ln.startswith("Unable to determine")]
+            if lost:
+                warnings.append(f"nvml: {lost[0]}")
+            return reply.query_csv, "nvml"
+        warnings.append(f"NVML agent not used ({reply.error}); used nvidia-smi")
     query = run_command(client, QUERY_COMMAND, command_timeout, "nvidia-smi --query-gpu")
     if not _has_query_header(query.stdout):
         raise _nvidia_smi_failure(query)
     if query.returncode != 0:
         # The real tool exits non-zero when a GPU's handle is lost but still prints the others.
         warnings.append(f"nvidia-smi exit {query.returncode}: {_first_line(query.stdout)}")
+    return query.stdout, "nvidia-smi"
+
+
+def gather(client: paramiko.SSHClient, command_timeout: float, read_kernel_log: bool,
+           use_nvml: bool = False) -> tuple[dict[str, str], list[str], str]:
+    """Run the capture commands on one host: ({file name: text}, warnings, query source)."""
+    warnings: list[str] = []
+    query_text, source = _query(client, command_timeout, use_nvml, warnings)
     topo = run_command(client, TOPO_COMMAND, command_timeout, TOPO_COMMAND)
     if topo.returncode != 0:
         failure = _nvidia_smi_failure(topo)
         raise HostFailure(f"topo -m: {failure}")
-    files = {"query.csv": query.stdout, "topo.txt": topo.stdout}
+    files = {"query.csv": query_text, "topo.txt": topo.stdout}
     if read_kernel_log:
         xid = run_command(client, XID_COMMAND, command_timeout, "kernel log read")
         lines = [line for line in xid.stdout.splitlines() if "NVRM: Xid" in line]
@@ -259,7 +296,7 @@ def gather(client: paramiko.SSHClient, command_timeout: float,
             files["xid.log"] = "".join(line + "\n" for line in lines)
         else:
             warnings.append(f"kernel log not readable: {_first_line(xid.stderr, xid.stdout)}")
-    return files, warnings
+    return files, warnings, source
 
 
 # --------------------------------------------------------------------------------------------
@@ -315,7 +352,7 @@ def _accepts_connect_timeout(factory: ClientFactory) -> bool:
 
 def collect_host(target: SshTarget, out_dir: Path, client_factory: ClientFactory, *,
                  connect_timeout: float = 10, command_timeout: float = 30, retries: int = 2,
-                 read_kernel_log: bool = True) -> HostResult:
+                 read_kernel_log: bool = True, use_nvml: bool = False) -> HostResult:
     """Collect one host into ``out_dir/hosts/<host>/``; never raises for a host-side problem."""
     started = time.monotonic()
     host_dir = Path(out_dir) / "hosts" / target.host_name
@@ -333,7 +370,8 @@ def collect_host(target: SshTarget, out_dir: Path, client_factory: ClientFactory
             except Exception as exc:  # noqa: BLE001 - every connect error becomes a reason
                 raise classify_connect_error(exc, target, connect_timeout,
                                              time.monotonic() - attempt_started) from exc
-            files, warnings = gather(client, command_timeout, read_kernel_log)
+            files, warnings, result.query_source = gather(client, command_timeout, read_kernel_log,
+                                                          use_nvml)
             result.files = _write_success(host_dir, files)
             result.warnings = warnings
             result.ok = True
@@ -362,14 +400,15 @@ def collect_host(target: SshTarget, out_dir: Path, client_factory: ClientFactory
 def collect_captures(targets: Sequence[SshTarget] | Iterable[SshTarget], out_dir: str | os.PathLike[str],
                      client_factory: ClientFactory, *, max_parallel: int = 8,
                      connect_timeout: float = 10, command_timeout: float = 30, retries: int = 2,
-                     read_kernel_log: bool = True) -> CollectReport:
+                     read_kernel_log: bool = True, use_nvml: bool = False) -> CollectReport:
     """Collect every target into the capture directory ``out_dir`` (SPEC section 2).
 
     At most ``max_parallel`` hosts are worked on at once. Each host gets its own connect and
     command timeouts and ``retries`` further attempts for transient network errors (refused or
     reset connections); a host-key mismatch, an unknown host key, an authentication failure
     and timeouts are not retried. A failed host gets ``error.txt`` and keeps its last good
-    ``query.csv``; a host that succeeds loses a stale ``error.txt``.
+    ``query.csv``; a host that succeeds loses a stale ``error.txt``. ``use_nvml`` reads the
+    query through the NVML agent where the host can run it (see the module docstring).
     """
     targets = list(targets)
     names = [t.host_name for t in targets]
@@ -387,7 +426,7 @@ def collect_captures(targets: Sequence[SshTarget] | Iterable[SshTarget], out_dir
             futures = [
                 pool.submit(collect_host, t, out, client_factory, connect_timeout=connect_timeout,
                             command_timeout=command_timeout, retries=retries,
-                            read_kernel_log=read_kernel_log)
+                            read_kernel_log=read_kernel_log, use_nvml=use_nvml)
                 for t in targets
             ]
             results = [f.result() for f in futures]
