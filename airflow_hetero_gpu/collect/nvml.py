@@ -17,6 +17,7 @@ sent to hosts where this package is not installed and must run there alone.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -26,11 +27,26 @@ from typing import Any
 from airflow_hetero_gpu.collect import nvml_agent
 from airflow_hetero_gpu.collect.nvml_agent import NvmlUnavailable, render_query_csv
 
-__all__ = ["AGENT_COMMAND", "AgentReply", "NvmlUnavailable", "agent_script", "nvml_query_csv",
-           "parse_agent_reply"]
+__all__ = ["AGENT_COMMAND", "AgentReply", "NvmlUnavailable", "agent_command", "agent_script",
+           "nvml_query_csv", "parse_agent_reply"]
 
-#: The remote command line: constant; the agent's source goes to its stdin.
+#: The remote command line by default; the agent's source goes to its stdin.
 AGENT_COMMAND = "python3 -"
+#: An interpreter name or path: letters, digits and ``_ . + - /`` only, so it can never be
+#: anything but one word on the remote shell's command line.
+_INTERPRETER = re.compile(r"^/?[A-Za-z0-9_.+-]+(?:/[A-Za-z0-9_.+-]+)*$")
+
+
+def agent_command(python: str = "python3") -> str:
+    """The remote command that runs the agent: ``<python> -``.
+
+    ``python`` names the host's interpreter that has ``pynvml`` (a virtualenv's
+    ``/opt/gpu/bin/python``, say); it is checked to be a plain name or path (ValueError).
+    """
+    if not isinstance(python, str) or not _INTERPRETER.fullmatch(python):
+        raise ValueError(f"NVML python {python!r} must be a command name or path "
+                         "(letters, digits, '_', '.', '+', '-', '/')")
+    return f"{python} -"
 
 
 def nvml_query_csv(nvml: ModuleType | Any | None = None, *,

@@ -7,7 +7,7 @@ through ``client_factory``, run three constant commands and write
 a one-line reason instead; it never fails the whole collection.
 
 With ``use_nvml=True`` the query comes from the NVML agent (:mod:`.nvml`) piped into the host's
-``python3``; where that cannot run (no python3, no pynvml, NVML failing) the host falls back to
+``python3`` (or the interpreter named by ``nvml_python``); where that cannot run (no python3, no pynvml, NVML failing) the host falls back to
 ``nvidia-smi`` and the report carries a warning saying why.
 
 ``client_factory(target)`` returns a *connected* client, so the same code serves plain paramiko
@@ -21,6 +21,7 @@ import getpass
 import inspect
 import logging
 import os
+import re
 import select
 import socket
 import tempfile
@@ -33,7 +34,8 @@ from typing import Any, Callable, Iterable, Sequence
 import paramiko
 
 from airflow_hetero_gpu.capture.directory import QUERY_FIELDS
-from airflow_hetero_gpu.collect.nvml import AGENT_COMMAND, AgentReply, agent_script, parse_agent_reply
+from airflow_hetero_gpu.capture.query import EXTRA_HEALTH_FIELDS
+from airflow_hetero_gpu.collect.nvml import AgentReply, agent_command, agent_script, parse_agent_reply
 from airflow_hetero_gpu.collect.targets import SshTarget
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,8 @@ logging.getLogger(PARAMIKO_LOG_CHANNEL).addHandler(logging.NullHandler())
 
 #: Constant remote command lines: nothing from the user is ever interpolated into them.
 QUERY_COMMAND = f"nvidia-smi --query-gpu={QUERY_FIELDS} --format=csv"
+#: Older spellings of extra health fields, tried when a driver refuses the current one.
+OLDER_FIELD_NAMES = {"clocks_event_reasons.hw_slowdown": "clocks_throttle_reasons.hw_slowdown"}
 TOPO_COMMAND = "nvidia-smi topo -m"
 #: The journal first (readable without root for members of adm/systemd-journal), else dmesg
 #: (readable without root unless kernel.dmesg_restrict=1). Exit 1 with no output = no Xids.
@@ -246,31 +250,60 @@ def _has_query_header(stdout: str) -> bool:
     return any(line.startswith("index") for line in stdout.splitlines())
 
 
-def _nvml_query(client: paramiko.SSHClient, command_timeout: float) -> AgentReply:
+def _nvml_query(client: paramiko.SSHClient, command_timeout: float, python: str) -> AgentReply:
     """Run the NVML agent on the host (its source on stdin); a timeout fails the host."""
-    result = run_command(client, AGENT_COMMAND, command_timeout, "NVML agent", stdin=agent_script())
+    result = run_command(client, agent_command(python), command_timeout, "NVML agent", stdin=agent_script())
     if result.returncode == 127:
-        return AgentReply(None, "python3: command not found")
+        return AgentReply(None, f"{python}: command not found")
     if result.returncode != 0:
-        return AgentReply(None, f"python3 exit {result.returncode}: {_first_line(result.stderr, result.stdout)}")
+        return AgentReply(None, f"{python} exit {result.returncode}: {_first_line(result.stderr, result.stdout)}")
     reply = parse_agent_reply(result.stdout)
     if reply.ok and not _has_query_header(reply.query_csv or ""):
         return AgentReply(None, f"agent output has no CSV header: {_first_line(reply.query_csv or '')}")
     return reply
 
 
-def _query(client: paramiko.SSHClient, command_timeout: float, use_nvml: bool,
+_INVALID_FIELD = re.compile(r'Field "(?P<field>[^"]+)" is not a valid field to query')
+
+
+def _smi_query(client: paramiko.SSHClient, command_timeout: float, warnings: list[str]) -> CommandResult:
+    """``nvidia-smi --query-gpu`` with the SPEC fields plus :data:`EXTRA_HEALTH_FIELDS`.
+
+    A driver that does not know an extra field refuses the whole query (``Field "x" is not a
+    valid field to query.``, exit 2): the field is asked for under its older name where it has
+    one, else left out, and the query runs again; the SPEC fields are always asked for.
+    """
+    extra = list(EXTRA_HEALTH_FIELDS)
+    while True:
+        fields = ",".join([QUERY_FIELDS, *extra])
+        query = run_command(client, f"nvidia-smi --query-gpu={fields} --format=csv", command_timeout,
+                            "nvidia-smi --query-gpu")
+        match = _INVALID_FIELD.search(query.stdout) if query.returncode == 2 else None
+        if match is None or not extra:
+            return query
+        field = match["field"]
+        if field not in extra:  # refused one of the SPEC fields: nothing more to leave out
+            extra = []
+        elif field in OLDER_FIELD_NAMES:
+            extra[extra.index(field)] = OLDER_FIELD_NAMES[field]
+        else:
+            extra.remove(field)
+            warnings.append(f"nvidia-smi does not know {field}; its health rule is off for this host")
+
+
+def _query(client: paramiko.SSHClient, command_timeout: float, nvml_python: str | None,
            warnings: list[str]) -> tuple[str, str]:
-    """(query.csv text, its source): the NVML agent when asked and able, else nvidia-smi."""
-    if use_nvml:
-        reply = _nvml_query(client, command_timeout)
+    """(query.csv text, its source): the NVML agent when asked (``nvml_python`` set) and able,
+    else nvidia-smi."""
+    if nvml_python is not None:
+        reply = _nvml_query(client, command_timeout, nvml_python)
         if reply.ok and reply.query_csv is not None:
             lost = [ln for ln in reply.query_csv.splitlines() if ln.startswith("Unable to determine")]
             if lost:
                 warnings.append(f"nvml: {lost[0]}")
             return reply.query_csv, "nvml"
         warnings.append(f"NVML agent not used ({reply.error}); used nvidia-smi")
-    query = run_command(client, QUERY_COMMAND, command_timeout, "nvidia-smi --query-gpu")
+    query = _smi_query(client, command_timeout, warnings)
     if not _has_query_header(query.stdout):
         raise _nvidia_smi_failure(query)
     if query.returncode != 0:
@@ -280,10 +313,13 @@ def _query(client: paramiko.SSHClient, command_timeout: float, use_nvml: bool,
 
 
 def gather(client: paramiko.SSHClient, command_timeout: float, read_kernel_log: bool,
-           use_nvml: bool = False) -> tuple[dict[str, str], list[str], str]:
-    """Run the capture commands on one host: ({file name: text}, warnings, query source)."""
+           nvml_python: str | None = None) -> tuple[dict[str, str], list[str], str]:
+    """Run the capture commands on one host: ({file name: text}, warnings, query source).
+
+    ``nvml_python``: the host interpreter to run the NVML agent with; None: nvidia-smi only.
+    """
     warnings: list[str] = []
-    query_text, source = _query(client, command_timeout, use_nvml, warnings)
+    query_text, source = _query(client, command_timeout, nvml_python, warnings)
     topo = run_command(client, TOPO_COMMAND, command_timeout, TOPO_COMMAND)
     if topo.returncode != 0:
         failure = _nvidia_smi_failure(topo)
@@ -352,7 +388,8 @@ def _accepts_connect_timeout(factory: ClientFactory) -> bool:
 
 def collect_host(target: SshTarget, out_dir: Path, client_factory: ClientFactory, *,
                  connect_timeout: float = 10, command_timeout: float = 30, retries: int = 2,
-                 read_kernel_log: bool = True, use_nvml: bool = False) -> HostResult:
+                 read_kernel_log: bool = True, use_nvml: bool = False,
+                 nvml_python: str = "python3") -> HostResult:
     """Collect one host into ``out_dir/hosts/<host>/``; never raises for a host-side problem."""
     started = time.monotonic()
     host_dir = Path(out_dir) / "hosts" / target.host_name
@@ -370,8 +407,8 @@ def collect_host(target: SshTarget, out_dir: Path, client_factory: ClientFactory
             except Exception as exc:  # noqa: BLE001 - every connect error becomes a reason
                 raise classify_connect_error(exc, target, connect_timeout,
                                              time.monotonic() - attempt_started) from exc
-            files, warnings, result.query_source = gather(client, command_timeout, read_kernel_log,
-                                                          use_nvml)
+            files, warnings, result.query_source = gather(
+                client, command_timeout, read_kernel_log, nvml_python if use_nvml else None)
             result.files = _write_success(host_dir, files)
             result.warnings = warnings
             result.ok = True
@@ -400,7 +437,8 @@ def collect_host(target: SshTarget, out_dir: Path, client_factory: ClientFactory
 def collect_captures(targets: Sequence[SshTarget] | Iterable[SshTarget], out_dir: str | os.PathLike[str],
                      client_factory: ClientFactory, *, max_parallel: int = 8,
                      connect_timeout: float = 10, command_timeout: float = 30, retries: int = 2,
-                     read_kernel_log: bool = True, use_nvml: bool = False) -> CollectReport:
+                     read_kernel_log: bool = True, use_nvml: bool = False,
+                     nvml_python: str = "python3") -> CollectReport:
     """Collect every target into the capture directory ``out_dir`` (SPEC section 2).
 
     At most ``max_parallel`` hosts are worked on at once. Each host gets its own connect and
@@ -408,7 +446,8 @@ def collect_captures(targets: Sequence[SshTarget] | Iterable[SshTarget], out_dir
     reset connections); a host-key mismatch, an unknown host key, an authentication failure
     and timeouts are not retried. A failed host gets ``error.txt`` and keeps its last good
     ``query.csv``; a host that succeeds loses a stale ``error.txt``. ``use_nvml`` reads the
-    query through the NVML agent where the host can run it (see the module docstring).
+    query through the NVML agent where the host can run it with ``nvml_python`` (default
+    ``python3``; a name or path, checked) and falls back to nvidia-smi elsewhere.
     """
     targets = list(targets)
     names = [t.host_name for t in targets]
@@ -416,6 +455,8 @@ def collect_captures(targets: Sequence[SshTarget] | Iterable[SshTarget], out_dir
         raise ValueError(f"duplicate host names among targets: {names}")
     if max_parallel < 1:
         raise ValueError(f"max_parallel must be >= 1, got {max_parallel}")
+    if use_nvml:
+        agent_command(nvml_python)  # ValueError for anything but a plain name or path
     out = Path(out_dir)
     (out / "hosts").mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -426,7 +467,8 @@ def collect_captures(targets: Sequence[SshTarget] | Iterable[SshTarget], out_dir
             futures = [
                 pool.submit(collect_host, t, out, client_factory, connect_timeout=connect_timeout,
                             command_timeout=command_timeout, retries=retries,
-                            read_kernel_log=read_kernel_log, use_nvml=use_nvml)
+                            read_kernel_log=read_kernel_log, use_nvml=use_nvml,
+                            nvml_python=nvml_python)
                 for t in targets
             ]
             results = [f.result() for f in futures]
