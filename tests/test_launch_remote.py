@@ -409,3 +409,15 @@ def test_probe_free_port_on_a_host(two_hosts):
     finally:
         client.close()
     assert 1024 <= port <= 65535
+
+
+def test_placements_from_a_planner_decision():
+    from airflow_hetero_gpu.core.model import Decision, Gpu, Score
+    from airflow_hetero_gpu.launch import placements_from_decision
+
+    gpus = [Gpu("b", 5, "u5", "A100"), Gpu("b", 4, "u4", "A100"), Gpu("a", 0, "u0", "A100")]
+    decision = Decision("A100", gpus, Score({}, 0.0), 1.0)
+    targets = {"a": SshTarget("a", "10.0.0.1"), "b": SshTarget("b", "10.0.0.2")}
+    assert placements_from_decision(decision, targets) == [(targets["b"], (4, 5)), (targets["a"], (0,))]
+    with pytest.raises(ValueError, match="no SSH target for host"):
+        placements_from_decision(decision, {"a": targets["a"]})

@@ -92,6 +92,7 @@ class JobStartError(RuntimeError):
     """The job could not be started on ``host``; nothing of it is left running."""
 
     def __init__(self, host: str, reason: str):
+        reason = " ".join(reason.split())
         super().__init__(f"cannot start on {host}: {reason}")
         self.host = host
         self.reason = reason
@@ -308,7 +309,11 @@ class RemoteJob:
             raise ConnectionError("SSH connection closed")
         channel = transport.open_session()
         run.started = time.monotonic()
-        channel.exec_command(run.worker.command)
+        try:
+            channel.exec_command(run.worker.command)
+        except BaseException:
+            channel.close()
+            raise
         run.channel = channel
         stdout = channel.makefile("rb")
         stderr = channel.makefile_stderr("rb")
@@ -491,10 +496,17 @@ class RemoteJob:
 
         def one(run: _HostRun) -> SweepResult:
             host = run.worker.host
-            try:
+            transport = run.client.get_transport()
+            if transport is not None and transport.is_active():
                 return sweep_host(run.client, self.job_id, host, kill=True, grace=grace)
+            try:  # the job's connection is gone (network blip, host rebooting): try a new one
+                client = self.client_factory(run.worker.target)
             except Exception as exc:
-                return SweepResult(host, error=f"{exc or type(exc).__name__}")
+                return SweepResult(host, error=f"cannot reconnect to {run.worker.target}: {exc}")
+            try:
+                return sweep_host(client, self.job_id, host, kill=True, grace=grace)
+            finally:
+                client.close()
 
         with ThreadPoolExecutor(max_workers=min(self.max_parallel, len(runs))) as pool:
             for result in pool.map(one, runs):
