@@ -244,7 +244,6 @@ class RemoteJob:
         self._stopping = False          # no new command may start once this is set
         self._killed = False            # kill() was asked for (not a failure clean-up)
         self._kill_thread: threading.Thread | None = None
-        self._kill_done = threading.Event()
         self._cleanup: dict[str, SweepResult] = {}
         self._failure: JobFailure | None = None
         self._t0 = 0.0
@@ -465,8 +464,6 @@ class RemoteJob:
             self._end_all()
         except Exception:
             log.exception("job %s: ending the job failed", self.job_id)
-        finally:
-            self._kill_done.set()
 
     def _end_all(self) -> None:
         """Sweep every started host (TERM, grace, KILL), wait for the channels to close, and
