@@ -13,6 +13,7 @@ from collect_helpers import (
 )
 
 from airflow_hetero_gpu.capture.directory import QUERY_FIELDS
+from airflow_hetero_gpu.capture.query import EXTRA_HEALTH_FIELDS
 from airflow_hetero_gpu.collect.ssh import collect_captures
 from airflow_hetero_gpu.collect.targets import parse_hosts_arg
 from airflow_hetero_gpu.core.inventory import load_cluster
@@ -22,6 +23,9 @@ from airflow_hetero_gpu.testing.pytest_fixtures import emulated_cluster  # noqa:
 
 DRIVER_GONE = ("nvidia-smi exit 9: NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
                "driver. Make sure that the latest NVIDIA driver is installed and running.")
+
+#: What the collector asks nvidia-smi for: the SPEC fields plus the optional health fields.
+COLLECTED_FIELDS = ",".join([QUERY_FIELDS, *EXTRA_HEALTH_FIELDS])
 
 
 def collect(cluster, out, **kwargs):
@@ -84,7 +88,7 @@ def test_faults_in_one_collection(emulated_cluster, tmp_path):
         state = cluster.state(name)
         host_dir = out / "hosts" / name
         assert sorted(p.name for p in host_dir.iterdir()) == ["query.csv", "topo.txt", "xid.log"]
-        assert (host_dir / "query.csv").read_text() == nvsmi.query_gpu(state, QUERY_FIELDS, "csv")[0]
+        assert (host_dir / "query.csv").read_text() == nvsmi.query_gpu(state, COLLECTED_FIELDS, "csv")[0]
         assert (host_dir / "topo.txt").read_text() == nvsmi.topo_text(state)
 
     inventory = load_cluster(out)

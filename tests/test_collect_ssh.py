@@ -12,6 +12,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
+from airflow_hetero_gpu.capture.query import EXTRA_HEALTH_FIELDS
 from airflow_hetero_gpu.collect.ssh import (
     QUERY_FIELDS,
     atomic_write,
@@ -27,6 +28,9 @@ from airflow_hetero_gpu.testing.sshd import generate_key
 
 DRIVER_GONE = ("nvidia-smi exit 9: NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
                "driver. Make sure that the latest NVIDIA driver is installed and running.")
+
+#: What the collector asks nvidia-smi for: the SPEC fields plus the optional health fields.
+COLLECTED_FIELDS = ",".join([QUERY_FIELDS, *EXTRA_HEALTH_FIELDS])
 
 
 def factory_for(cluster, **kwargs):
@@ -150,7 +154,7 @@ def test_collects_every_demo_host_in_parallel(emulated_cluster, tmp_path):
         state = cluster.state(host.name)
         expected_xid = nvsmi.journal_text(state, "NVRM: Xid")
         assert files_of(out, host.name) == {
-            "query.csv": nvsmi.query_gpu(state, QUERY_FIELDS, "csv")[0],
+            "query.csv": nvsmi.query_gpu(state, COLLECTED_FIELDS, "csv")[0],
             "topo.txt": nvsmi.topo_text(state),
             "xid.log": expected_xid,
         }

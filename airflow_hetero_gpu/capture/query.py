@@ -28,13 +28,19 @@ from dataclasses import dataclass
 from airflow_hetero_gpu.capture.busid import normalize_bus_id
 from airflow_hetero_gpu.errors import CaptureError
 
-__all__ = ["REQUIRED_FIELDS", "LostDevice", "QueryResult", "QueryRow", "parse_query_csv"]
+__all__ = ["EXTRA_HEALTH_FIELDS", "REQUIRED_FIELDS", "LostDevice", "QueryResult", "QueryRow", "parse_query_csv"]
 
 REQUIRED_FIELDS = ("index", "name", "memory.total")
 
 # Alternative spellings nvidia-smi accepts on the command line; the header normally echoes the
 # canonical name, but hand-written captures may use either.
-FIELD_ALIASES = {"gpu_name": "name", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id"}
+FIELD_ALIASES = {"gpu_name": "name", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id",
+                 # drivers before the 535 series only know the "throttle" spelling
+                 "clocks_throttle_reasons.hw_slowdown": "clocks_event_reasons.hw_slowdown"}
+
+#: Health fields beyond SPEC §2 that the collector asks for when the driver knows them
+#: (row remapping: A100 and later; the slowdown flag: every driver, under two names).
+EXTRA_HEALTH_FIELDS = ("remapped_rows.pending", "remapped_rows.failure", "clocks_event_reasons.hw_slowdown")
 
 PROBLEM_VALUES = {"[unknown error]": "unknown-error", "[gpu requires reset]": "requires-reset"}
 
@@ -71,6 +77,10 @@ class QueryRow:
     retired_pages_pending: bool | None
     problems: frozenset[str]
     line: int
+    # Optional health fields (EXTRA_HEALTH_FIELDS); None when not collected or [N/A].
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    hw_slowdown: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -127,6 +137,13 @@ def _yes_no(raw: str) -> bool:
     return answer
 
 
+def _active(raw: str) -> bool:
+    answer = {"active": True, "not active": False}.get(" ".join(raw.lower().split()))
+    if answer is None:
+        raise ValueError(f"expected Active or Not Active, got {_quote(raw)}")
+    return answer
+
+
 def _text(raw: str) -> str:
     return raw
 
@@ -151,6 +168,9 @@ _FIELDS: dict[str, _Field] = {
     "power.limit": _Field("power_limit_w", _number("W"), "W"),
     "ecc.errors.uncorrected.volatile.total": _Field("ecc_uncorrected", _integer),
     "retired_pages.pending": _Field("retired_pages_pending", _yes_no),
+    "remapped_rows.pending": _Field("remapped_rows_pending", _yes_no),
+    "remapped_rows.failure": _Field("remapped_rows_failure", _yes_no),
+    "clocks_event_reasons.hw_slowdown": _Field("hw_slowdown", _active),
 }
 
 

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 import yaml
 from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, ValidationError, model_validator
 
 from airflow_hetero_gpu.core.cardtype import card_type_matches
 from airflow_hetero_gpu.errors import ConfigError
@@ -48,6 +48,13 @@ class Thresholds(_Strict):
     max_temperature_c: Number = 90
     # SPEC §8: an evicted GPU comes back after this many consecutive healthy checks.
     readmit_after_healthy_checks: StrictInt = Field(3, ge=1)
+    # The health watch (docs/health.md): consecutive bad checks before a soft fault
+    # (temperature, hw-slowdown) evicts, and before an unreachable host's GPUs are evicted.
+    soft_fault_checks: StrictInt = Field(3, ge=1)
+    unreachable_checks: StrictInt = Field(2, ge=1)
+    # Optional rules on fields older drivers lack (they never fire where the field is absent).
+    check_row_remap: StrictBool = True
+    check_hw_slowdown: StrictBool = True
 
     @model_validator(mode="after")
     def _ordered(self) -> "Thresholds":

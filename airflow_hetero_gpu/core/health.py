@@ -2,15 +2,24 @@
 
 A GPU is unhealthy (abnormal) when any rule gives a reason. The rules run in the order of
 :data:`RULES`; a GPU's ``reasons`` list every rule that fired, in that order.
+
+Besides SPEC §4's rules, two optional ones read fields that older drivers lack (the collector
+asks for them where the driver knows them, see docs/health.md): row remapping
+(``row-remap-failure``, ``row-remap-pending``) and hardware slowdown (``hw-slowdown``). A fact
+that was not collected is ``None`` and never fires a rule. How long a reason must last before
+it evicts a GPU is :mod:`airflow_hetero_gpu.core.watch`'s business, not the rules'.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from airflow_hetero_gpu.capture.xid import APPLICATION_XIDS
 from airflow_hetero_gpu.core.config import Thresholds
+
+if TYPE_CHECKING:
+    from airflow_hetero_gpu.capture.query import QueryRow
 
 
 @dataclass(frozen=True)
@@ -23,6 +32,25 @@ class GpuFacts:
     retired_pages_pending: bool | None = None
     temperature_c: float | None = None
     xids: tuple[int, ...] = field(default_factory=tuple)
+    remapped_rows_failure: bool | None = None  # remapped_rows.failure
+    remapped_rows_pending: bool | None = None  # remapped_rows.pending
+    hw_slowdown: bool | None = None  # clocks_event_reasons.hw_slowdown (clocks_throttle_reasons.*)
+
+    @classmethod
+    def from_row(cls, row: "QueryRow", *, host_error: str | None = None,
+                 xids: Iterable[int] = ()) -> "GpuFacts":
+        """The facts of one ``--query-gpu`` row, its host's error and its Xids."""
+        return cls(
+            host_error=host_error,
+            lost=bool(row.problems),
+            ecc_uncorrected=row.ecc_uncorrected,
+            retired_pages_pending=row.retired_pages_pending,
+            temperature_c=row.temperature_c,
+            xids=tuple(xids),
+            remapped_rows_failure=row.remapped_rows_failure,
+            remapped_rows_pending=row.remapped_rows_pending,
+            hw_slowdown=row.hw_slowdown,
+        )
 
 
 Rule = Callable[[GpuFacts, Thresholds], "str | list[str] | None"]
@@ -44,10 +72,27 @@ def retired_pages(f: GpuFacts, th: Thresholds) -> str | None:
     return "retired-pages-pending" if f.retired_pages_pending else None
 
 
+def row_remap(f: GpuFacts, th: Thresholds) -> list[str] | None:
+    """A failed row remap (the memory is out of spare rows) or one waiting for a GPU reset."""
+    if not th.check_row_remap:
+        return None
+    out = []
+    if f.remapped_rows_failure:
+        out.append("row-remap-failure")
+    if f.remapped_rows_pending:
+        out.append("row-remap-pending")
+    return out or None
+
+
 def temperature(f: GpuFacts, th: Thresholds) -> str | None:
     if f.temperature_c is not None and f.temperature_c >= th.max_temperature_c:
         return "temperature"
     return None
+
+
+def hw_slowdown(f: GpuFacts, th: Thresholds) -> str | None:
+    """HW Slowdown engaged: clocks cut by half or more (thermal or external power brake)."""
+    return "hw-slowdown" if th.check_hw_slowdown and f.hw_slowdown else None
 
 
 def xid(f: GpuFacts, th: Thresholds) -> list[str] | None:
@@ -55,7 +100,7 @@ def xid(f: GpuFacts, th: Thresholds) -> list[str] | None:
     return [f"xid-{x}" for x in codes] or None
 
 
-RULES: list[Rule] = [unreachable, lost, ecc, retired_pages, temperature, xid]
+RULES: list[Rule] = [unreachable, lost, ecc, retired_pages, row_remap, temperature, hw_slowdown, xid]
 
 
 def health_reasons(facts: GpuFacts, thresholds: Thresholds) -> tuple[str, ...]:

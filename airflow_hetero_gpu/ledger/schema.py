@@ -11,6 +11,8 @@ Version history
   2. Airflow task identity (dag_id, run_id, task_id, map_index, try_number), the request and the mean
      distance on reservations; the consecutive-healthy-checks counter and last check time on
      evictions.
+  3. ``gpu_watch``: what the health watch remembers per GPU between checks (consecutive bad
+     checks per soft fault, the last kernel-log Xid line acted on).
 
 To add a version: append a step to :data:`STEPS` (never edit a released one) and update the
 table definitions below to the result.
@@ -69,7 +71,7 @@ class UtcDateTime(TypeDecorator):
         return value.astimezone(timezone.utc)
 
 
-# --- the current tables (version 2) -------------------------------------------------------------
+# --- the current tables (version 3) -------------------------------------------------------------
 metadata = MetaData()
 
 schema_version = Table(
@@ -121,6 +123,17 @@ evictions = Table(
     Column("checked_at", UtcDateTime, nullable=True),
     Column("healthy_checks", Integer, nullable=False, server_default="0"),
     PrimaryKeyConstraint("host", "gpu_index", name="pk_evictions"),
+)
+
+# version 3
+gpu_watch = Table(
+    "gpu_watch", metadata,
+    Column("host", String(NAME), nullable=False),
+    Column("gpu_index", Integer, nullable=False),
+    Column("streaks", JSON, nullable=False),  # {"temperature": 2}: consecutive bad checks per reason
+    Column("xid_marker", JSON, nullable=True),  # {"text": "<last Xid line acted on>", "occurrence": 1}
+    Column("checked_at", UtcDateTime, nullable=False),
+    PrimaryKeyConstraint("host", "gpu_index", name="pk_gpu_watch"),
 )
 
 
@@ -192,6 +205,20 @@ def _v2(conn: Connection) -> None:
     conn.execute(AddColumn("evictions", Column("healthy_checks", Integer, nullable=False, server_default="0")))
 
 
+def _v3(conn: Connection) -> None:
+    m = MetaData()
+    Table(
+        "gpu_watch", m,
+        Column("host", String(NAME), nullable=False),
+        Column("gpu_index", Integer, nullable=False),
+        Column("streaks", JSON, nullable=False),
+        Column("xid_marker", JSON, nullable=True),
+        Column("checked_at", UtcDateTime, nullable=False),
+        PrimaryKeyConstraint("host", "gpu_index", name="pk_gpu_watch"),
+    )
+    m.create_all(conn)
+
+
 @dataclass(frozen=True)
 class Step:
     version: int
@@ -202,6 +229,7 @@ class Step:
 STEPS: tuple[Step, ...] = (
     Step(1, "reservations, reservation GPUs, evictions", _v1),
     Step(2, "task identity, request and distance on reservations; readmission counter on evictions", _v2),
+    Step(3, "health watch memory per GPU: soft-fault streaks, last Xid line acted on", _v3),
 )
 LATEST = STEPS[-1].version
 

@@ -23,7 +23,8 @@ from airflow_hetero_gpu.core.config import ClusterConfig
 from airflow_hetero_gpu.core.model import Decision, Gpu, GpuKey, PlanRequest, PlanResult, Score
 from airflow_hetero_gpu.core.planner import plan as core_plan
 from airflow_hetero_gpu.core.planner import replacement as core_replacement
-from airflow_hetero_gpu.ledger import schema
+from airflow_hetero_gpu.core.watch import Observation, Step, WatchPolicy, XidMarker
+from airflow_hetero_gpu.ledger import schema, watch
 from airflow_hetero_gpu.ledger.db import db_now, make_engine, read_transaction, write_transaction
 from airflow_hetero_gpu.ledger.errors import LedgerError, NoLiveReservation, ReservationConflict
 from airflow_hetero_gpu.ledger.records import Eviction, Reservation, ReservedGpu, TaskIdentity
@@ -333,7 +334,8 @@ class Ledger:
     def uncordon(self, host: str, index: int | None = None) -> list[GpuKey]:
         """Readmit one evicted GPU, or every evicted GPU of ``host`` (index None) at once.
 
-        Returns the GPUs readmitted (empty when none was evicted).
+        The health watch's soft-fault counts of those GPUs start again. Returns the GPUs
+        readmitted (empty when none was evicted).
         """
         if not isinstance(host, str) or not host:
             raise LedgerError(f"uncordon: expected a host name, got {host!r}")
@@ -344,7 +346,30 @@ class Ledger:
             keys = [GpuKey(r.host, r.gpu_index) for r in conn.execute(select(ev_t.c.host, ev_t.c.gpu_index).where(where))]
             if keys:
                 conn.execute(delete(ev_t).where(where))
+            watch.forget_streaks(conn, host, index)
         return sorted(keys)
+
+    # --- the health watch (docs/health.md) --------------------------------------------------------
+    def xid_markers(self) -> dict[GpuKey, XidMarker]:
+        """GPU -> the last kernel-log Xid line the health watch has acted on."""
+        with self._read("read Xid markers") as (conn, _now):
+            return watch.read_markers(conn)
+
+    def watch_streaks(self) -> dict[GpuKey, dict[str, int]]:
+        """GPU -> consecutive bad checks per soft fault (temperature, hw-slowdown, unreachable)."""
+        with self._read("read soft-fault streaks") as (conn, _now):
+            return watch.read_streaks(conn)
+
+    def apply_watch_check(self, observations: Sequence[Observation], policy: WatchPolicy) -> list[Step]:
+        """Record one health check of every observed GPU in one locked transaction.
+
+        Per GPU, :func:`airflow_hetero_gpu.core.watch.step` decides from its observation, its
+        eviction and its soft-fault streaks: evict (hard faults at once, soft ones after their
+        count of bad checks in a row), count a healthy check, readmit, or nothing. Returns the
+        steps, in the order of ``observations``.
+        """
+        with self._write(f"record a health check of {len(observations)} GPU(s)") as (conn, now):
+            return watch.apply_check(conn, now, observations, policy, self._evict)
 
     def evicted_map(self) -> dict[GpuKey, tuple[str, ...]]:
         """GPU -> reasons for every evicted GPU."""

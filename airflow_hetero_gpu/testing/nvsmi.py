@@ -84,6 +84,14 @@ def _yes_no(value: Any) -> str:
     return "Yes" if value else "No"
 
 
+def _active(value: Any) -> str:
+    if value is None:
+        return NA
+    if isinstance(value, str):
+        return value
+    return "Active" if value else "Not Active"
+
+
 def _watts(value: Any) -> str:
     return _na_or(value, lambda v: f"{float(v):.2f}")
 
@@ -167,6 +175,7 @@ FIELDS: dict[str, Field] = {
     "retired_pages.pending": Field(None, lambda h, g: _yes_no(g.get("retired_pages_pending"))),
     "remapped_rows.pending": Field(None, lambda h, g: _yes_no(g.get("remapped_rows_pending"))),
     "remapped_rows.failure": Field(None, lambda h, g: _yes_no(g.get("remapped_rows_failure"))),
+    "clocks_event_reasons.hw_slowdown": Field(None, lambda h, g: _active(g.get("hw_slowdown"))),
     "temperature.gpu": Field(None, _g("temperature_c")),
     # The real tool prints a bare "N/A" here where the sensor is absent (L40S, RTX 4080 SUPER).
     "temperature.memory": Field(None, lambda h, g: _na_or(g.get("temperature_memory_c")).replace(NA, "N/A")),
@@ -201,6 +210,8 @@ ALIASES: dict[str, str] = {
     "clocks.max.gr": "clocks.max.graphics",
     "clocks.max.mem": "clocks.max.memory",
     "power.draw.avg": "power.draw.average",
+    # drivers from the 535 series on accept the older "throttle" names of the clock event reasons
+    "clocks_throttle_reasons.hw_slowdown": "clocks_event_reasons.hw_slowdown",
 }
 
 #: Every property the real tool knows (name -> header unit), from real allfields captures.
@@ -299,6 +310,11 @@ def query_gpu(host: Mapping[str, Any], fields_spec: str, fmt_spec: str,
     Lost GPUs get the real error line instead of a row; the error lines come first, before the
     header, as the real tool enumerates device handles before printing (see the docs).
     """
+    # An older driver refuses fields it does not know yet (the state's "unknown_query_fields").
+    unknown = set(host.get("unknown_query_fields") or ())
+    for name in (f.strip() for f in fields_spec.split(",")):
+        if name in unknown:
+            return f'Field "{name}" is not a valid field to query.\n\n', RC_INVALID_ARGUMENT
     fields = [canonical_field(f) for f in fields_spec.split(",") if f.strip()]
     if not fields:
         raise QueryError(INVALID_ARGS + "\n\n", RC_INVALID_ARGUMENT)

@@ -19,6 +19,7 @@ State file format (every key optional unless noted)::
       "xid": [ {"time": 1234.56789, "gpu": 3, "xid": 79, "pid": 1234, "name": "python3"},
                "[ 99.000001] NVRM: Xid (PCI:0000:07:00): 13, ... raw line" ],
       "nvidia_smi_delay_s": 0,                   # every nvidia-smi call sleeps this long first
+      "unknown_query_fields": ["remapped_rows.failure"],  # refused like an older driver does
       "faults": ["driver_gone" | "no_devices" | "nvidia_smi_missing" | "host_down" | "hang"
                  | "host_key_changed" | "journal_denied" | "dmesg_denied"]
     }
@@ -78,6 +79,8 @@ class GpuSpec:
     ecc_corrected_volatile: int | None = 0
     retired_pages_pending: bool | None = None
     remapped_rows_pending: bool | None = False
+    remapped_rows_failure: bool | None = False
+    hw_slowdown: bool | None = False         # clocks_event_reasons.hw_slowdown: Active / Not Active
     pstate: str = "P0"
     compute_cap: str | None = None
     fan_speed: int | None = None
