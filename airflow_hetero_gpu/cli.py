@@ -244,13 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _extra_commands():
     """Sub-commands that live beside their subsystem (collection, ledger)."""
-    out = []
-    try:
-        from airflow_hetero_gpu.collect.cli import register as collect_register
+    from airflow_hetero_gpu.collect.cli import register as collect_register
 
-        out.append(collect_register)
-    except ImportError:
-        pass
+    out = [collect_register]
     from airflow_hetero_gpu.ledger.cli import register as ledger_register
 
     out.append(ledger_register)
