@@ -17,7 +17,12 @@ PROVIDER_INFO: dict = {
             "tags": ["compute"],
         }
     ],
-    "hooks": [],
+    "hooks": [
+        {
+            "integration-name": "Heterogeneous GPU cluster",
+            "python-modules": ["airflow_hetero_gpu.hooks.hetero_gpu"],
+        }
+    ],
     "operators": [],
     "sensors": [],
     "triggers": [],
