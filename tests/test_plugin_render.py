@@ -1,0 +1,306 @@
+"""The cluster page's facts, topology SVG and HTML, rendered without Airflow."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from airflow_hetero_gpu.core.cluster import build_cluster
+from airflow_hetero_gpu.core.inventory import load_cluster
+from airflow_hetero_gpu.core.model import Gpu, GpuKey
+from airflow_hetero_gpu.core.topology import HostWiring, NetworkTiers
+from airflow_hetero_gpu.ledger.records import Eviction, Reservation, ReservedGpu, TaskIdentity
+from airflow_hetero_gpu.plugins import render
+
+SAMPLE = Path(__file__).resolve().parents[1] / "airflow_hetero_gpu" / "samples" / "cluster"
+NS = "{http://www.w3.org/2000/svg}"
+NOW = datetime(2025, 6, 1, 12, 0, tzinfo=timezone.utc)
+
+
+def reservation(job_id, gpus, *, dag_id="train_llm", run_id="manual__2025-06-01T11:00:00+00:00",
+                task_id="train", try_number=2, map_index=None, pool="finetune+llm-pretrain@NVIDIA A100-SXM4-80GB"):
+    ident = None if dag_id is None else TaskIdentity(dag_id, run_id, task_id, try_number, map_index)
+    return Reservation(
+        job_id=job_id, pool=pool,
+        gpus=tuple(ReservedGpu(h, i, None, slot) for slot, (h, i) in enumerate(gpus)),
+        score={"total": 0.8}, created_at=NOW - timedelta(minutes=30), renewed_at=NOW - timedelta(minutes=1),
+        expires_at=NOW + timedelta(minutes=4), gpu_count=len(gpus), identity=ident,
+    )
+
+
+def eviction(host, index, reasons):
+    return Eviction(host, index, None, tuple(reasons), NOW - timedelta(hours=2), NOW - timedelta(minutes=5), 1)
+
+
+@pytest.fixture(scope="module")
+def sample():
+    return load_cluster(SAMPLE)
+
+
+@pytest.fixture(scope="module")
+def ledger_state():
+    return (
+        [reservation("retrain-42", [("a100-1", 3), ("a100-1", 4)])],
+        [eviction("v100", 5, ["xid-79"])],
+    )
+
+
+def svg_of(cluster, reservations=(), evictions=()):
+    statuses = render.gpu_statuses(
+        cluster, {g.key: r.job_id for r in reservations for g in r.gpus}, {e.key: e.reasons for e in evictions}
+    )
+    text = render.topology_svg(cluster.graph, statuses)
+    return text, ET.fromstring(text)
+
+
+def groups(root, cls):
+    return [g for g in root.iter(f"{NS}g") if cls in (g.get("class") or "").split()]
+
+
+def lines(root, cls):
+    return [e for e in root.iter(f"{NS}line") if cls in (e.get("class") or "").split()]
+
+
+# --- link classes ------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "label, kind",
+    [("NV12", "nvlink"), ("NV1", "nvlink"), ("nv4", "nvlink"), ("PIX", "pcie-switch"), ("PXB", "pcie-switch"),
+     ("PHB", "pcie-host-bridge"), ("NODE", "cpu"), ("SYS", "cpu"), ("SOC", "cpu"), ("", "cpu")],
+)
+def test_link_kind(label, kind):
+    assert render.link_kind(label) == kind
+
+
+@pytest.mark.parametrize("label, bonds", [("NV1", 1), ("NV12", 12), ("NV18", 18), ("NV", 1)])
+def test_nvlink_bonds(label, bonds):
+    assert render.nvlink_bonds(label) == bonds
+
+
+# --- the SVG -------------------------------------------------------------------------------------
+def test_svg_has_every_host_gpu_and_switch(sample, ledger_state):
+    _, root = svg_of(sample, *ledger_state)
+    hosts = {g.get("data-host") for g in groups(root, "hg-host")}
+    assert hosts == {"a100-1", "a100-2", "rtx-1", "rtx-2", "v100"}
+    drawn = {g.get("data-gpu") for g in groups(root, "hg-gpu") if g.get("data-gpu")}
+    assert drawn == {f"{g.host}:{g.index}" for g in sample.gpus}
+    assert len(drawn) == 32
+    # every GPU sits inside its host's group
+    for host in groups(root, "hg-host"):
+        inside = {g.get("data-gpu") for g in groups(host, "hg-gpu")}
+        assert inside == {f"{host.get('data-host')}:{i}" for g in sample.gpus if g.host == host.get("data-host")
+                          for i in [g.index]}
+    switches = {(g.get("data-switch"), g.get("data-tier")) for g in groups(root, "hg-switch")}
+    assert switches == {("leaf1", "1"), ("leaf2", "1"), ("leaf3", "1"), ("spine", "2")}
+
+
+def test_switch_tiers_sit_above_hosts(sample):
+    _, root = svg_of(sample)
+    ys = {}
+    for g in groups(root, "hg-switch"):
+        ys[g.get("data-switch")] = float(g.find(f"{NS}rect").get("y"))
+    host_top = min(float(g.find(f"{NS}rect").get("y")) for g in groups(root, "hg-host"))
+    assert ys["spine"] < ys["leaf1"] == ys["leaf2"] == ys["leaf3"] < host_top
+    uplinks = {(e.get("data-from"), e.get("data-to")) for e in lines(root, "hg-uplink")}
+    assert {("a100-1", "leaf1"), ("v100", "leaf1"), ("a100-2", "leaf2"), ("rtx-1", "leaf2"), ("rtx-2", "leaf3"),
+            ("leaf1", "spine"), ("leaf2", "spine"), ("leaf3", "spine")} == uplinks
+
+
+def test_hosts_under_one_switch_are_neighbours(sample):
+    _, root = svg_of(sample)
+    order = [g.get("data-host") for g in sorted(groups(root, "hg-host"),
+                                                key=lambda g: float(g.find(f"{NS}rect").get("x")))]
+    assert order == ["a100-1", "v100", "a100-2", "rtx-1", "rtx-2"]
+
+
+def test_nvlink_and_pcie_links_are_styled_apart(sample):
+    _, root = svg_of(sample)
+    nv = lines(root, "hg-nvlink")
+    pcie = lines(root, "hg-pcie-host-bridge")
+    # a100: NV12 all-to-all (28 pairs each); v100: the DGX-1 hybrid cube mesh (16 NVLink pairs)
+    per_host = {}
+    for host in groups(root, "hg-host"):
+        per_host[host.get("data-host")] = (len(lines(host, "hg-nvlink")), len(lines(host, "hg-pcie-host-bridge")))
+    assert per_host == {"a100-1": (28, 0), "a100-2": (28, 0), "v100": (16, 0), "rtx-1": (0, 2), "rtx-2": (0, 2)}
+    assert (len(nv), len(pcie)) == (72 + 1, 4 + 1)  # the legend draws one sample of each too
+    # NVLink width grows with the bond count; PCIe has no explicit width but a dash pattern in the style
+    width = {e.get("data-link"): float(e.get("stroke-width")) for e in nv if e.get("data-link")}
+    assert width["NV12"] > width["NV2"] > width["NV1"]
+    assert all(e.get("stroke-width") is None for e in pcie)
+    style = root.find(f"{NS}style").text
+    assert ".hg-link.hg-pcie-host-bridge{" in style and "stroke-dasharray" in style.split(".hg-link.hg-pcie-host-bridge{")[1].split("}")[0]
+    assert "stroke-dasharray" not in style.split(".hg-link.hg-nvlink{")[1].split("}")[0]
+    # SYS pairs (CPU interconnect) are not drawn
+    assert not [e for e in root.iter(f"{NS}line") if e.get("data-link") == "SYS"]
+
+
+def test_unhealthy_and_evicted_gpus_are_marked(sample, ledger_state):
+    _, root = svg_of(sample, *ledger_state)
+    sick = {g.get("data-gpu"): g for g in groups(root, "hg-state-unhealthy") if g.get("data-gpu")}
+    assert set(sick) == {"a100-2:6"}
+    texts = [t.text for t in sick["a100-2:6"].iter(f"{NS}text")]
+    assert "ecc" in texts and "\u2715" in texts
+    assert "unhealthy: ecc" in sick["a100-2:6"].find(f"{NS}title").text
+    out = {g.get("data-gpu"): g for g in groups(root, "hg-state-evicted") if g.get("data-gpu")}
+    assert set(out) == {"v100:5"}
+    assert "xid-79" in [t.text for t in out["v100:5"].iter(f"{NS}text")]
+
+
+def test_reserved_gpus_are_labelled_with_the_job(sample, ledger_state):
+    _, root = svg_of(sample, *ledger_state)
+    held = {g.get("data-gpu"): g for g in groups(root, "hg-state-reserved") if g.get("data-gpu")}
+    assert set(held) == {"a100-1:3", "a100-1:4"}
+    for g in held.values():
+        assert g.get("data-job") == "retrain-42"
+        assert "retrain-42" in [t.text for t in g.iter(f"{NS}text")]
+        assert "reserved by retrain-42" in g.find(f"{NS}title").text
+        assert "100%" in g.find(f"{NS}text").text  # a reserved GPU counts as fully loaded
+
+
+def test_busy_gpus_and_load(sample):
+    _, root = svg_of(sample)
+    busy = {g.get("data-gpu") for g in groups(root, "hg-state-busy") if g.get("data-gpu")}
+    assert busy == {"a100-1:0", "a100-1:1", "a100-1:2", "v100:4"}  # loads 97, 97, 35, 60 %
+
+
+def test_a_sick_reserved_gpu_shows_sick_and_keeps_its_job_label():
+    gpus = [Gpu("h", 0, "u0", "X", 100, 0, 0.0), Gpu("h", 1, "u1", "X", 100, 0, 0.0, healthy=False, reasons=("ecc",))]
+    cluster = build_cluster(gpus, {"h": HostWiring.from_links([0, 1], {(0, 1): "PIX"})})
+    _, root = svg_of(cluster, [reservation("j1", [("h", 0), ("h", 1)])])
+    g1 = next(g for g in groups(root, "hg-gpu") if g.get("data-gpu") == "h:1")
+    assert g1.get("data-state") == "unhealthy" and g1.get("data-job") == "j1"
+    assert len(lines(next(iter(groups(root, "hg-host"))), "hg-pcie-switch")) == 1
+    assert [s.get("data-switch") for s in groups(root, "hg-switch")] == ["(all hosts)"]
+
+
+def test_unreachable_host_and_single_gpu_host():
+    gpus = [Gpu("solo", 0, "u0", "NVIDIA L4", 100, 0, 0.0)]
+    cluster = build_cluster(gpus, {"solo": HostWiring.from_links([0], {})},
+                            NetworkTiers.from_groups([("leafA", 1, ["solo", "dead"])]),
+                            host_errors={"dead": "ssh: connection refused"})
+    _, root = svg_of(cluster)
+    hosts = {g.get("data-host"): g for g in groups(root, "hg-host")}
+    assert set(hosts) == {"solo", "dead"}
+    assert "hg-host-error" in hosts["dead"].get("class")
+    assert any("connection refused" in (t.text or "") for t in hosts["dead"].iter(f"{NS}text"))
+    assert not groups(hosts["dead"], "hg-gpu")
+
+
+def test_text_is_escaped_in_svg_and_html(sample):
+    evil = '<img src=x onerror="alert(1)">&'
+    res = [reservation(evil, [("rtx-1", 0)], dag_id=evil, run_id="r<1>", task_id="t")]
+    text, root = svg_of(sample, res)  # parses, so nothing broke the XML
+    assert "<img" not in text
+    held = next(g for g in groups(root, "hg-gpu") if g.get("data-gpu") == "rtx-1:0")
+    assert held.get("data-job") == evil
+    facts = render.cluster_facts(sample, res, now=NOW)
+    html = render.render_page(facts, text)
+    assert "<img" not in html and "&lt;img src=x" in html
+
+
+def test_svg_is_a_valid_standalone_document(sample, tmp_path):
+    text, root = svg_of(sample)
+    assert root.tag == f"{NS}svg" and root.get("viewBox")
+    width, height = float(root.get("width")), float(root.get("height"))
+    for rect in root.iter(f"{NS}rect"):
+        assert float(rect.get("x")) + float(rect.get("width")) <= width + 0.5
+        assert float(rect.get("y")) + float(rect.get("height")) <= height + 0.5
+
+
+# --- the facts (the JSON endpoint) ---------------------------------------------------------------
+def test_facts_pools_with_stage_counts(sample, ledger_state):
+    facts = render.cluster_facts(sample, *ledger_state, now=NOW)
+    json.dumps(facts)  # JSON-ready
+    pools = {p["pool"]: p for p in facts["pools"]}
+    a100 = pools["finetune+llm-pretrain@NVIDIA A100-SXM4-80GB"]
+    assert (a100["gpus"], a100["healthy"], a100["available"], a100["reserved"], a100["evicted"]) == (16, 15, 10, 2, 0)
+    v100 = pools["Tesla V100-SXM2-32GB"]
+    assert (v100["gpus"], v100["healthy"], v100["available"], v100["reserved"], v100["evicted"]) == (8, 7, 6, 0, 1)
+    rtx = pools["cv+finetune@NVIDIA GeForce RTX 4090"]
+    assert (rtx["gpus"], rtx["healthy"], rtx["available"], rtx["reserved"], rtx["evicted"]) == (8, 8, 8, 0, 0)
+    assert rtx["hosts"] == ["rtx-1", "rtx-2"]
+
+
+def test_facts_gpus_hosts_switches(sample, ledger_state):
+    facts = render.cluster_facts(sample, *ledger_state, now=NOW)
+    gpus = {(g["host"], g["index"]): g for g in facts["gpus"]}
+    assert len(gpus) == 32
+    assert gpus[("a100-1", 3)]["reserved_by"] == "retrain-42" and gpus[("a100-1", 3)]["state"] == "reserved"
+    assert gpus[("a100-1", 3)]["load"] == 1.0
+    assert gpus[("a100-2", 6)]["reasons"] == ["ecc"] and gpus[("a100-2", 6)]["state"] == "unhealthy"
+    assert gpus[("v100", 5)]["evicted"] == ["xid-79"] and not gpus[("v100", 5)]["available"]
+    assert gpus[("a100-1", 0)]["load"] == pytest.approx(0.97)
+    hosts = {h["host"]: h for h in facts["hosts"]}
+    assert hosts["v100"]["switches"] == ["leaf1", "spine"]
+    assert len(hosts["a100-1"]["links"]) == 28 and {l["link"] for l in hosts["a100-1"]["links"]} == {"NV12"}
+    sw = {s["switch"]: s for s in facts["switches"]}
+    assert sw["leaf2"] == {"switch": "leaf2", "tier": 1, "parent": "spine", "hosts": ["a100-2", "rtx-1"]}
+    assert sw["spine"]["parent"] is None
+    assert facts["thresholds"]["busy_utilization"] == pytest.approx(0.10)
+
+
+def test_reservation_links_to_its_dag_run(sample, ledger_state):
+    facts = render.cluster_facts(sample, *ledger_state, now=NOW)
+    (r,) = facts["reservations"]
+    assert r["identity"]["dag_id"] == "train_llm" and r["identity"]["try_number"] == 2
+    assert r["run_path"] == "/dags/train_llm/runs/manual__2025-06-01T11%3A00%3A00%2B00%3A00"
+    assert r["task_path"] == r["run_path"] + "/tasks/train"
+    mapped = render.reservation_facts(reservation("j", [("h", 0)], map_index=3))
+    assert mapped["task_path"].endswith("/tasks/train/mapped/3")
+    (e,) = facts["evictions"]
+    assert e["reasons"] == ["xid-79"] and e["evicted_at"].startswith("2025-06-01T10:00")
+
+
+def test_reservation_of_an_unreadable_dag_hides_its_run(sample):
+    res = [reservation("a", [("rtx-1", 0)], dag_id="secret_dag"), reservation("b", [("rtx-1", 1)], dag_id="open_dag"),
+           reservation("c", [("rtx-1", 2)], dag_id=None)]
+    facts = render.cluster_facts(sample, res, visible_dag_ids={"open_dag"}, now=NOW)
+    by_job = {r["job_id"]: r for r in facts["reservations"]}
+    assert by_job["a"]["identity"] is None and by_job["a"]["identity_hidden"] and by_job["a"]["run_path"] is None
+    assert by_job["a"]["gpus"] == [{"host": "rtx-1", "index": 0, "uuid": None}]
+    assert by_job["b"]["identity"]["dag_id"] == "open_dag" and not by_job["b"]["identity_hidden"]
+    assert by_job["c"]["identity"] is None and not by_job["c"]["identity_hidden"]
+    html = render.render_page(facts, None)
+    assert "secret_dag" not in html and "hidden (no access to the DAG)" in html and "open_dag" in html
+
+
+def test_facts_without_inventory():
+    facts = render.cluster_facts(None, [reservation("j", [("gone", 0)])], [eviction("gone", 1, ["lost"])],
+                                 sources={"captures": {"status": "missing", "message": "No inventory yet"}}, now=NOW)
+    assert facts["pools"] == facts["gpus"] == facts["hosts"] == []
+    assert [r["job_id"] for r in facts["reservations"]] == ["j"]
+    html = render.render_page(facts, None)
+    assert "No inventory yet" in html and "No inventory to draw" in html and "lost" in html
+
+
+# --- the page ---------------------------------------------------------------------------------------
+def test_page_has_every_section(sample, ledger_state):
+    reservations, evictions = ledger_state
+    facts = render.cluster_facts(
+        sample, reservations, evictions, now=NOW,
+        sources={"captures": {"path": "/data/caps", "status": "ok", "collected_at": (NOW - timedelta(minutes=3)).isoformat()},
+                 "ledger": {"url": "sqlite:////x/ledger.db", "status": "ok"}},
+    )
+    svg, _ = svg_of(sample, reservations, evictions)
+    html = render.render_page(facts, svg, ui_base="/airflow", refresh_seconds=30, api_path="/airflow/hetero-gpu/api/cluster")
+    for needle in ("finetune+llm-pretrain@NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-32GB", "<svg", "retrain-42",
+                   "train_llm", "xid-79", "ecc", "/data/caps", "3 min ago", 'content="30"',
+                   'href="/airflow/hetero-gpu/api/cluster"', 'id="pools"', 'id="topology"', 'id="reservations"',
+                   'id="evictions"', 'id="gpus"', "32 GPUs in 3 pools"):
+        assert needle in html, needle
+    assert ('<a target="_top" href="/airflow/dags/train_llm/runs/manual__2025-06-01T11%3A00%3A00%2B00%3A00">'
+            in html)
+    # one row per GPU in the GPU table
+    assert html.split('class="hg-gpus"')[1].count("<tr>") == 1 + 32
+    assert "http-equiv" not in render.render_page(facts, svg, refresh_seconds=0)
+
+
+@pytest.mark.parametrize(
+    "seconds, text",
+    [(-30, "30 s ago"), (-600, "10 min ago"), (-7200 * 3, "6.0 h ago"), (-86400 * 3, "3.0 d ago"), (240, "in 4 min")],
+)
+def test_ago(seconds, text):
+    assert render._ago((NOW + timedelta(seconds=seconds)).isoformat(), NOW) == text
