@@ -26,6 +26,54 @@ PROVIDER_INFO: dict = {
     "operators": [],
     "sensors": [],
     "triggers": [],
-    "plugins": [],
+    "plugins": [
+        {"name": "hetero_gpu", "plugin-class": "airflow_hetero_gpu.plugins.cluster_page.HeteroGpuPlugin"},
+    ],
     "connection-types": [],
+    "config": {
+        "hetero_gpu": {
+            "description": "Where the GPU cluster page (Browse > GPU cluster, /hetero-gpu/) reads its facts.",
+            "options": {
+                "captures_dir": {
+                    "description": (
+                        "The capture directory holding the last inventory (hosts/<host>/query.csv, topo.txt, "
+                        "optional topology.conf and cluster.yaml), the one the collection DAG keeps fresh. "
+                        "Unset: the page says there is no inventory."
+                    ),
+                    "version_added": "0.1.0",
+                    "type": "string",
+                    "example": "/opt/airflow/gpu-captures",
+                    "default": None,
+                },
+                "ledger_conn_id": {
+                    "description": (
+                        "An Airflow connection naming the reservation ledger (postgres, sqlite, or any type "
+                        "with an extra 'url'). Wins over ledger_url."
+                    ),
+                    "version_added": "0.1.0",
+                    "type": "string",
+                    "example": "hetero_gpu_ledger",
+                    "default": None,
+                },
+                "ledger_url": {
+                    "description": (
+                        "SQLAlchemy URL (or SQLite file path) of the reservation ledger. With neither this "
+                        "nor ledger_conn_id: the SQLite file $AIRFLOW_HOME/hetero_gpu_ledger.db."
+                    ),
+                    "version_added": "0.1.0",
+                    "type": "string",
+                    "example": "postgresql://ledger:secret@db.example:5432/hetero_gpu",
+                    "default": None,
+                    "sensitive": True,
+                },
+                "refresh_seconds": {
+                    "description": "How often the cluster page reloads itself, in seconds; 0 never.",
+                    "version_added": "0.1.0",
+                    "type": "integer",
+                    "example": None,
+                    "default": "60",
+                },
+            },
+        }
+    },
 }
