@@ -1,0 +1,195 @@
+"""``hetero-gpu simulate``: replay a job trace on a cluster under several placement policies.
+
+    hetero-gpu simulate --trace alibaba:multigpu50 --out docs/img --sweep
+
+prints the policy table (or ``--json``: the report), and with ``--out DIR`` writes
+``report.json`` and the PNG plots there. Bad input raises
+:class:`~airflow_hetero_gpu.errors.HeteroGpuError` (one line naming the file, column or value).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from airflow_hetero_gpu.errors import HeteroGpuError
+
+EXIT_OK = 0
+DEFAULT_POLICIES = "seed,random,first-fit,best-fit,topology-only,fgd"
+DEFAULT_LOAD = 1.25
+DEFAULT_COMM_COST = 0.05
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
+    return v
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {text!r}")
+    return v
+
+
+def _non_negative(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (v >= 0) or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return v
+
+
+def _positive(text: str) -> float:
+    v = _non_negative(text)
+    if v == 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text!r}")
+    return v
+
+
+def _weights(text: str) -> dict[str, float]:
+    parts = text.split(",")
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected W1,W2,W3 (numbers), got {text!r}") from None
+    if len(values) != 3:
+        raise argparse.ArgumentTypeError(f"expected three weights W1,W2,W3, got {text!r}")
+    return dict(zip(("load_balance", "fragmentation", "topology"), values))
+
+
+def register(subparsers) -> None:
+    """Add ``simulate`` to ``hetero-gpu``'s sub-parsers."""
+    p = subparsers.add_parser(
+        "simulate", help="replay a job trace under several placement policies (seed and baselines)",
+        description="Trace-driven simulation of whole-GPU gang jobs: FIFO queue (optional backfill), "
+                    "each policy on the same trace and cluster. See docs/simulation.md.")
+    p.add_argument("--trace", required=True, metavar="PATH|alibaba:NAME",
+                   help="a job CSV (job_id,arrival_s,duration_s,gpus[,gpu_type]) or an Alibaba "
+                        "cluster-trace-gpu-v2023 pod list, e.g. alibaba:multigpu50")
+    p.add_argument("--nodes", metavar="PATH",
+                   help="node list (sn,gpu,model[,topo]); default for Alibaba traces: their GPU node list")
+    p.add_argument("--alibaba-dir", metavar="DIR", help="folder of the Alibaba CSVs (see docs/simulation.md)")
+    p.add_argument("--policies", default=DEFAULT_POLICIES, metavar="P1,P2,...",
+                   help=f"policies to compare (default: {DEFAULT_POLICIES})")
+    p.add_argument("--weights", type=_weights, metavar="W1,W2,W3",
+                   help="evaluation weights of the seed policy (default: SPEC §7's 0.3,-0.2,0.5)")
+    p.add_argument("--sweep", nargs="?", const="", default=None, metavar="GRID",
+                   help="also run the seed over a weight grid; GRID like 'w1=0,0.3;w2=-0.2;w3=0.5,1' "
+                        "(default grid without GRID)")
+    p.add_argument("--fractional", choices=("round-up", "drop"), default="round-up",
+                   help="one-GPU pods asking for a GPU share: round up to a whole GPU (default) or drop")
+    p.add_argument("--limit", type=_positive_int, metavar="N", help="only the first N jobs by arrival")
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--load", type=_positive, default=DEFAULT_LOAD, metavar="RHO",
+                      help=f"compress arrivals to this offered load (default {DEFAULT_LOAD}; see docs)")
+    load.add_argument("--time-scale", type=_positive, metavar="C", help="divide arrival times by C instead")
+    p.add_argument("--backfill", type=_non_negative_int, default=0, metavar="N",
+                   help="when the queue head waits, try up to N jobs behind it (default 0: strict FIFO)")
+    p.add_argument("--comm-cost", type=_non_negative, default=DEFAULT_COMM_COST, metavar="C",
+                   help=f"run-time slowdown per unit of d(S) above 1 (default {DEFAULT_COMM_COST}; 0: trace durations)")
+    p.add_argument("--span", choices=("as-needed", "never"), default="as-needed",
+                   help="as-needed: a gang spans hosts when no host holds it (SPEC §7.1, default); "
+                        "never: a job that fits a host waits for one")
+    p.add_argument("--hosts-per-leaf", type=_positive_int, default=16, metavar="N")
+    p.add_argument("--leaves-per-spine", type=_positive_int, default=16, metavar="N")
+    p.add_argument("--seed", type=_non_negative_int, default=0, help="seed of drawn times and of the random policy")
+    p.add_argument("--workers", type=_positive_int, metavar="N", help="worker processes (default: CPU count)")
+    p.add_argument("--out", metavar="DIR", help="write report.json and PNG plots into DIR")
+    p.add_argument("--json", action="store_true", help="print the JSON report instead of tables")
+    p.set_defaults(func=cmd_simulate)
+
+
+def cmd_simulate(args) -> int:
+    from airflow_hetero_gpu.sim.experiment import (
+        RunSpec, Setup, grid_points, parse_grid, run_many, sweep_specs,
+    )
+    from airflow_hetero_gpu.sim.fleet import build_fleet, read_nodes
+    from airflow_hetero_gpu.sim.policies import POLICY_NAMES
+    from airflow_hetero_gpu.sim.report import build_report, render_text
+    from airflow_hetero_gpu.sim.sources import load_trace, resolve_nodes
+    from airflow_hetero_gpu.sim.trace import compress, offered_load, time_scale_for_load
+
+    started = time.perf_counter()
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    unknown = [p for p in policies if p not in POLICY_NAMES]
+    if unknown or not policies:
+        raise HeteroGpuError(f"--policies: unknown policy {unknown[0] if unknown else args.policies!r} "
+                             f"(known: {', '.join(POLICY_NAMES)})")
+    if len(set(policies)) != len(policies):
+        raise HeteroGpuError(f"--policies: a policy is listed twice in {args.policies!r}")
+    grid = parse_grid(args.sweep) if args.sweep is not None else None
+
+    trace = load_trace(args.trace, fractional=args.fractional, seed=args.seed, directory=args.alibaba_dir)
+    nodes_path = resolve_nodes(args.nodes, args.trace, args.alibaba_dir)
+    nodes = read_nodes(nodes_path)
+    fleet = build_fleet(nodes, hosts_per_leaf=args.hosts_per_leaf, leaves_per_spine=args.leaves_per_spine,
+                        source=str(nodes_path))
+    total = fleet.total_gpus
+    scale = args.time_scale if args.time_scale else time_scale_for_load(trace.jobs, total, args.load)
+    trace = compress(trace, scale).limited(args.limit)
+    last_arrival = trace.jobs[-1].arrival if trace.jobs else 0.0
+    # plots show the busy window: from the 1st-percentile arrival to twice the last arrival
+    since = trace.jobs[int(0.01 * (len(trace.jobs) - 1))].arrival if trace.jobs else None
+
+    setup = Setup(tuple(nodes), tuple(trace.jobs), hosts_per_leaf=args.hosts_per_leaf,
+                  leaves_per_spine=args.leaves_per_spine, backfill=args.backfill, comm_cost=args.comm_cost,
+                  span=args.span, seed=args.seed, series_since=since,
+                  series_until=2.0 * last_arrival if last_arrival > 0 else None)
+    specs = [RunSpec(p, args.weights if p == "seed" else None) for p in policies]
+    sweep_runs, sweep_index, points = [], [], []
+    if grid is not None:
+        points = grid_points(grid)
+        sweep_runs, sweep_index = sweep_specs(points)
+    outcomes = run_many(setup, [*specs, *sweep_runs], args.workers)
+    runs, swept = outcomes[:len(specs)], outcomes[len(specs):]
+
+    trace_info = {
+        "source": trace.source, "jobs": len(trace.jobs), "notes": trace.notes, "counts": trace.counts,
+        "gpu_counts": {str(k): v for k, v in trace.gpu_count_histogram().items()},
+        "multi_gpu_jobs": sum(1 for j in trace.jobs if j.gpus > 1),
+        "constrained_jobs": sum(1 for j in trace.jobs if j.gpu_types),
+        "time_scale": scale, "offered_load": offered_load(trace.jobs, total, 1.0),
+        "last_arrival_s": last_arrival,
+    }
+    settings = {"policies": policies, "seed_weights": args.weights, "backfill": args.backfill,
+                "comm_cost": args.comm_cost, "span": args.span, "fractional": args.fractional,
+                "limit": args.limit, "seed": args.seed, "load": None if args.time_scale else args.load}
+    argv = sys.argv[1:] if sys.argv and Path(sys.argv[0]).name.startswith("hetero-gpu") else None
+    command = "hetero-gpu " + (shlex.join(argv) if argv else f"simulate --trace {args.trace}")
+    report = build_report(command=command, trace=trace_info, cluster=fleet.describe(), settings=settings,
+                          runs=runs, sweep=[(p, swept[i]) for p, i in zip(points, sweep_index)],
+                          runtime_s=time.perf_counter() - started)
+    if args.out:
+        from airflow_hetero_gpu.sim.plots import write_plots
+
+        out = Path(args.out)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            files = write_plots(report, runs, out)
+            report["plots"] = [f.name for f in files]
+            report["runtime_s"] = round(time.perf_counter() - started, 1)
+            (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+        except OSError as err:
+            raise HeteroGpuError(f"--out {args.out}: cannot write: {err}") from None
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print(render_text(report))
+        if args.out:
+            print(f"report and plots written to {args.out}")
+    return EXIT_OK

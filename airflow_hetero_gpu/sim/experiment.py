@@ -1,0 +1,174 @@
+"""Running several policies (and a weight sweep of ``seed``) over one trace and one cluster.
+
+Every run gets the same cluster, the same jobs and the same simulator settings; runs are
+independent, so they go to worker processes (``workers``) and come back in the order asked.
+A run is deterministic: the same :class:`Setup` and :class:`RunSpec` give the same numbers
+(except the measured decision times).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from airflow_hetero_gpu.errors import HeteroGpuError
+from airflow_hetero_gpu.sim.engine import simulate
+from airflow_hetero_gpu.sim.fleet import Node, SimCluster, build_fleet
+from airflow_hetero_gpu.sim.metrics import allocation_series, summarize
+from airflow_hetero_gpu.sim.policies import make_policy
+from airflow_hetero_gpu.sim.trace import Job
+
+WEIGHT_NAMES = ("load_balance", "fragmentation", "topology")
+DEFAULT_GRID = {
+    "load_balance": (-0.3, 0.0, 0.1, 0.3, 0.6, 1.0),
+    "fragmentation": (-0.2,),
+    "topology": (0.1, 0.25, 0.5, 1.0),
+}
+# FR is 0 for every pool in a whole-GPU simulation (see docs/simulation.md); these extra points
+# show that w2 changes nothing
+GRID_W2_PROBE = ({"load_balance": 0.3, "fragmentation": 0.0, "topology": 0.5},
+                 {"load_balance": 0.3, "fragmentation": -1.0, "topology": 0.5})
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every run shares: the cluster (as its node list), the jobs, the simulator settings."""
+
+    nodes: tuple[Node, ...]
+    jobs: tuple[Job, ...]
+    hosts_per_leaf: int = 16
+    leaves_per_spine: int = 16
+    backfill: int = 0
+    comm_cost: float = 0.05
+    span: str = "as-needed"
+    seed: int = 0
+    series_since: float | None = None  # plot window (None: the whole run)
+    series_until: float | None = None
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    policy: str
+    weights: Mapping[str, float] | None = None
+    label: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.label or self.policy
+
+
+@dataclass
+class RunOutcome:
+    spec: RunSpec
+    metrics: dict[str, Any]
+    series: dict[str, list[float]] = field(default_factory=dict)
+    waits: list[float] = field(default_factory=list)
+    distances: list[float] = field(default_factory=list)  # d(S) of multi-GPU jobs
+    rejected: list[tuple[str, str]] = field(default_factory=list)
+
+
+_FLEET: dict[int, SimCluster] = {}
+
+
+def _fleet(setup: Setup) -> SimCluster:
+    key = hash((setup.nodes, setup.hosts_per_leaf, setup.leaves_per_spine))
+    if key not in _FLEET:
+        _FLEET.clear()
+        _FLEET[key] = build_fleet(setup.nodes, hosts_per_leaf=setup.hosts_per_leaf,
+                                  leaves_per_spine=setup.leaves_per_spine)
+    return _FLEET[key]
+
+
+def run_one(setup: Setup, spec: RunSpec) -> RunOutcome:
+    """One policy over the setup's jobs."""
+    fleet = _fleet(setup)
+    policy = make_policy(spec.policy, seed=setup.seed, weights=spec.weights)
+    result = simulate(fleet.cluster, setup.jobs, policy, backfill=setup.backfill,
+                      comm_cost=setup.comm_cost, span=setup.span)
+    result.policy = spec.name
+    return RunOutcome(
+        spec=spec,
+        metrics=summarize(result),
+        series=allocation_series(result, until=setup.series_until, since=setup.series_since),
+        waits=[r.wait for r in result.records],
+        distances=[r.distance for r in result.records if r.gpus > 1],
+        rejected=result.rejected,
+    )
+
+
+def _run_star(args: tuple[Setup, RunSpec]) -> RunOutcome:
+    return run_one(*args)
+
+
+def run_many(setup: Setup, specs: Sequence[RunSpec], workers: int | None = None) -> list[RunOutcome]:
+    """Every spec over the same setup, in worker processes; results in the order of ``specs``."""
+    workers = max(1, min(workers or os.cpu_count() or 1, len(specs)))
+    if workers == 1:
+        return [run_one(setup, s) for s in specs]
+    # the longest runs (seed) first so the pool finishes together
+    order = sorted(range(len(specs)), key=lambda i: specs[i].policy != "seed")
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        done = list(pool.map(_run_star, [(setup, specs[i]) for i in order]))
+    out: list[RunOutcome | None] = [None] * len(specs)
+    for i, r in zip(order, done):
+        out[i] = r
+    return out  # type: ignore[return-value]
+
+
+# --- the weight sweep --------------------------------------------------------------------------
+def parse_grid(text: str | None) -> dict[str, tuple[float, ...]]:
+    """``w1=0,0.3;w2=-0.2;w3=0.5,1`` (or the weight names) -> the grid; empty text: the default."""
+    if not text:
+        return dict(DEFAULT_GRID)
+    alias = {"w1": "load_balance", "w2": "fragmentation", "w3": "topology"}
+    grid = dict(DEFAULT_GRID)
+    for part in text.split(";"):
+        if not part.strip():
+            continue
+        name, _, values = part.partition("=")
+        name = alias.get(name.strip(), name.strip())
+        if name not in WEIGHT_NAMES or not values.strip():
+            raise HeteroGpuError(f"--sweep: expected NAME=V1,V2,... with NAME one of w1, w2, w3, got {part.strip()!r}")
+        try:
+            grid[name] = tuple(float(v) for v in values.split(","))
+        except ValueError:
+            raise HeteroGpuError(f"--sweep: {name}: expected numbers, got {values.strip()!r}") from None
+    return grid
+
+
+def grid_points(grid: Mapping[str, Sequence[float]], probe_w2: bool = True) -> list[dict[str, float]]:
+    points = [dict(zip(WEIGHT_NAMES, combo)) for combo in itertools.product(*(grid[n] for n in WEIGHT_NAMES))]
+    if probe_w2 and grid == DEFAULT_GRID:
+        points += [dict(p) for p in GRID_W2_PROBE]
+    return points
+
+
+def direction(weights: Mapping[str, float]) -> tuple[float, ...]:
+    """The weights scaled to a largest magnitude of 1: plan() compares E values only, so
+    weights with the same direction give the same decisions and the same run."""
+    w = np.array([float(weights[n]) for n in WEIGHT_NAMES])
+    m = np.abs(w).max()
+    return tuple(np.round(w / m, 12)) if m > 0 else (0.0, 0.0, 0.0)
+
+
+def sweep_specs(points: Sequence[Mapping[str, float]]) -> tuple[list[RunSpec], list[int]]:
+    """One run per distinct weight direction; ``index[i]`` is the run that answers ``points[i]``."""
+    runs: list[RunSpec] = []
+    seen: dict[tuple[float, ...], int] = {}
+    index = []
+    for p in points:
+        d = direction(p)
+        if d not in seen:
+            seen[d] = len(runs)
+            runs.append(RunSpec("seed", dict(p), label="seed " + weights_label(p)))
+        index.append(seen[d])
+    return runs, index
+
+
+def weights_label(w: Mapping[str, float]) -> str:
+    return "w=({:g}, {:g}, {:g})".format(*(w[n] for n in WEIGHT_NAMES))

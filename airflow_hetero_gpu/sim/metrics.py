@@ -1,0 +1,106 @@
+"""Metrics of one simulated run (one policy over one trace).
+
+=============================  =================================================================
+``jobs``                       jobs that ran (``rejected``: could never fit, not counted)
+``wait_mean_s``, ``wait_p95_s``  queueing delay, start - arrival, over all jobs that ran
+``makespan_s``                 last end - first arrival
+``allocation_mean``            time-weighted share of GPUs held from the first to the last
+                               arrival (the window every policy shares; the run goes on until
+                               the last, often very long, job ends)
+``unallocated_while_waiting``  time-weighted share of GPUs *not* held while at least one job
+                               waits (FGD's metric: capacity that exists but cannot serve the
+                               queue); 0 when no job ever waits
+``waiting_time_share``         share of the run's time during which at least one job waits
+``multi_gpu_jobs``             jobs of 2 or more GPUs
+``distance_mean``              mean d(S) (SPEC §5) over the multi-GPU jobs
+``one_host_share``             of the multi-GPU jobs that one allowed host could have held when
+                               they started, the share placed on one host
+``spanning_jobs``              multi-GPU jobs spread over 2 or more hosts
+``run_time_overhead``          GPU-seconds added by the distance slowdown over the trace's
+                               GPU-seconds (0 with ``comm_cost = 0``)
+``decision_ms_mean``, ``decision_ms_p95``  wall time of one ``policy.place`` call
+=============================  =================================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from airflow_hetero_gpu.sim.engine import SimResult
+
+METRIC_KEYS = (
+    "jobs", "rejected", "wait_mean_s", "wait_p95_s", "makespan_s", "allocation_mean",
+    "unallocated_while_waiting", "waiting_time_share", "multi_gpu_jobs", "distance_mean", "one_host_share",
+    "spanning_jobs", "run_time_overhead", "decision_ms_mean", "decision_ms_p95", "decisions", "wall_s",
+)
+
+
+def _time_weighted(times: np.ndarray, values: np.ndarray, where: np.ndarray | None = None,
+                   until: float | None = None) -> float | None:
+    """Mean of a step function (``values[i]`` holds from ``times[i]`` to ``times[i+1]``),
+    optionally only where ``where`` holds and only up to ``until``."""
+    if len(times) < 2:
+        return None
+    ends = times[1:] if until is None else np.minimum(times[1:], until)
+    dt = np.maximum(ends - times[:-1], 0.0)
+    v = values[:-1]
+    if where is not None:
+        dt = dt * where[:-1]
+    total = dt.sum()
+    return float((v * dt).sum() / total) if total > 0 else None
+
+
+def summarize(result: SimResult) -> dict[str, Any]:
+    """The metrics of :data:`METRIC_KEYS` as plain JSON values (None where undefined)."""
+    recs = result.records
+    n = result.total_gpus
+    waits = np.array([r.wait for r in recs]) if recs else np.zeros(0)
+    multi = [r for r in recs if r.gpus > 1]
+    could = [r for r in multi if r.one_host_possible]
+    waiting = result.queued > 0
+    share = result.allocated / n if n else result.allocated * 0.0
+    t = result.times
+    dec = result.decision_s * 1e3
+    first = min((r.arrival for r in recs), default=0.0)
+    last = max((r.end for r in recs), default=0.0)
+    last_arrival = max((r.arrival for r in recs), default=0.0)
+    base = sum(r.gpus * r.duration for r in recs)
+    used = sum(r.gpus * (r.end - r.start) for r in recs)
+    return {
+        "jobs": len(recs),
+        "rejected": len(result.rejected),
+        "wait_mean_s": float(waits.mean()) if len(waits) else None,
+        "wait_p95_s": float(np.quantile(waits, 0.95)) if len(waits) else None,
+        "makespan_s": float(last - first) if recs else None,
+        "allocation_mean": _time_weighted(t, share, until=last_arrival) if last_arrival > first else None,
+        "unallocated_while_waiting": (lambda v: 0.0 if v is None else 1.0 - v)(_time_weighted(t, share, waiting)),
+        "waiting_time_share": float((np.diff(t) * waiting[:-1]).sum() / (t[-1] - t[0])) if len(t) > 1 and t[-1] > t[0] else 0.0,
+        "multi_gpu_jobs": len(multi),
+        "distance_mean": float(np.mean([r.distance for r in multi])) if multi else None,
+        "one_host_share": float(np.mean([r.hosts == 1 for r in could])) if could else None,
+        "spanning_jobs": sum(1 for r in multi if r.hosts > 1),
+        "run_time_overhead": float(used / base - 1.0) if base > 0 else 0.0,
+        "decision_ms_mean": float(dec.mean()) if len(dec) else None,
+        "decision_ms_p95": float(np.quantile(dec, 0.95)) if len(dec) else None,
+        "decisions": int(len(dec)),
+        "wall_s": round(result.wall_s, 3),
+    }
+
+
+def allocation_series(result: SimResult, points: int = 400, until: float | None = None,
+                      since: float | None = None) -> dict[str, list[float]]:
+    """The allocation rate and queue length sampled on an even grid from ``since`` (default:
+    the first event) to ``until`` (default: the last event), for plots and the JSON report."""
+    if len(result.times) == 0:
+        return {"t": [], "allocation": [], "queued": []}
+    start = result.times[0] if since is None else max(result.times[0], since)
+    end = result.times[-1] if until is None else max(start, until)
+    grid = np.linspace(start, end, points)
+    idx = np.clip(np.searchsorted(result.times, grid, side="right") - 1, 0, len(result.times) - 1)
+    return {
+        "t": grid.round(3).tolist(),
+        "allocation": (result.allocated[idx] / result.total_gpus).round(5).tolist(),
+        "queued": result.queued[idx].astype(int).tolist(),
+    }
