@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from importlib.metadata import entry_points
+from importlib.metadata import distributions
 from pathlib import Path
 
 import pytest
@@ -53,7 +53,15 @@ def test_plugin_module_is_light():
 
 
 def _installed_entry_point() -> bool:
-    return any(ep.value.startswith("airflow_hetero_gpu.") for ep in entry_points(group="airflow.plugins"))
+    """Whether Airflow will load the plugin from an ``airflow.plugins`` entry point.
+
+    Every distribution is looked at, as Airflow does (``importlib.metadata.entry_points`` keeps only
+    the first distribution of a name, which may be a stale ``.egg-info`` beside the sources).
+    """
+    return any(
+        ep.group == "airflow.plugins" and ep.value.startswith("airflow_hetero_gpu.")
+        for dist in distributions() for ep in dist.entry_points
+    )
 
 
 def _free_port() -> int:
