@@ -354,3 +354,43 @@ def test_ledger_applies_checks_with_hysteresis(tmp_path):
         assert check(obs(a)) == ["readmit"] and led.evicted_map() == {}
         with pytest.raises(ValueError, match="observed twice"):
             check(obs(a), obs(a))
+
+
+# --- the collector's query: extra fields with a fallback for older drivers ------------------------
+FALLBACK_TABLE = [
+    # (fields the driver does not know, extra fields in the header, warnings)
+    ([], list(EXTRA_HEALTH_FIELDS), []),
+    (["remapped_rows.pending", "remapped_rows.failure"], ["clocks_event_reasons.hw_slowdown"],
+     ["nvidia-smi does not know remapped_rows.pending; its health rule is off for this host",
+      "nvidia-smi does not know remapped_rows.failure; its health rule is off for this host"]),
+    # a driver before the 535 series: the slowdown flag under its older name
+    (["clocks_event_reasons.hw_slowdown"], ["remapped_rows.pending", "remapped_rows.failure",
+                                            "clocks_event_reasons.hw_slowdown"], []),
+    (["clocks_event_reasons.hw_slowdown", "clocks_throttle_reasons.hw_slowdown"],
+     ["remapped_rows.pending", "remapped_rows.failure"],
+     ["nvidia-smi does not know clocks_throttle_reasons.hw_slowdown; its health rule is off for this host"]),
+]
+
+
+@pytest.mark.parametrize("unknown, extra, warnings", FALLBACK_TABLE)
+def test_collector_query_falls_back_field_by_field(monkeypatch, unknown, extra, warnings):
+    from airflow_hetero_gpu.collect import ssh
+
+    state = small_hosts(1, gpus=1)[0].to_state()
+    state["unknown_query_fields"] = unknown
+    commands = []
+
+    def run_command(client, command, timeout, label=None, stdin=None):
+        commands.append(command)
+        fields = command.split("--query-gpu=")[1].split()[0]
+        text, rc = nvsmi.query_gpu(state, fields, "csv")
+        return ssh.CommandResult(rc, text, "")
+
+    monkeypatch.setattr(ssh, "run_command", run_command)
+    got_warnings: list[str] = []
+    result = ssh._smi_query(None, 5, got_warnings)
+    header = [c.split(" [")[0] for c in result.stdout.splitlines()[0].split(", ")]
+    assert header == QUERY_FIELDS.split(",") + extra
+    assert got_warnings == warnings
+    assert len(commands) == 1 + len(unknown)
+    assert parse_query_csv(result.stdout, "query.csv").rows[0].index == 0

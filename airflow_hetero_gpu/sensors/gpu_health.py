@@ -1,0 +1,215 @@
+"""``GpuHealthSensor``: wait for a healthy GPU pool, or watch running jobs' GPUs (SPEC §8, S10-S12).
+
+Two uses (``mode_kind``):
+
+``gate``
+    Succeeds once some candidate pool of the wanted card type / task type has ``min_healthy``
+    healthy, available GPUs (the planner's preselection with the ledger's reservations and
+    evictions). A retraining DAG puts it before its training task.
+
+``watch``
+    Runs beside training jobs. Every check records the GPUs' health in the ledger (eviction with
+    hysteresis, readmission) and swaps every evicted GPU of a live reservation for a healthy one
+    of the same pool; the training operator restarts its workers on the new set. Succeeds after
+    ``watch_duration``, or once the watched reservations (``job_ids``, default all) have all
+    ended after one was seen.
+
+Both modes log every eviction (host, index, uuid, reasons), readmission, replacement and new
+host/GPU/pool, emit metrics through Airflow's Stats, and return a JSON summary as XCom. The
+check itself is :class:`~airflow_hetero_gpu.triggers.gpu_health.HealthWatch`, shared with the
+deferrable form (``deferrable=True``), so both decide alike. See docs/health.md.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from airflow.providers.common.compat.sdk import AirflowException, conf
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+
+from airflow_hetero_gpu.collect.ssh import atomic_write
+from airflow_hetero_gpu.triggers.gpu_health import GpuHealthTrigger, HealthWatch, WatchSpec
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from airflow_hetero_gpu.hooks.hetero_gpu import HeteroGpuHook
+
+
+class GpuHealthSensor(BaseSensorOperator):
+    """Check the health of a GPU fleet reached over SSH; gate on a healthy pool or watch jobs.
+
+    :param ssh_conn_ids: Airflow ``ssh`` connections of the GPU hosts: a list (each id is the
+        host's name) or a mapping host name -> connection id (templated).
+    :param mode_kind: ``"gate"`` or ``"watch"`` (see the module docstring).
+    :param captures_dir: capture directory to keep between checks (templated). Give one in
+        ``reschedule`` mode, so that a host that stops answering keeps its last inventory (its
+        GPUs show as ``unreachable``) and the run's record carries over between pokes.
+    :param config: ``cluster.yaml`` path or mapping (SPEC §3), thresholds included.
+    :param topology_conf: Slurm ``topology.conf`` of the network between hosts.
+    :param ledger_url: the ledger's database URL (templated); or
+    :param ledger_conn_id: an Airflow connection naming it (read at run time, see ``LedgerHook``).
+        Neither: the default SQLite file under ``$AIRFLOW_HOME``.
+    :param min_healthy: gate: GPUs one pool must have healthy and available.
+    :param gpu_type: gate: card type(s), matched like ``--gpu-type`` (templated).
+    :param task_type: gate: training-task type the pool must support (templated; kept as
+        ``training_task_type``, since ``task_type`` names the operator class in Airflow).
+    :param gpu_memory_mib: gate: free memory each GPU must have.
+    :param job_ids: watch: the reservations to watch and repair (default: every live one).
+    :param watch_duration: watch: seconds (or timedelta) after which the sensor succeeds.
+    :param stop_when_idle: watch: succeed once no watched reservation is live any more (after
+        one was seen live during this run).
+    :param thresholds: overrides of cluster.yaml's ``thresholds`` (``max_temperature_c``,
+        ``soft_fault_checks``, ``unreachable_checks``, ``readmit_after_healthy_checks``,
+        ``check_row_remap``, ``check_hw_slowdown``, ...).
+    :param deferrable: wait in the triggerer (:class:`GpuHealthTrigger`) instead of a worker.
+    :param max_parallel, connect_timeout, command_timeout, retries, read_kernel_log: the SSH
+        collection's settings (see ``HeteroGpuHook``).
+    """
+
+    template_fields: Sequence[str] = ("ssh_conn_ids", "captures_dir", "ledger_url", "ledger_conn_id",
+                                      "gpu_type", "training_task_type", "job_ids")
+    ui_color = "#d9f2e6"
+
+    def __init__(
+        self,
+        *,
+        ssh_conn_ids: Sequence[str] | Mapping[str, str],
+        mode_kind: str = "watch",
+        captures_dir: str | None = None,
+        config: str | Mapping[str, Any] | None = None,
+        topology_conf: str | None = None,
+        ledger_url: str | None = None,
+        ledger_conn_id: str | None = None,
+        min_healthy: int = 1,
+        gpu_type: str | Sequence[str] | None = None,
+        task_type: str | None = None,
+        gpu_memory_mib: float | None = None,
+        job_ids: Sequence[str] | None = None,
+        watch_duration: float | timedelta | None = None,
+        stop_when_idle: bool = True,
+        thresholds: Mapping[str, Any] | None = None,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        max_parallel: int = 8,
+        connect_timeout: float = 10,
+        command_timeout: float = 30,
+        retries: int = 2,
+        read_kernel_log: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.ssh_conn_ids = ssh_conn_ids
+        self.mode_kind = mode_kind
+        self.captures_dir = captures_dir
+        self.config = config
+        self.topology_conf = topology_conf
+        self.ledger_url = ledger_url
+        self.ledger_conn_id = ledger_conn_id
+        self.min_healthy = min_healthy
+        self.gpu_type = gpu_type
+        self.training_task_type = task_type  # BaseOperator.task_type is the operator's class name
+        self.gpu_memory_mib = gpu_memory_mib
+        self.job_ids = job_ids
+        self.watch_duration = watch_duration
+        self.stop_when_idle = stop_when_idle
+        self.thresholds = thresholds
+        self.deferrable = deferrable
+        self.max_parallel = max_parallel
+        self.connect_timeout = connect_timeout
+        self.command_timeout = command_timeout
+        self.retries = retries
+        self.read_kernel_log = read_kernel_log
+        #: The checks of this run (poke and reschedule modes), built at the first poke.
+        self.health_watch: HealthWatch | None = None
+
+    # -- arguments, checked at run time ----------------------------------------------------------
+    def _spec(self) -> WatchSpec:
+        duration = self.watch_duration
+        if isinstance(duration, timedelta):
+            duration = duration.total_seconds()
+        gpu_type = self.gpu_type if self.gpu_type is None or isinstance(self.gpu_type, str) else list(self.gpu_type)
+        return WatchSpec(
+            mode_kind=self.mode_kind, min_healthy=self.min_healthy, gpu_type=gpu_type, task_type=self.training_task_type,
+            gpu_memory_mib=self.gpu_memory_mib, job_ids=None if self.job_ids is None else list(self.job_ids),
+            watch_duration=duration, stop_when_idle=self.stop_when_idle,
+            thresholds=None if self.thresholds is None else dict(self.thresholds),
+        ).validate()
+
+    def _hook_kwargs(self) -> dict[str, Any]:
+        return {"max_parallel": self.max_parallel, "connect_timeout": self.connect_timeout,
+                "command_timeout": self.command_timeout, "retries": self.retries,
+                "read_kernel_log": self.read_kernel_log}
+
+    def _ledger_url(self) -> str | None:
+        from airflow_hetero_gpu.hooks.ledger import LedgerHook  # noqa: PLC0415
+
+        return LedgerHook(ledger_conn_id=self.ledger_conn_id, ledger_url=self.ledger_url).get_url()
+
+    def _hook(self) -> "HeteroGpuHook":
+        from airflow_hetero_gpu.hooks.hetero_gpu import HeteroGpuHook  # noqa: PLC0415
+
+        return HeteroGpuHook(self.ssh_conn_ids, captures_dir=self.captures_dir, config=self.config,
+                             topology_conf=self.topology_conf, **self._hook_kwargs())
+
+    # -- reschedule mode: the run's record between pokes -------------------------------------------
+    def _state_path(self, context: "Context") -> Path | None:
+        if not self.reschedule or not self.captures_dir:
+            return None
+        ti = context["ti"]
+        parts = [ti.dag_id, ti.task_id, ti.run_id, str(getattr(ti, "map_index", -1))]
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", "-".join(parts))
+        return Path(self.captures_dir) / f".gpu-health-{name}.json"
+
+    def _runner(self, context: "Context") -> HealthWatch:
+        if self.health_watch is None:
+            self.health_watch = HealthWatch(self._spec(), self._hook(), self._ledger_url(), log=self.log)
+            path = self._state_path(context)
+            if path is not None and path.is_file():
+                self.health_watch.from_state(json.loads(path.read_text(encoding="utf-8")))
+        return self.health_watch
+
+    # -- poke mode -----------------------------------------------------------------------------------
+    def poke(self, context: "Context") -> bool | PokeReturnValue:
+        runner = self._runner(context)
+        runner.check()
+        reason = runner.outcome()
+        path = self._state_path(context)
+        if reason is not None:
+            self.log.info("GPU health sensor done: %s", reason)
+            if path is not None:
+                path.unlink(missing_ok=True)
+            return PokeReturnValue(is_done=True, xcom_value=runner.result(reason))
+        if path is not None:
+            atomic_write(path, json.dumps(runner.to_state()))
+        return False
+
+    # -- deferrable mode -----------------------------------------------------------------------------
+    def execute(self, context: "Context") -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        spec = self._spec()
+        self.defer(
+            trigger=GpuHealthTrigger(
+                ssh_conn_ids=self.ssh_conn_ids if isinstance(self.ssh_conn_ids, (str, Mapping))
+                else list(self.ssh_conn_ids),
+                spec=spec.to_json(), poke_interval=self.poke_interval, captures_dir=self.captures_dir,
+                config=(dict(self.config) if isinstance(self.config, Mapping)
+                        else None if self.config is None else str(self.config)),
+                topology_conf=self.topology_conf, ledger_url=self.ledger_url, ledger_conn_id=self.ledger_conn_id,
+                hook_kwargs=self._hook_kwargs(),
+            ),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=self.timeout),
+        )
+
+    def execute_complete(self, context: "Context", event: Mapping[str, Any] | None = None) -> Any:
+        if not event or event.get("status") != "success":
+            raise AirflowException(f"GPU health check failed: {(event or {}).get('message', 'no event')}")
+        result = event["result"]
+        self.log.info("GPU health sensor done: %s (%d checks, %d evictions)", result.get("reason"),
+                      result.get("checks", 0), len(result.get("evictions", [])))
+        return result

@@ -1,0 +1,538 @@
+"""The health check of the GPU fleet, and ``GpuHealthTrigger``, its deferrable form.
+
+:class:`HealthWatch` is one implementation of a *check* that both the sensor's poke mode and the
+trigger run (synchronously; the trigger runs it in a worker thread):
+
+1. collect the captures of every host over SSH (:class:`~airflow_hetero_gpu.hooks.hetero_gpu.HeteroGpuHook`);
+2. judge every GPU with the pure watch (:func:`airflow_hetero_gpu.core.watch.evaluate`): SPEC §4
+   rules plus the optional ones, Xid lines new since the last check only;
+3. record the check in the ledger in one transaction (evict, count healthy checks, readmit);
+4. in ``watch`` mode, swap every evicted GPU that a live reservation holds for the best healthy
+   GPU of its pool (``Ledger.replace``, SPEC §8 S12); the training operator sees its reservation
+   change and restarts its workers;
+5. log what changed (evictions with host, index, uuid and reasons; readmissions; replacements;
+   new hosts, GPUs and pools since the previous check, S10), emit metrics, and decide whether the
+   sensor is done (``gate``: some pool has ``min_healthy`` available GPUs of the wanted type;
+   ``watch``: the watch period is over, or the watched reservations are gone).
+
+The trigger resolves Airflow connections in the event loop (``get_async_connection``) and hands
+the resolved connections to the same hook and the same check in a thread, so a deferred sensor
+decides exactly as a poking one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, AsyncIterator, Mapping, Sequence
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_hetero_gpu.capture.directory import read_capture_dir
+from airflow_hetero_gpu.core import watch
+from airflow_hetero_gpu.core.changes import diff_inventory
+from airflow_hetero_gpu.core.config import ClusterConfig, config_from_mapping, load_config
+from airflow_hetero_gpu.core.model import Gpu, GpuKey, PlanRequest
+from airflow_hetero_gpu.errors import HeteroGpuError
+from airflow_hetero_gpu.hooks.hetero_gpu import HeteroGpuHook, normalize_conn_ids
+from airflow_hetero_gpu.ledger import Ledger, LedgerError, NoLiveReservation
+
+if TYPE_CHECKING:
+    from airflow_hetero_gpu.core.cluster import Cluster
+
+MODE_KINDS = ("gate", "watch")
+METRIC_PREFIX = "hetero_gpu"
+
+#: Why a check ended the sensor (the ``reason`` of the XCom value).
+GATE_MET = "gate met"
+WATCH_OVER = "watch period over"
+IDLE = "no live reservation"
+
+
+# --- what the sensor was asked to do ---------------------------------------------------------------
+@dataclass
+class WatchSpec:
+    """The sensor's decision arguments, JSON-able (they travel to the triggerer)."""
+
+    mode_kind: str = "watch"
+    min_healthy: int = 1
+    gpu_type: str | list[str] | None = None
+    task_type: str | None = None
+    gpu_memory_mib: float | None = None
+    job_ids: list[str] | None = None
+    watch_duration: float | None = None  # seconds
+    stop_when_idle: bool = True
+    thresholds: dict[str, Any] | None = None
+
+    def validate(self) -> "WatchSpec":
+        if self.mode_kind not in MODE_KINDS:
+            raise HeteroGpuError(f"mode_kind: expected 'gate' or 'watch', got {self.mode_kind!r}")
+        if self.mode_kind == "gate":
+            self.request()  # PlanRequest checks min_healthy, gpu_type, task_type, memory
+        if self.watch_duration is not None:
+            if (isinstance(self.watch_duration, bool) or not isinstance(self.watch_duration, (int, float))
+                    or not math.isfinite(self.watch_duration) or self.watch_duration < 0):
+                raise HeteroGpuError(f"watch_duration: expected seconds >= 0, got {self.watch_duration!r}")
+        if self.job_ids is not None and (isinstance(self.job_ids, str)
+                                         or not all(isinstance(j, str) and j for j in self.job_ids)):
+            raise HeteroGpuError(f"job_ids: expected a list of job ids, got {self.job_ids!r}")
+        if self.thresholds is not None:
+            if not isinstance(self.thresholds, Mapping):
+                raise HeteroGpuError(f"thresholds: expected a mapping of threshold overrides, got {self.thresholds!r}")
+            merged_config(ClusterConfig(), self.thresholds)
+        return self
+
+    def request(self) -> PlanRequest:
+        try:
+            return PlanRequest(gpus=self.min_healthy, gpu_type=self.gpu_type, task_type=self.task_type,
+                               gpu_memory_mib=self.gpu_memory_mib)
+        except HeteroGpuError as err:
+            raise HeteroGpuError(str(err).replace("gpus:", "min_healthy:", 1)) from None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "WatchSpec":
+        return cls(**dict(data)).validate()
+
+
+def merged_config(config: ClusterConfig, thresholds: Mapping[str, Any] | None) -> ClusterConfig:
+    """``config`` with some thresholds overridden (validated like cluster.yaml)."""
+    if not thresholds:
+        return config
+    data = config.model_dump()
+    data["thresholds"] = {**data["thresholds"], **dict(thresholds)}
+    return config_from_mapping(data, source="thresholds")
+
+
+# --- metrics ---------------------------------------------------------------------------------------
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def _stat_part(text: str) -> str:
+    """A pool id or reason as one part of a StatsD name (dots and unsafe characters -> ``_``)."""
+    return _UNSAFE.sub("_", text.replace(".", "_")).strip("_")[:120] or "unknown"
+
+
+class Metrics:
+    """Airflow's Stats: gauges per pool, counters of events. Each metric is emitted once with tags
+    (``pool``, ``host``, ``reason``) for tagging backends, and once with the pool in its name
+    (``hetero_gpu.pool.<pool>.healthy_gpus``) for plain StatsD."""
+
+    def __init__(self, stats: Any = None):
+        self._stats = stats
+
+    @property
+    def stats(self) -> Any:
+        if self._stats is None:
+            try:
+                from airflow.sdk.observability import stats  # noqa: PLC0415
+            except ImportError:  # pragma: no cover - older Airflow
+                from airflow.stats import Stats as stats  # type: ignore[no-redef]  # noqa: PLC0415,N813
+            self._stats = stats
+        return self._stats
+
+    def pools(self, counts: Sequence[Mapping[str, Any]]) -> None:
+        for pool in counts:
+            part = _stat_part(pool["pool"])
+            for what in ("healthy", "evicted", "available"):
+                value = float(pool[what])
+                self.stats.gauge(f"{METRIC_PREFIX}.pool.{what}_gpus", value, tags={"pool": pool["pool"]})
+                self.stats.gauge(f"{METRIC_PREFIX}.pool.{part}.{what}_gpus", value)
+
+    def event(self, name: str, pool: str, tags: Mapping[str, Any] | None = None) -> None:
+        self.stats.incr(f"{METRIC_PREFIX}.gpu.{name}", tags={"pool": pool, **dict(tags or {})})
+        self.stats.incr(f"{METRIC_PREFIX}.pool.{_stat_part(pool)}.{name}")
+
+    def check(self, seconds: float) -> None:
+        self.stats.incr(f"{METRIC_PREFIX}.health.checks")
+        self.stats.timing(f"{METRIC_PREFIX}.health.check_duration", seconds * 1000.0)
+
+
+# --- one check, and the memory of a sensor run -------------------------------------------------------
+def _gpu_json(key: GpuKey, uuid: str | None) -> dict[str, Any]:
+    return {"host": key.host, "index": key.index, "uuid": uuid}
+
+
+@dataclass
+class CheckReport:
+    """What one check found (also kept as the last check of a run)."""
+
+    number: int
+    steps: list[watch.Step]
+    pools: list[dict[str, Any]]
+    unhealthy: list[dict[str, Any]]
+    gate: dict[str, Any] | None = None
+    live_jobs: list[str] = field(default_factory=list)
+    evicted: list[dict[str, Any]] = field(default_factory=list)
+    readmitted: list[dict[str, Any]] = field(default_factory=list)
+    replacements: list[dict[str, Any]] = field(default_factory=list)
+    changes: list[str] = field(default_factory=list)
+    evicted_now: list[dict[str, Any]] = field(default_factory=list)  # the ledger's evictions after the check
+
+
+class HealthWatch:
+    """The checks of one sensor run: collect, judge, record in the ledger, replace, decide.
+
+    ``hook`` collects (its ``collect()`` writes the capture directory at ``captures_path``);
+    ``ledger_url`` names the ledger (None: the default SQLite file). The run's memory (checks
+    made, events so far, the previous inventory) lives in this object; :meth:`to_state` /
+    :meth:`from_state` carry it across reschedules.
+    """
+
+    def __init__(self, spec: WatchSpec, hook: HeteroGpuHook, ledger_url: str | None, *,
+                 log: logging.Logger | logging.LoggerAdapter | None = None, metrics: Metrics | None = None,
+                 clock=time.time):
+        self.spec = spec.validate()
+        self.hook = hook
+        self.ledger_url = ledger_url
+        self.log = log or logging.getLogger(__name__)
+        self.metrics = metrics or Metrics()
+        self.clock = clock
+        self.checks = 0
+        self.started_at: float | None = None
+        self.evictions: list[dict[str, Any]] = []
+        self.readmissions: list[dict[str, Any]] = []
+        self.replacements: list[dict[str, Any]] = []
+        self.seen_live = False
+        self.last: CheckReport | None = None
+        #: The cluster as the last check judged it (health on new Xids only, optional rules).
+        self.cluster: Cluster | None = None
+        self._inventory: list[list[Any]] | None = None  # [[host, index, uuid, name], ...]
+        self._pools: list[str] = []
+        self._stuck: set[tuple[str, str, int]] = set()  # (job, host, index) with no replacement, logged
+
+    # -- the run's memory --------------------------------------------------------------------------
+    def to_state(self) -> dict[str, Any]:
+        return {"checks": self.checks, "started_at": self.started_at, "evictions": self.evictions,
+                "readmissions": self.readmissions, "replacements": self.replacements,
+                "seen_live": self.seen_live, "inventory": self._inventory, "pools": self._pools,
+                "stuck": sorted(list(s) for s in self._stuck)}
+
+    def from_state(self, state: Mapping[str, Any]) -> "HealthWatch":
+        self.checks = int(state.get("checks") or 0)
+        self.started_at = state.get("started_at")
+        self.evictions = list(state.get("evictions") or [])
+        self.readmissions = list(state.get("readmissions") or [])
+        self.replacements = list(state.get("replacements") or [])
+        self.seen_live = bool(state.get("seen_live"))
+        self._inventory = state.get("inventory")
+        self._pools = list(state.get("pools") or [])
+        self._stuck = {tuple(s) for s in state.get("stuck") or []}  # type: ignore[misc]
+        return self
+
+    # -- one check ---------------------------------------------------------------------------------
+    def _config(self, config_path: Path | None) -> ClusterConfig:
+        return merged_config(load_config(config_path), self.spec.thresholds)
+
+    def check(self) -> CheckReport:
+        """Run one check (blocking: SSH and the ledger); see the module docstring."""
+        began = time.monotonic()
+        if self.started_at is None:
+            self.started_at = self.clock()
+        self.checks += 1
+        collected = self.hook.collect()
+        for host in collected.failed:
+            self.log.warning("GPU host %s: collection failed: %s", host.host, host.reason)
+        for host in collected.ok:
+            for warning in host.warnings:
+                self.log.info("GPU host %s: %s", host.host, warning)
+        captures = read_capture_dir(self.hook.captures_path)
+        captures.hosts = {name: cap for name, cap in captures.hosts.items() if name in self.hook.hosts}
+        config = self._config(captures.config_path)
+        policy = watch.WatchPolicy.from_thresholds(config.thresholds)
+        report = CheckReport(number=self.checks, steps=[], pools=[], unhealthy=[])
+        with Ledger.from_url(self.ledger_url) as ledger:
+            evaluation = watch.evaluate(captures, config, ledger.xid_markers())
+            cluster = self.cluster = evaluation.cluster
+            report.changes = self._inventory_changes(cluster)
+            report.steps = ledger.apply_watch_check(evaluation.observations, policy)
+            self._log_steps(report, cluster, policy)
+            if self.spec.mode_kind == "watch":
+                report.replacements = self._replace(ledger, cluster, config)
+            live = ledger.live_reservations()
+            reserved, evicted = ledger.reserved_map(), ledger.evicted_map()
+        report.pools = watch.pool_counts(cluster, reserved, evicted)
+        report.unhealthy = [{**_gpu_json(g.key, g.uuid), "reasons": list(g.reasons)}
+                            for g in cluster.gpus if not g.healthy]
+        report.evicted_now = [{"host": k.host, "index": k.index, "reasons": list(v)} for k, v in sorted(evicted.items())]
+        report.live_jobs = [r.job_id for r in live]
+        if self.spec.mode_kind == "gate":
+            report.gate = watch.gate_status(cluster, self.spec.request(), reserved, evicted).to_json()
+        watched = self._watched(report.live_jobs)
+        self.seen_live = self.seen_live or bool(watched)
+        self.metrics.pools(report.pools)
+        self.metrics.check(time.monotonic() - began)
+        self.last = report
+        self.log.info(
+            "health check %d: %d GPUs, %d unhealthy, %d evicted in the ledger, %d live reservation(s)%s",
+            self.checks, len(cluster.gpus), len(report.unhealthy), len(evicted), len(live),
+            "" if report.gate is None else f"; gate {'met' if report.gate['met'] else 'not met'}"
+            + (f" by pool {report.gate['pool']}" if report.gate["pool"] else ""),
+        )
+        return report
+
+    def _watched(self, live_jobs: Sequence[str]) -> list[str]:
+        if self.spec.job_ids is None:
+            return list(live_jobs)
+        return [j for j in live_jobs if j in self.spec.job_ids]
+
+    def _replace(self, ledger: Ledger, cluster: "Cluster", config: ClusterConfig) -> list[dict[str, Any]]:
+        """S12: every evicted GPU held by a (watched) live reservation gets a replacement."""
+        evicted = ledger.evicted_map()
+        out = []
+        for res in ledger.live_reservations():
+            if self.spec.job_ids is not None and res.job_id not in self.spec.job_ids:
+                continue
+            for held in res.gpus:
+                if held.key not in evicted:
+                    continue
+                bad = held.key
+                pool = cluster.pools[int(cluster.pool_of[cluster.position[bad]])].id if bad in cluster.position else res.pool
+                try:
+                    new = ledger.replace(res.job_id, bad, cluster, reasons=evicted[bad], uuid=held.uuid, config=config)
+                except NoLiveReservation:
+                    break  # released meanwhile
+                except LedgerError as err:
+                    self.log.warning("job %s: GPU %s is evicted but cannot be replaced: %s", res.job_id, bad, err)
+                    continue
+                entry = {"check": self.checks, "job_id": res.job_id, **_gpu_json(bad, held.uuid),
+                         "reasons": list(evicted[bad]), "pool": pool,
+                         "replacement": None if new is None else _gpu_json(new, cluster.gpu(new).uuid)}
+                if new is None:
+                    mark = (res.job_id, bad.host, bad.index)
+                    log = self.log.info if mark in self._stuck else self.log.warning
+                    log("job %s: no healthy GPU of pool %s can replace evicted GPU %s (%s); the job's "
+                        "on_no_replacement policy applies", res.job_id, pool, bad, ", ".join(evicted[bad]))
+                    if mark not in self._stuck:
+                        self._stuck.add(mark)
+                        out.append(entry)
+                        self.metrics.event("replacement_failures", pool, {"host": bad.host})
+                    continue
+                self.log.warning("job %s: evicted GPU %s (%s) replaced by %s (%s) in pool %s", res.job_id, bad,
+                                 held.uuid, new, cluster.gpu(new).uuid, pool)
+                self._stuck.discard((res.job_id, bad.host, bad.index))
+                self.metrics.event("replacements", pool, {"host": bad.host})
+                out.append(entry)
+        self.replacements.extend(out)
+        return out
+
+    def _log_steps(self, report: CheckReport, cluster: "Cluster", policy: watch.WatchPolicy) -> None:
+        for st in report.steps:
+            pool = cluster.pools[int(cluster.pool_of[cluster.position[st.key]])].id
+            if st.action == watch.EVICT:
+                entry = {"check": self.checks, **_gpu_json(st.key, st.uuid), "reasons": list(st.evict_reasons),
+                         "pool": pool}
+                report.evicted.append(entry)
+                self.evictions.append(entry)
+                self.log.warning("GPU evicted: %s:%d uuid %s pool %s reason(s): %s", st.key.host, st.key.index,
+                                 st.uuid, pool, ", ".join(st.evict_reasons))
+                for reason in st.evict_reasons:
+                    self.metrics.event("evictions", pool, {"host": st.key.host, "reason": reason})
+            elif st.action == watch.READMIT:
+                entry = {"check": self.checks, **_gpu_json(st.key, st.uuid), "pool": pool}
+                report.readmitted.append(entry)
+                self.readmissions.append(entry)
+                self.log.info("GPU readmitted after %d healthy checks: %s:%d uuid %s pool %s",
+                              policy.readmit_after, st.key.host, st.key.index, st.uuid, pool)
+                self.metrics.event("readmissions", pool, {"host": st.key.host})
+            elif st.action in (watch.PENDING, watch.HOLD):
+                counts = ", ".join(f"{r} {st.streaks.get(r, 0)}/{policy.checks_to_evict(r)}" for r in st.reasons
+                                   if watch.fault_kind(r) != watch.HARD)
+                self.log.info("GPU %s:%d %s: bad checks in a row before eviction: %s", st.key.host, st.key.index,
+                              "still evicted" if st.action == watch.HOLD else "unhealthy", counts)
+
+    def _inventory_changes(self, cluster: "Cluster") -> list[str]:
+        """S10: compare with the previous check's inventory; log new hosts, GPUs and pools."""
+        now = [[g.host, g.index, g.uuid, g.name] for g in cluster.gpus]
+        pools = [p.id for p in cluster.pools]
+        lines: list[str] = []
+        if self._inventory is None:
+            self.log.info("GPU inventory: %d GPUs on %d hosts, pools: %s", len(now), len(cluster.hosts),
+                          ", ".join(pools) or "none")
+        else:
+            old = [Gpu(h, i, u, n) for h, i, u, n in self._inventory]
+            new = [Gpu(h, i, u, n) for h, i, u, n in now]
+            change = diff_inventory(old, new, old_pools=self._pools, new_pools=pools,
+                                    unreachable_hosts=cluster.host_errors)
+            lines = change.lines()
+            for line in lines:
+                self.log.info("GPU inventory change: %s", line)
+        self._inventory, self._pools = now, pools
+        return lines
+
+    # -- the sensor's decision ---------------------------------------------------------------------
+    def outcome(self) -> str | None:
+        """Why the sensor is done after the last check, or None to check again."""
+        report = self.last
+        if report is None:
+            return None
+        if self.spec.mode_kind == "gate":
+            return GATE_MET if report.gate and report.gate["met"] else None
+        if self.spec.watch_duration is not None and self.started_at is not None \
+                and self.clock() - self.started_at >= self.spec.watch_duration:
+            return WATCH_OVER
+        if self.spec.stop_when_idle and self.seen_live and not self._watched(report.live_jobs):
+            return IDLE
+        return None
+
+    def result(self, reason: str | None = None) -> dict[str, Any]:
+        """The XCom value: every event of the run, and the state at the last check (JSON)."""
+        last = self.last
+        return {
+            "mode_kind": self.spec.mode_kind,
+            "reason": reason,
+            "checks": self.checks,
+            "evictions": list(self.evictions),
+            "readmissions": list(self.readmissions),
+            "replacements": list(self.replacements),
+            "unhealthy": last.unhealthy if last else [],
+            "evicted": last.evicted_now if last else [],
+            "pools": last.pools if last else [],
+            "live_reservations": last.live_jobs if last else [],
+            "gate": last.gate if last else None,
+        }
+
+
+# --- connections resolved elsewhere ----------------------------------------------------------------
+def _resolved_ssh_hook(connection: Any, **kwargs: Any):
+    """providers-ssh's ``SSHHook`` built from an already resolved Connection (no lookup)."""
+    from airflow.providers.ssh.hooks.ssh import SSHHook  # noqa: PLC0415
+
+    class ResolvedSSHHook(SSHHook):
+        def get_connection(self, conn_id: str) -> Any:  # type: ignore[override]
+            return connection
+
+    return ResolvedSSHHook(ssh_conn_id=connection.conn_id, **kwargs)
+
+
+class ResolvedHeteroGpuHook(HeteroGpuHook):
+    """:class:`HeteroGpuHook` whose connections were resolved beforehand (in the triggerer's event
+    loop, with ``get_async_connection``); a failed lookup fails its host only, as in the hook."""
+
+    def __init__(self, ssh_conn_ids: Sequence[str] | Mapping[str, str],
+                 connections: Mapping[str, Any], **kwargs: Any) -> None:
+        super().__init__(ssh_conn_ids, **kwargs)
+        self._connections = dict(connections)
+        self._resolved: dict[str, Any] = {}
+
+    def ssh_hook(self, label: str, *args: Any, **kwargs: Any):  # type: ignore[override]
+        hook = self._resolved.get(label)
+        if hook is None:
+            conn = self._connections[label]
+            if isinstance(conn, BaseException):
+                raise conn
+            hook = _resolved_ssh_hook(
+                conn, conn_timeout=self.connect_timeout, banner_timeout=self.connect_timeout,
+                auth_timeout=self.connect_timeout, cmd_timeout=self.command_timeout, conn_retry_attempts=1,
+            )
+            self._resolved[label] = hook
+        return hook
+
+
+# --- the trigger -----------------------------------------------------------------------------------
+class GpuHealthTrigger(BaseTrigger):
+    """Run :class:`HealthWatch` checks every ``poke_interval`` seconds in the triggerer.
+
+    Fires one event: ``{"status": "success", "result": <the sensor's XCom value>}`` when the gate
+    condition holds or the watch is over, or ``{"status": "error", "message": ...}``.
+    """
+
+    def __init__(self, *, ssh_conn_ids: Sequence[str] | Mapping[str, str], spec: Mapping[str, Any],
+                 poke_interval: float = 60.0, captures_dir: str | None = None,
+                 config: str | Mapping[str, Any] | None = None, topology_conf: str | None = None,
+                 ledger_url: str | None = None, ledger_conn_id: str | None = None,
+                 hook_kwargs: Mapping[str, Any] | None = None) -> None:
+        super().__init__()
+        self.ssh_conn_ids = ssh_conn_ids
+        self.spec = dict(spec)
+        self.poke_interval = float(poke_interval)
+        self.captures_dir = captures_dir
+        self.config = config
+        self.topology_conf = topology_conf
+        self.ledger_url = ledger_url
+        self.ledger_conn_id = ledger_conn_id
+        self.hook_kwargs = dict(hook_kwargs or {})
+        self._tmp: str | None = None
+        self._stopping = False
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{type(self).__module__}.{type(self).__qualname__}", {
+            "ssh_conn_ids": self.ssh_conn_ids if isinstance(self.ssh_conn_ids, (str, list))
+            else (dict(self.ssh_conn_ids) if isinstance(self.ssh_conn_ids, Mapping) else list(self.ssh_conn_ids)),
+            "spec": self.spec, "poke_interval": self.poke_interval, "captures_dir": self.captures_dir,
+            "config": self.config, "topology_conf": self.topology_conf, "ledger_url": self.ledger_url,
+            "ledger_conn_id": self.ledger_conn_id, "hook_kwargs": self.hook_kwargs,
+        })
+
+    async def _connections(self, hosts: Mapping[str, str]) -> dict[str, Any]:
+        from airflow.providers.common.compat.connection import get_async_connection  # noqa: PLC0415
+
+        out: dict[str, Any] = {}
+        for label, conn_id in hosts.items():
+            try:
+                out[label] = await get_async_connection(conn_id)
+            except Exception as exc:  # noqa: BLE001 - a missing connection fails its host only
+                out[label] = HeteroGpuError(" ".join(str(exc).split()) or type(exc).__name__)
+        return out
+
+    async def _ledger_url(self) -> str | None:
+        if not self.ledger_conn_id:
+            return self.ledger_url
+        from airflow.providers.common.compat.connection import get_async_connection  # noqa: PLC0415
+
+        from airflow_hetero_gpu.hooks.ledger import url_from_connection  # noqa: PLC0415
+
+        conn = await get_async_connection(self.ledger_conn_id)
+        return await asyncio.to_thread(url_from_connection, conn)  # reads the extra: not in the loop
+
+    def _captures_dir(self) -> str:
+        if self.captures_dir:
+            return self.captures_dir
+        if self._tmp is None:
+            self._tmp = tempfile.mkdtemp(prefix="hetero-gpu-trigger-")
+        return self._tmp
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        try:
+            spec = WatchSpec.from_json(self.spec)
+            hosts = normalize_conn_ids(self.ssh_conn_ids)
+            connections = await self._connections(hosts)
+            ledger_url = await self._ledger_url()
+            hook = ResolvedHeteroGpuHook(hosts, connections, captures_dir=self._captures_dir(), config=self.config,
+                                         topology_conf=self.topology_conf, **self.hook_kwargs)
+            runner = HealthWatch(spec, hook, ledger_url, log=self.log)
+            while not self._stopping:
+                await asyncio.to_thread(runner.check)
+                reason = runner.outcome()
+                if reason is not None:
+                    yield TriggerEvent({"status": "success", "result": runner.result(reason)})
+                    return
+                await asyncio.sleep(self.poke_interval)
+        except Exception as exc:  # noqa: BLE001 - the sensor fails with this message
+            self.log.exception("GPU health trigger failed")
+            yield TriggerEvent({"status": "error", "message": f"{type(exc).__name__}: {exc}"})
+
+    def _remove_tmp(self) -> None:
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    async def cleanup(self) -> None:
+        """Every exit: the temporary capture directory goes."""
+        self._stopping = True
+        self._remove_tmp()
+
+    async def on_kill(self) -> None:
+        """The user killed the task: start no further check; a check in flight finishes its
+        ledger transaction (it is atomic) and nothing follows it."""
+        self._stopping = True
+        self._remove_tmp()

@@ -1,0 +1,296 @@
+"""GpuHealthSensor against the emulated cluster: real sshd, Airflow ssh connections, a SQLite ledger.
+
+Each test pokes the sensor directly (poke mode) and looks at what a planner would see: the GPUs
+available now, with the ledger's evictions and reservations applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from airflow_hetero_gpu.core import watch
+from airflow_hetero_gpu.core.inventory import load_cluster
+from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
+from airflow_hetero_gpu.ledger import Ledger
+from airflow_hetero_gpu.sensors.gpu_health import GpuHealthSensor
+from airflow_hetero_gpu.testing.demo import H200, make_gpus, small_hosts
+from airflow_hetero_gpu.testing.pytest_fixtures import emulated_cluster  # noqa: F401
+from airflow_hetero_gpu.testing.state import gpu_uuid
+from airflow_hetero_gpu.triggers.gpu_health import GpuHealthTrigger
+
+A100 = "NVIDIA A100-SXM4-80GB"
+REPO = Path(__file__).resolve().parents[1]
+
+
+# --- Airflow connections for the emulated hosts ------------------------------------------------------
+def connection_env(cluster) -> tuple[dict[str, str], dict[str, str]]:
+    """(``AIRFLOW_CONN_<ID>`` variables, host name -> conn id): conn_type ssh with the host's
+    address, port, user, the client key and the host's public key (host keys are verified)."""
+    host_keys = {}
+    for line in cluster.known_hosts_path.read_text(encoding="utf-8").splitlines():
+        where, key_type, key = line.split()[:3]
+        host_keys[where] = f"{key_type} {key}"
+    env, ids = {}, {}
+    for host in cluster.hosts:
+        conn_id = "emu_" + host.name.replace("-", "_")
+        env[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps({
+            "conn_type": "ssh", "host": host.address, "port": host.port, "login": cluster.user,
+            "extra": {"key_file": str(cluster.identity_file), "host_key": host_keys[f"[{host.address}]:{host.port}"]},
+        })
+        ids[host.name] = conn_id
+    return env, ids
+
+
+@pytest.fixture
+def fleet(emulated_cluster, tmp_path, monkeypatch):  # noqa: F811
+    """``start(hosts) -> (cluster, conn ids, ledger url)`` with the connections in the environment."""
+
+    def start(hosts):
+        cluster = emulated_cluster(hosts)
+        env, ids = connection_env(cluster)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        return cluster, ids, f"sqlite:///{tmp_path / 'ledger.db'}"
+
+    return start
+
+
+def sensor(ids, ledger_url, **kwargs) -> GpuHealthSensor:
+    args = dict(task_id="gpu_health", ssh_conn_ids=ids, ledger_url=ledger_url, connect_timeout=3,
+                command_timeout=10, retries=1, poke_interval=0)
+    args.update(kwargs)
+    return GpuHealthSensor(**args)
+
+
+def available(s: GpuHealthSensor, ledger_url: str) -> set[str]:
+    """GPUs a job could get now, as the planner sees them (the sensor's last check + the ledger)."""
+    with Ledger.from_url(ledger_url) as led:
+        keys = watch.available_keys(s.health_watch.cluster, led.reserved_map(), led.evicted_map())
+    return {str(k) for k in keys}
+
+
+def reasons(s: GpuHealthSensor) -> dict[str, tuple[str, ...]]:
+    return {str(g.key): g.reasons for g in s.health_watch.cluster.gpus if g.reasons}
+
+
+def logged(capfd) -> str:
+    """What the task logger printed since the last read (Airflow's structlog writes to the terminal)."""
+    out = capfd.readouterr()
+    return out.out + out.err
+
+
+def evicted(ledger_url: str) -> dict[str, tuple[str, ...]]:
+    with Ledger.from_url(ledger_url) as led:
+        return {str(k): v for k, v in led.evicted_map().items()}
+
+
+# --- S11: every fault kind, hysteresis, readmission, uncordon --------------------------------------------
+def test_faults_leave_the_available_set_and_come_back(fleet):
+    hosts = small_hosts(5, gpus=2)
+    hosts[0].gpus[0].ecc_uncorrected_volatile = 2                       # node01:0 ecc
+    hosts[0].xid.append({"time": 812.5, "gpu": 1, "xid": 79})           # node01:1 xid-79 (kernel log)
+    hosts[0].xid.append({"time": 813.5, "gpu": 0, "xid": 13})           # application Xid: ignored
+    hosts[1].gpus[0].lost = True                                        # node02:0 lost
+    hosts[1].gpus[1].temperature_c = 93                                 # node02:1 temperature (soft)
+    hosts[2].gpus[0].retired_pages_pending = True                       # node03:0 retired pages
+    cluster, ids, url = fleet(hosts)
+    s = sensor(ids, url, watch_duration=3600, stop_when_idle=False,
+               thresholds={"soft_fault_checks": 2, "readmit_after_healthy_checks": 2})
+    all_gpus = {f"node0{h}:{i}" for h in range(1, 6) for i in range(2)}
+
+    # check 1: every GPU fault leaves the available set at once; hard faults are evicted at once
+    assert s.poke({}) is False
+    assert reasons(s) == {"node01:0": ("ecc",), "node01:1": ("xid-79",), "node02:0": ("lost",),
+                          "node02:1": ("temperature",), "node03:0": ("retired-pages-pending",)}
+    assert available(s, url) == all_gpus - set(reasons(s))
+    assert evicted(url) == {"node01:0": ("ecc",), "node01:1": ("xid-79",), "node02:0": ("lost",),
+                            "node03:0": ("retired-pages-pending",)}
+    first = s.health_watch.last
+    assert sorted((e["host"], e["index"], e["reasons"][0]) for e in first.evicted) == [
+        ("node01", 0, "ecc"), ("node01", 1, "xid-79"), ("node02", 0, "lost"), ("node03", 0, "retired-pages-pending")]
+    assert all(e["uuid"].startswith(("GPU-", "lost-")) for e in first.evicted)
+
+    # check 2: the host faults leave too (unreachable), the soft fault has lasted 2 checks
+    cluster.inject_fault("node04", "driver_gone")
+    cluster.inject_fault("node05", "host_down")
+    assert s.poke({}) is False
+    unreachable = {"node04:0", "node04:1", "node05:0", "node05:1"}
+    assert {k for k, v in reasons(s).items() if v == ("unreachable",)} == unreachable
+    assert available(s, url) == {"node03:1"}
+    assert evicted(url)["node02:1"] == ("temperature",)
+    assert not unreachable & set(evicted(url))  # a network blip of one check evicts no host
+
+    # check 3: a second failed collection evicts the unreachable hosts' GPUs; the Xid, a one-off
+    # event still in the kernel log, counted once: node01:1 is back after 2 healthy checks
+    assert s.poke({}) is False
+    assert unreachable <= set(evicted(url))
+    assert "node01:1" not in evicted(url) and available(s, url) == {"node01:1", "node03:1"}
+
+    # the faults clear (the Xid stays in the kernel log); a new one hits node03:1
+    cluster.update_gpu("node01", 0, ecc_uncorrected_volatile=0)
+    cluster.update_gpu("node02", 0, lost=False)
+    cluster.update_gpu("node02", 1, temperature_c=40)
+    cluster.update_gpu("node03", 0, retired_pages_pending=False)
+    cluster.update_gpu("node03", 1, ecc_uncorrected_volatile=1)
+    cluster.clear_fault("node04", "driver_gone")
+    cluster.clear_fault("node05", "host_down")
+    assert s.poke({}) is False
+    assert reasons(s) == {"node03:1": ("ecc",)} and available(s, url) == {"node01:1"}
+    # node03:1 is repaired; an operator brings it back at once (the others wait their 2 checks)
+    cluster.update_gpu("node03", 1, ecc_uncorrected_volatile=0)
+    done = subprocess.run([sys.executable, "-m", "airflow_hetero_gpu.cli", "uncordon", "node03:1", "--ledger", url],
+                          capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "node03:1" not in evicted(url)
+
+    # check 5: the second healthy check readmits the others; the old Xid still evicts nothing
+    assert s.poke({}) is False
+    assert evicted(url) == {} and available(s, url) == all_gpus
+    assert len(s.health_watch.last.readmitted) == 8
+    # the XCom record of the run: every eviction with host, index, uuid and reasons
+    result = s.health_watch.result()
+    assert len(result["evictions"]) == 4 + 1 + 4 + 1 and json.loads(json.dumps(result)) == result
+
+
+# --- S12: replacement inside a running reservation -----------------------------------------------------
+def test_watch_replaces_an_evicted_gpu_of_a_live_reservation(fleet, capfd):
+    cluster, ids, url = fleet(small_hosts(2, gpus=2))
+    s = sensor(ids, url, mode_kind="watch")
+    assert s.poke({}) is False
+    inventory = s.health_watch.cluster
+    with Ledger.from_url(url) as led:
+        a = led.reserve("job-a", inventory, PlanRequest(2, gpu_type="A100-SXM4-80GB")).decision
+        b = led.reserve("job-b", inventory, PlanRequest(2)).decision
+    assert [str(k) for k in a.keys] == ["node01:0", "node01:1"] and [str(k) for k in b.keys] == ["node02:0", "node02:1"]
+
+    # a GPU of job-a turns abnormal while every other GPU is held: no replacement, the job decides
+    cluster.update_gpu("node01", 1, ecc_uncorrected_volatile=3)
+    capfd.readouterr()
+    assert s.poke({}) is False
+    [stuck] = s.health_watch.last.replacements
+    assert (stuck["job_id"], stuck["host"], stuck["index"], stuck["replacement"]) == ("job-a", "node01", 1, None)
+    assert "no healthy GPU of pool NVIDIA A100-SXM4-80GB can replace evicted GPU node01:1" in logged(capfd)
+
+    # job-b ends: the next check swaps the bad GPU for one of the same pool, in the same slot
+    with Ledger.from_url(url) as led:
+        led.release("job-b")
+    assert s.poke({}) is False
+    [swap] = s.health_watch.last.replacements
+    assert swap["replacement"]["host"] == "node02" and swap["pool"] == A100
+    with Ledger.from_url(url) as led:
+        res = led.get("job-a")
+        assert [str(k) for k in res.keys] == ["node01:0", f"node02:{swap['replacement']['index']}"]
+        assert res.pool == A100 and led.evicted_map() == {GpuKey("node01", 1): ("ecc",)}
+        led.release("job-a")
+
+    # no watched reservation is live any more: the watch is over
+    done = s.poke({})
+    assert done and done.xcom_value["reason"] == "no live reservation"
+    assert [(e["job_id"], e["replacement"] is None) for e in done.xcom_value["replacements"]] == [
+        ("job-a", True), ("job-a", False)]
+    assert [(e["host"], e["index"], e["reasons"]) for e in done.xcom_value["evictions"]] == [("node01", 1, ["ecc"])]
+
+
+# --- the gate: a healthy pool ---------------------------------------------------------------------------
+def test_gate_waits_for_enough_healthy_gpus_of_a_type(fleet):
+    hosts = small_hosts(1, gpus=4)
+    hosts[0].gpus[1].ecc_uncorrected_volatile = 1
+    hosts[0].gpus[2].ecc_uncorrected_volatile = 1
+    cluster, ids, url = fleet(hosts)
+    s = sensor(ids, url, mode_kind="gate", min_healthy=3, gpu_type="A100-SXM4-80GB")
+    assert s.poke({}) is False
+    assert s.health_watch.last.gate["met"] is False
+    assert s.health_watch.last.gate["pools"][0]["available"] == 2
+    cluster.update_gpu("node01", 1, ecc_uncorrected_volatile=0)
+    with Ledger.from_url(url) as led:
+        led.uncordon("node01", 1)
+    done = s.poke({})
+    assert done and done.xcom_value["reason"] == "gate met"
+    assert done.xcom_value["gate"]["pool"] == A100 and done.xcom_value["gate"]["request"]["gpus"] == 3
+
+
+def test_gate_arguments_are_checked_at_run_time():
+    s = GpuHealthSensor(task_id="g", ssh_conn_ids=["x"], mode_kind="gate", min_healthy=0)
+    with pytest.raises(Exception, match="min_healthy: must be at least 1"):
+        s.poke({})
+    with pytest.raises(Exception, match="mode_kind: expected 'gate' or 'watch'"):
+        GpuHealthSensor(task_id="w", ssh_conn_ids=["x"], mode_kind="wait").poke({})
+
+
+# --- optional rules on an older driver, hot-add (S10), metrics -------------------------------------------
+def test_older_driver_new_gpus_and_metrics(fleet, capfd, monkeypatch):
+    from airflow.sdk.observability import stats
+
+    recorded = []
+    monkeypatch.setattr(stats, "gauge", lambda name, value, **kw: recorded.append(("gauge", name, value, kw)))
+    monkeypatch.setattr(stats, "incr", lambda name, *a, **kw: recorded.append(("incr", name, kw)))
+    monkeypatch.setattr(stats, "timing", lambda name, *a, **kw: None)
+    hosts = small_hosts(2, gpus=2)
+    hosts[0].gpus[1].hw_slowdown = True
+    hosts[1].gpus[0].remapped_rows_failure = True
+    cluster, ids, url = fleet(hosts)
+    # node01 runs a driver that knows neither row remapping nor the new name of the slowdown flag
+    cluster.set_state("node01", unknown_query_fields=["remapped_rows.pending", "remapped_rows.failure",
+                                                      "clocks_event_reasons.hw_slowdown"])
+    s = sensor(ids, url, captures_dir=None)
+    capfd.readouterr()
+    assert s.poke({}) is False
+    assert "nvidia-smi does not know remapped_rows.pending" in logged(capfd)
+    header = (s.health_watch.hook.captures_path / "hosts" / "node01" / "query.csv").read_text().splitlines()[0]
+    assert "remapped_rows" not in header and header.endswith("clocks_event_reasons.hw_slowdown")
+    assert reasons(s) == {"node01:1": ("hw-slowdown",), "node02:0": ("row-remap-failure",)}
+    assert evicted(url) == {"node02:0": ("row-remap-failure",)}  # hw-slowdown is soft: 1 of 3
+    assert ("incr", "hetero_gpu.gpu.evictions",
+            {"tags": {"pool": A100, "host": "node02", "reason": "row-remap-failure"}}) in recorded
+    assert ("gauge", "hetero_gpu.pool.NVIDIA_A100-SXM4-80GB.healthy_gpus", 2.0, {}) in recorded
+    assert ("gauge", "hetero_gpu.pool.evicted_gpus", 1.0, {"tags": {"pool": A100}}) in recorded
+
+    # a new card appears on node02: the next check re-partitions and says what is new
+    new = make_gpus("node02", H200, ["9A"])[0].to_state()
+    new.update(index=2, uuid=gpu_uuid("node02", 2))
+    cluster.add_gpu("node02", new)
+    assert s.poke({}) is False
+    assert s.health_watch.last.changes == [f"new GPU node02 GPU2 (NVIDIA H200, {gpu_uuid('node02', 2)})",
+                                           "new pool NVIDIA H200"]
+    assert "GPU inventory change: new pool NVIDIA H200" in logged(capfd)
+    assert "node02:2" in available(s, url)
+
+
+# --- the trigger decides like poke mode -------------------------------------------------------------------
+def test_trigger_gives_the_same_result_as_poke_mode(fleet, tmp_path):
+    hosts = small_hosts(2, gpus=2)
+    hosts[0].gpus[1].ecc_uncorrected_volatile = 2
+    hosts[1].xid.append({"time": 99.5, "gpu": 0, "xid": 48})
+    cluster, ids, url = fleet(hosts)
+    poke_sensor = sensor(ids, url, watch_duration=0)
+    poked = poke_sensor.poke({}).xcom_value
+
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    deferred = sensor(ids, other, watch_duration=0, deferrable=True)
+    from airflow.sdk.exceptions import TaskDeferred
+
+    with pytest.raises(TaskDeferred) as deferral:
+        deferred.execute({})
+    trigger = deferral.value.trigger
+    path, kwargs = trigger.serialize()
+    assert path == "airflow_hetero_gpu.triggers.gpu_health.GpuHealthTrigger"
+    rebuilt = GpuHealthTrigger(**json.loads(json.dumps(kwargs)))
+
+    async def first_event():
+        async for event in rebuilt.run():
+            await rebuilt.cleanup()
+            return event.payload
+
+    event = asyncio.run(first_event())
+    assert event["status"] == "success"
+    assert deferred.execute_complete({}, event) == event["result"]
+    strip = lambda r: {k: v for k, v in r.items()}  # noqa: E731
+    assert strip(event["result"]) == strip(poked)
+    assert [(e["host"], e["index"], e["reasons"]) for e in poked["evictions"]] == [
+        ("node01", 1, ["ecc"]), ("node02", 0, ["xid-48"])]
