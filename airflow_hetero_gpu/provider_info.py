@@ -24,8 +24,18 @@ PROVIDER_INFO: dict = {
         }
     ],
     "operators": [],
-    "sensors": [],
-    "triggers": [],
+    "sensors": [
+        {
+            "integration-name": "Heterogeneous GPU cluster",
+            "python-modules": ["airflow_hetero_gpu.sensors.gpu_health"],
+        }
+    ],
+    "triggers": [
+        {
+            "integration-name": "Heterogeneous GPU cluster",
+            "python-modules": ["airflow_hetero_gpu.triggers.gpu_health"],
+        }
+    ],
     "plugins": [
         {"name": "hetero_gpu", "plugin-class": "airflow_hetero_gpu.plugins.cluster_page.HeteroGpuPlugin"},
     ],

@@ -294,3 +294,16 @@ def test_trigger_gives_the_same_result_as_poke_mode(fleet, tmp_path):
     assert strip(event["result"]) == strip(poked)
     assert [(e["host"], e["index"], e["reasons"]) for e in poked["evictions"]] == [
         ("node01", 1, ["ecc"]), ("node02", 0, ["xid-48"])]
+
+
+def test_registered_with_the_provider():
+    import importlib
+
+    from airflow_hetero_gpu import get_provider_info
+
+    info = get_provider_info()
+    modules = {kind: [m for entry in info[kind] for m in entry["python-modules"]] for kind in ("sensors", "triggers")}
+    assert modules == {"sensors": ["airflow_hetero_gpu.sensors.gpu_health"],
+                       "triggers": ["airflow_hetero_gpu.triggers.gpu_health"]}
+    assert importlib.import_module(modules["sensors"][0]).GpuHealthSensor is GpuHealthSensor
+    assert importlib.import_module(modules["triggers"][0]).GpuHealthTrigger is GpuHealthTrigger
