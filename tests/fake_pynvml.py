@@ -192,6 +192,17 @@ class FakeNvml:
         assert (error_type, counter) == (self.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, self.NVML_VOLATILE_ECC)
         return int(self._value(handle, "ecc.errors.uncorrected.volatile.total", "ecc_uncorrected_volatile"))
 
+    def nvmlDeviceGetRemappedRows(self, handle: Mapping[str, Any]) -> tuple[int, int, int, int]:
+        """(corrected rows, uncorrected rows, pending, failure occurred), or NOT_SUPPORTED on cards
+        without row remapping (a state with either flag ``None``)."""
+        pending = self._value(handle, "remapped_rows.pending", "remapped_rows_pending")
+        failure = self._value(handle, "remapped_rows.failure", "remapped_rows_failure")
+        return 0, 0, int(bool(pending)), int(bool(failure))
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Mapping[str, Any]) -> int:
+        slowdown = self._value(handle, "clocks_event_reasons.hw_slowdown", "hw_slowdown")
+        return 0x1 | (0x8 if slowdown else 0)  # GPU idle, plus HW slowdown when on
+
     def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: Mapping[str, Any]) -> int:
         pending = self._value(handle, "retired_pages.pending", "retired_pages_pending")
         return self.NVML_FEATURE_ENABLED if pending else self.NVML_FEATURE_DISABLED

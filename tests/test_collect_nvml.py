@@ -29,7 +29,7 @@ from fake_pynvml import (
 )
 
 from airflow_hetero_gpu.capture.directory import QUERY_FIELDS, HostCapture
-from airflow_hetero_gpu.capture.query import parse_query_csv
+from airflow_hetero_gpu.capture.query import EXTRA_HEALTH_FIELDS, parse_query_csv
 from airflow_hetero_gpu.collect import nvml_agent
 from airflow_hetero_gpu.collect.nvml import (
     AgentReply,
@@ -51,8 +51,21 @@ from airflow_hetero_gpu.testing.state import HostSpec
 REPO = Path(__file__).resolve().parents[1]
 
 
+#: What the collector asks nvidia-smi for: the SPEC fields, then the optional health fields.
+COLLECTED_FIELDS = ",".join([QUERY_FIELDS, *EXTRA_HEALTH_FIELDS])
+
+
 def smi_csv(state) -> str:
-    return nvsmi.query_gpu(state, QUERY_FIELDS, "csv")[0]
+    return nvsmi.query_gpu(state, COLLECTED_FIELDS, "csv")[0]
+
+
+def realistic(state):
+    """NVML reports row remapping for both flags or for neither (one call); the emulation's
+    specs leave ``remapped_rows_failure`` False on cards without remapping, so align it."""
+    for gpu in state["gpus"]:
+        if gpu.get("remapped_rows_pending") is None or gpu.get("remapped_rows_failure") is None:
+            gpu["remapped_rows_pending"] = gpu["remapped_rows_failure"] = None
+    return state
 
 
 def proc_dir_for(tmp_path: Path, state) -> str:
@@ -72,8 +85,8 @@ def inventory(host: str, text: str):
 ALL_SPECS = demo_hosts() + mixed_fleet()
 
 
-def test_agent_fields_are_the_spec_fields():
-    assert ",".join(nvml_agent.FIELDS) == QUERY_FIELDS
+def test_agent_fields_are_the_collected_fields():
+    assert ",".join(nvml_agent.FIELDS) == COLLECTED_FIELDS
 
 
 def test_agent_imports_only_the_standard_library_and_pynvml():
@@ -89,7 +102,7 @@ def test_agent_imports_only_the_standard_library_and_pynvml():
 
 @pytest.mark.parametrize("spec", ALL_SPECS, ids=lambda s: s.name)
 def test_nvml_csv_is_what_nvidia_smi_prints_for_the_same_gpus(spec: HostSpec, tmp_path):
-    state = spec.to_state()
+    state = realistic(spec.to_state())
     text = nvml_query_csv(FakeNvml(state), proc_dir=proc_dir_for(tmp_path, state))
     assert text == smi_csv(state)
     assert inventory(spec.name, text) == inventory(spec.name, smi_csv(state))
@@ -122,7 +135,7 @@ def test_gpu_lost_while_read_is_reported_with_its_own_bus_id(tmp_path):
 
 
 def test_old_pynvml_bytes_strings_give_the_same_text(tmp_path):
-    state = demo_hosts()[0].to_state()
+    state = realistic(demo_hosts()[0].to_state())
     assert nvml_query_csv(FakeNvml(state, bytes_strings=True)) == smi_csv(state)
 
 
@@ -148,6 +161,27 @@ def test_value_errors_print_as_nvidia_smi_prints_them(field, override, printed, 
     assert cells[field] == printed
     assert text == smi_csv(state)
     assert inventory("node01", text)[0].reasons == reasons
+
+
+@pytest.mark.parametrize("fields, printed", [
+    ({"remapped_rows_pending": True}, {"remapped_rows.pending": "Yes", "remapped_rows.failure": "No"}),
+    ({"remapped_rows_failure": True}, {"remapped_rows.failure": "Yes"}),
+    ({"remapped_rows_pending": None, "remapped_rows_failure": None},
+     {"remapped_rows.pending": "[N/A]", "remapped_rows.failure": "[N/A]"}),
+    ({"hw_slowdown": True}, {"clocks_event_reasons.hw_slowdown": "Active"}),
+    ({"hw_slowdown": None}, {"clocks_event_reasons.hw_slowdown": "[N/A]"}),
+])
+def test_optional_health_fields_read_through_nvml(fields, printed):
+    spec = small_hosts(1, gpus=1)[0]
+    for key, value in fields.items():
+        setattr(spec.gpus[0], key, value)
+    state = spec.to_state()
+    text = nvml_query_csv(FakeNvml(state))
+    header, row = text.splitlines()
+    cells = dict(zip([h.split(" [")[0] for h in header.split(", ")], row.split(", ")))
+    assert {k: cells[k] for k in printed} == printed
+    assert text == smi_csv(state)
+    assert inventory("node01", text) == inventory("node01", smi_csv(state))
 
 
 def test_error_codes_map_to_nvidia_smi_texts():
@@ -204,7 +238,7 @@ def _run_agent(argv, tmp_path, *, with_fake: bool, state_file: Path | None = Non
 
 def test_agent_script_runs_alone_from_stdin(tmp_path):
     """Piped into a bare interpreter in an empty directory: this package is not importable."""
-    state = demo_hosts()[3].to_state()
+    state = realistic(demo_hosts()[3].to_state())
     state_file = tmp_path / "state.json"
     state_file.write_text(json.dumps(state))
     done = _run_agent([sys.executable, "-"], tmp_path, with_fake=True, state_file=state_file)
@@ -291,3 +325,45 @@ def test_nvml_python_must_be_a_plain_name_or_path(tmp_path, python, ok):
     else:
         with pytest.raises(ValueError, match="must be a command name or path"):
             collect_captures(targets, tmp_path, lambda t: None, use_nvml=True, nvml_python=python)
+
+
+def test_device_check_script_against_the_emulation(tmp_path):
+    """scripts/device_check_nvml.sh, run here with the emulated nvidia-smi and the fake NVML on
+    the same state: it must find the same inventory (and a difference when there is one)."""
+    from airflow_hetero_gpu.testing.cluster import PACKAGE_ROOT
+    from airflow_hetero_gpu.testing.fake_tools import write_tool_scripts
+
+    spec = mixed_fleet()[1]  # a loaded A100 host with an ECC error
+    state_file = tmp_path / "state.json"
+    state_file.write_text(json.dumps(spec.to_state()))
+    write_tool_scripts(tmp_path / "bin", sys.executable, PACKAGE_ROOT)
+    python = install_python3(tmp_path / "agent-bin", install_as_pynvml(tmp_path / "fake").parent)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "PYTHON": str(python),
+           "HETERO_GPU_EMU_STATE": str(state_file), "OUT": str(tmp_path / "out")}
+    script = str(REPO / "scripts" / "device_check_nvml.sh")
+    same = subprocess.run(["bash", script], capture_output=True, text=True, env=env, timeout=120)
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "SAME inventory from nvidia-smi and NVML: 8 GPU(s)" in same.stdout
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "agent.csv", "agent.err", "agent.json", "nvidia-smi-version.txt", "nvidia-smi.csv", "nvidia-smi.err",
+        "report.txt"]
+
+    # An older driver that refuses remapped_rows.failure: compared on the fields it knows.
+    old = dict(spec.to_state(), unknown_query_fields=["remapped_rows.failure"])
+    state_file.write_text(json.dumps(old))
+    older = subprocess.run(["bash", script], capture_output=True, text=True, env=env, timeout=120)
+    assert older.returncode == 0, older.stdout + older.stderr
+    assert "note: this driver's nvidia-smi lacks ['remapped_rows.pending', 'remapped_rows.failure']" in older.stdout
+    state_file.write_text(json.dumps(spec.to_state()))
+
+    # NVML sees a different card in slot 3.
+    state = spec.to_state()
+    agent_state = tmp_path / "agent-state.json"
+    state["gpus"][3]["uuid"] = "GPU-00000000-0000-0000-0000-000000000003"
+    agent_state.write_text(json.dumps(state))
+    python.write_text(python.read_text().replace(
+        "export PYTHONPATH\n", f"export PYTHONPATH\nHETERO_GPU_EMU_STATE={str(agent_state)!r}\n"
+                               "export HETERO_GPU_EMU_STATE\n"))
+    differ = subprocess.run(["bash", script], capture_output=True, text=True, env=env, timeout=120)
+    assert differ.returncode == 1, differ.stdout + differ.stderr
+    assert "GPU 3 uuid: nvidia-smi 'GPU-" in differ.stdout and "DIFFERENT:" in differ.stdout

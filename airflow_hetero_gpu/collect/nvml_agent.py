@@ -24,12 +24,15 @@ import os
 import sys
 from typing import Any, Callable, Iterable
 
-#: The ``--query-gpu`` fields of SPEC section 2 (equal to ``capture.directory.QUERY_FIELDS``;
-#: repeated because this file may not import the package; a test keeps the two equal).
+#: The ``--query-gpu`` fields of SPEC section 2 (``capture.directory.QUERY_FIELDS``) followed by
+#: the optional health fields the collector asks nvidia-smi for (``capture.query.
+#: EXTRA_HEALTH_FIELDS``); repeated because this file may not import the package, and kept equal
+#: to those by a test.
 FIELDS = (
     "index", "uuid", "name", "pci.bus_id", "memory.total", "memory.used", "utilization.gpu",
     "temperature.gpu", "power.draw", "power.limit", "ecc.errors.uncorrected.volatile.total",
-    "retired_pages.pending",
+    "retired_pages.pending", "remapped_rows.pending", "remapped_rows.failure",
+    "clocks_event_reasons.hw_slowdown",
 )
 #: Units nvidia-smi shows in the header (``memory.total [MiB]``) and after each value.
 UNITS = {"memory.total": "MiB", "memory.used": "MiB", "utilization.gpu": "%",
@@ -44,6 +47,8 @@ UNKNOWN_ERROR = "[Unknown Error]"
 REQUIRES_RESET = "[GPU requires reset]"
 NO_PERMISSION = "[Insufficient Permissions]"
 MIB = 1024 * 1024
+#: nvmlClocksEventReasonHwSlowdown (the same bit as the older nvmlClocksThrottleReasonHwSlowdown).
+HW_SLOWDOWN = 0x0000000000000008
 
 # NVML return codes (nvml.h); the numbers are part of NVML's ABI.
 NVML_ERROR_INVALID_ARGUMENT = 2
@@ -174,12 +179,28 @@ def _memory(nvml: Any, handle: Any) -> Any:
     return nvml.nvmlDeviceGetMemoryInfo(handle)
 
 
+def _clock_event_reasons(nvml: Any, handle: Any) -> int:
+    """The current clock event reasons bit mask (the older "throttle" call on older pynvml/drivers)."""
+    current = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+    if current is not None:
+        try:
+            return int(current(handle))
+        except nvml.NVMLError as exc:
+            if _code(exc) != NVML_ERROR_FUNCTION_NOT_FOUND:
+                raise
+    return int(nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+
+
 def _watts(milliwatts: Any) -> str:
     return f"{int(milliwatts) / 1000:.2f} W"
 
 
 def _yes_no(state: Any) -> str:
     return "Yes" if int(state) else "No"
+
+
+def _active(mask: Any) -> str:
+    return "Active" if int(mask) & HW_SLOWDOWN else "Not Active"
 
 
 def device_row(nvml: Any, index: int, handle: Any) -> tuple[str, str | None]:
@@ -200,6 +221,16 @@ def device_row(nvml: Any, index: int, handle: Any) -> tuple[str, str | None]:
             return getattr(memory[0], attr)
         return read
 
+    remap: list[Any] = []
+
+    def remapped(position: int) -> Callable[[], Any]:
+        # (corrected rows, uncorrected rows, pending, failure occurred): one call for both cells
+        def read() -> Any:
+            if not remap:
+                remap.append(tuple(nvml.nvmlDeviceGetRemappedRows(handle)))
+            return remap[0][position]
+        return read
+
     cells = [
         str(index),
         r.cell(lambda: _text(nvml.nvmlDeviceGetUUID(handle))),
@@ -214,6 +245,9 @@ def device_row(nvml: Any, index: int, handle: Any) -> tuple[str, str | None]:
         r.cell(lambda: nvml.nvmlDeviceGetTotalEccErrors(
             handle, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC), lambda v: str(int(v))),
         r.cell(lambda: nvml.nvmlDeviceGetRetiredPagesPendingStatus(handle), _yes_no),
+        r.cell(remapped(2), _yes_no),
+        r.cell(remapped(3), _yes_no),
+        r.cell(lambda: _clock_event_reasons(nvml, handle), _active),
     ]
     return ", ".join(cells), (bus_id[0] if bus_id else None)
 
