@@ -327,18 +327,19 @@ class RemoteJob:
     # -- reading -------------------------------------------------------------------------------
 
     def _read(self, run: _HostRun, stream: str, handle: Any) -> None:
-        first = stream == "stdout"
+        # The PGID line is the program's first, but a login shell's rc files may print before it.
+        look_for_pgid = stream == "stdout"
         try:
             while True:
                 raw = handle.readline(self.max_line_bytes)
                 if not raw:
                     return
                 line = raw.decode("utf-8", "replace").rstrip("\r\n")
-                if first:
-                    first = False
+                if look_for_pgid:
                     pgid = parse_pgid_line(line)
                     if pgid is not None:
                         run.pgid = pgid
+                        look_for_pgid = False
                         continue
                 run.tail.append(line)
                 if self.on_line is not None:
