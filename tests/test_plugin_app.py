@@ -244,6 +244,33 @@ def test_nav_entry_in_the_plugins_api(server, admin):
     assert not [e for e in errors.get("import_errors", []) if "hetero" in json.dumps(e)], errors
 
 
+@pytest.mark.slow
+def test_in_the_airflow_ui_a_run_link_opens_the_run(server, admin):
+    """The nav entry shows the page in a sandboxed iframe that may not navigate the top window
+    itself; the page's run links still open the run in the UI. Needs Playwright and Chromium."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    chromium = next((p for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser") if Path(p).exists()), None)
+    if chromium is None:
+        pytest.skip("no Chromium at /usr/bin/chromium")
+    base = str(server.base_url).rstrip("/")
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium,
+                                     args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        try:
+            context = browser.new_context()
+            context.add_cookies([{"name": "_token", "value": admin["Authorization"].split()[1], "url": base}])
+            page = context.new_page()
+            page.goto(f"{base}/plugin/hetero-gpu")
+            frame = page.frame_locator("iframe")
+            link = frame.locator("table.hg-reservations a[data-ui-link]").first
+            link.wait_for(timeout=60000)
+            link.click()
+            page.wait_for_url("**/dags/train_llm/runs/**", timeout=30000)
+            assert page.url.endswith("/dags/train_llm/runs/manual__2025-06-01T11%3A00%3A00%2B00%3A00")
+        finally:
+            browser.close()
+
+
 # --- where the facts come from, without a server ------------------------------------------------
 def test_missing_captures_and_ledger_are_reported(tmp_path, monkeypatch):
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))

@@ -291,7 +291,7 @@ def test_page_has_every_section(sample, ledger_state):
                    'href="/airflow/hetero-gpu/api/cluster"', 'id="pools"', 'id="topology"', 'id="reservations"',
                    'id="evictions"', 'id="gpus"', "32 GPUs in 3 pools"):
         assert needle in html, needle
-    assert ('<a target="_top" href="/airflow/dags/train_llm/runs/manual__2025-06-01T11%3A00%3A00%2B00%3A00">'
+    assert ('<a target="_top" data-ui-link href="/airflow/dags/train_llm/runs/manual__2025-06-01T11%3A00%3A00%2B00%3A00">'
             in html)
     # one row per GPU in the GPU table
     assert html.split('class="hg-gpus"')[1].count("<tr>") == 1 + 32

@@ -287,7 +287,8 @@ SVG_STYLE = """
 .hg-state-reserved rect.hg-node{fill:#dbe7ff;stroke:#1d4ed8}
 .hg-state-evicted rect.hg-node{fill:#ffe3cc;stroke:#c2410c;stroke-dasharray:4 2}
 .hg-state-unhealthy rect.hg-node{fill:#ffd6d6;stroke:#c0262d;stroke-width:2.4}
-.hg-state-unhealthy .hg-mark{fill:#c0262d;font-weight:700}
+.hg-mark circle{fill:#c0262d;stroke:#fff;stroke-width:1}
+.hg-gpu .hg-mark text{fill:#fff;font-size:9px;font-weight:700}
 .hg-legend text{font-size:11px}
 """
 
@@ -612,8 +613,12 @@ def _host_svg(graph: "nx.Graph", box: _HostBox, statuses: Mapping[tuple[str, int
         if state in ("unhealthy", "evicted"):
             text = ",".join(why) or state
             out.append(f'<text class="hg-gpu-why" x="{_num(cx)}" y="{_num(y0 + 25)}">{escape(_clip(text, 11))}</text>')
-        if state == "unhealthy":
-            out.append(f'<text class="hg-mark" x="{_num(x0 + GPU_W - 7)}" y="{_num(y0 + 11)}">\u2715</text>')
+        if state == "unhealthy":  # a badge on the node's top-right corner
+            bx, by = x0 + GPU_W - 1, y0 + 1
+            out.append(
+                f'<g class="hg-mark"><circle cx="{_num(bx)}" cy="{_num(by)}" r="6.5"/>'
+                f'<text x="{_num(bx)}" y="{_num(by + 3.5)}">\u2715</text></g>'
+            )
         if job:
             out.append(f'<text class="hg-gpu-job" x="{_num(cx)}" y="{_num(y0 + 37)}">{escape(_clip(job, 11))}</text>')
         if load is not None:
@@ -640,7 +645,9 @@ a{color:#1d4ed8}
 .hg-notice{border-left:4px solid #b08900;background:#fffbea;padding:8px 12px;margin:8px 0}
 .hg-notice.hg-error{border-color:#c0262d;background:#fff5f5}
 table{border-collapse:collapse;margin:4px 0 8px}
-th,td{border-bottom:1px solid #e4e7eb;padding:4px 10px;text-align:left;vertical-align:top}
+th,td{border-bottom:1px solid #e4e7eb;padding:4px 10px;text-align:left;vertical-align:top;white-space:nowrap}
+td.hg-wrap{white-space:normal;min-width:12em}
+.hg-table{overflow-x:auto}
 th{background:#f5f7fa;font-weight:600;position:sticky;top:0}
 td.hg-n,th.hg-n{text-align:right;font-variant-numeric:tabular-nums}
 .hg-pill{display:inline-block;padding:0 7px;border-radius:9px;font-size:12px;border:1px solid}
@@ -655,6 +662,30 @@ margin-right:6px;overflow:hidden}
 .hg-figure{overflow-x:auto;border:1px solid #e4e7eb;border-radius:6px;padding:4px}
 .hg-figure svg{max-width:100%;height:auto}
 code{font-size:12.5px}
+"""
+
+
+# Inside the Airflow UI the page runs in a sandboxed iframe (scripts and same origin allowed, top
+# navigation not), so a target="_top" link to a DAG run is refused by the browser. The page's
+# links to UI pages therefore follow themselves through a link in the parent document, which is
+# the same origin. Standalone (not framed) or framed by another origin, links behave as written.
+UI_LINK_SCRIPT = """
+(function () {
+  if (window.top === window) return;
+  var topDoc;
+  try { topDoc = window.top.document; } catch (e) { return; }
+  document.addEventListener("click", function (ev) {
+    var a = ev.target && ev.target.closest ? ev.target.closest("a[data-ui-link]") : null;
+    if (!a || ev.defaultPrevented || ev.button !== 0 || ev.metaKey || ev.ctrlKey || ev.shiftKey || ev.altKey) return;
+    ev.preventDefault();
+    var link = topDoc.createElement("a");
+    link.href = a.href;
+    link.style.display = "none";
+    topDoc.body.appendChild(link);
+    link.click();
+    link.remove();
+  });
+})();
 """
 
 
@@ -700,7 +731,7 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, numeric: It
         "<tr>" + "".join(f'<td{" class=hg-n" if i in numeric else ""}>{c}</td>' for i, c in enumerate(r)) + "</tr>"
         for r in rows
     )
-    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    return f'<div class="hg-table"><table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
 def _sources_html(sources: Mapping[str, Any], now: datetime) -> str:
@@ -798,12 +829,12 @@ def render_page(facts: Mapping[str, Any], svg: str | None, *, ui_base: str = "",
                 dag = escape(ident.get("dag_id") or "") or '<span class="hg-muted">\u2013</span>'
                 run = escape(ident.get("run_id") or "")
                 if r.get("run_path"):
-                    run = f'<a target="_top" href="{escape(ui_base + r["run_path"])}">{run}</a>'
+                    run = f'<a target="_top" data-ui-link href="{escape(ui_base + r["run_path"])}">{run}</a>'
                 task = escape(ident.get("task_id") or "")
                 if ident.get("map_index") is not None and ident.get("map_index") >= 0:
                     task += f" [{ident['map_index']}]"
                 if r.get("task_path"):
-                    task = f'<a target="_top" href="{escape(ui_base + r["task_path"])}">{task}</a>'
+                    task = f'<a target="_top" data-ui-link href="{escape(ui_base + r["task_path"])}">{task}</a>'
                 try_ = "" if ident.get("try_number") is None else str(ident["try_number"])
             gpus_txt = ", ".join(f"{g['host']}:{g['index']}" for g in r.get("gpus") or [])
             rows.append([f"<code>{escape(r['job_id'])}</code>", f"<code>{escape(r['pool'])}</code>",
@@ -851,6 +882,7 @@ def render_page(facts: Mapping[str, Any], svg: str | None, *, ui_base: str = "",
                             cls="hg-gpus"))
     else:
         parts.append('<p class="hg-muted">No inventory yet.</p>')
+    parts.append(f"<script>{UI_LINK_SCRIPT}</script>")
     parts.append("</body></html>")
     return "\n".join(parts)
 
