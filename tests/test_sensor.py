@@ -307,3 +307,31 @@ def test_registered_with_the_provider():
                        "triggers": ["airflow_hetero_gpu.triggers.gpu_health"]}
     assert importlib.import_module(modules["sensors"][0]).GpuHealthSensor is GpuHealthSensor
     assert importlib.import_module(modules["triggers"][0]).GpuHealthTrigger is GpuHealthTrigger
+
+
+def test_reschedule_mode_keeps_the_run_record_in_the_capture_directory(fleet, tmp_path):
+    from types import SimpleNamespace
+
+    hosts = small_hosts(1, gpus=2)
+    hosts[0].gpus[0].temperature_c = 95
+    cluster, ids, url = fleet(hosts)
+    ti = SimpleNamespace(dag_id="d", task_id="gpu_health", run_id="manual__1", map_index=-1)
+    captures = tmp_path / "captures"
+
+    def fresh():  # every reschedule is a new process with a new operator object
+        return sensor(ids, url, mode="reschedule", captures_dir=str(captures), watch_duration=3600,
+                      thresholds={"soft_fault_checks": 2})
+
+    assert fresh().poke({"ti": ti}) is False
+    state_file = captures / ".gpu-health-d-gpu_health-manual__1--1.json"
+    assert json.loads(state_file.read_text())["checks"] == 1
+    second = fresh()
+    assert second.poke({"ti": ti}) is False
+    assert second.health_watch.checks == 2
+    assert [(e["host"], e["index"], e["reasons"]) for e in second.health_watch.evictions] == [
+        ("node01", 0, ["temperature"])]
+    third = fresh()
+    third.watch_duration = 0
+    done = third.poke({"ti": ti})
+    assert done and done.xcom_value["checks"] == 3 and len(done.xcom_value["evictions"]) == 1
+    assert not state_file.exists()
