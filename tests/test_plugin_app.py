@@ -237,7 +237,7 @@ def test_nav_entry_in_the_plugins_api(server, admin):
     assert r.status_code == 200
     plugin = next(p for p in r.json()["plugins"] if p["name"] == "hetero_gpu")
     (view,) = plugin["external_views"]
-    assert view["name"] == "GPU cluster" and view["href"] == "/hetero-gpu/"
+    assert view["name"] == "GPU cluster" and view["href"] == "hetero-gpu/"
     assert view["url_route"] == "hetero-gpu" and view["destination"] == "nav" and view["category"] == "browse"
     assert [a["url_prefix"] for a in plugin["fastapi_apps"]] == ["/hetero-gpu"]
     errors = server.get("/api/v2/plugins/importErrors", headers=admin).json()

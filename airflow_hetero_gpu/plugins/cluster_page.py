@@ -59,7 +59,9 @@ class HeteroGpuPlugin(AirflowPlugin):
     external_views = [
         {
             "name": "GPU cluster",
-            "href": f"{URL_PREFIX}/",
+            # relative: the UI resolves it against its own base URL, so the page is found when
+            # Airflow is served under a sub-path ([api] base_url) as well as at the root
+            "href": f"{URL_PREFIX.lstrip('/')}/",
             "url_route": "hetero-gpu",
             "destination": "nav",
             "category": "browse",
