@@ -335,6 +335,12 @@ class _HostBox:
     radius: float = 0.0
     centres: list[tuple[float, float]] | None = None
     subtitle: str = ""
+    _mid_x: float = 0.0
+    _top_y: float = 0.0
+
+    @property
+    def error_line(self) -> str:
+        return _clip(f"unreachable: {self.error}", 48) if self.error else ""
 
     def measure(self) -> None:
         n = len(self.gpus)
@@ -344,13 +350,15 @@ class _HostBox:
             card = _short_card(str(attrs.get("name", "")))
             cards[card] = cards.get(card, 0) + 1
         self.subtitle = ", ".join(f"{c} \u00d7 {name}" for name, c in cards.items()) or "no GPUs"
-        ring_w = 2 * self.radius + GPU_W if n else 0
-        ring_h = 2 * self.radius + GPU_H if n else 0
-        text_w = max(len(self.name) * 8.0, len(self.subtitle) * 6.2, 150)
-        if self.error:
-            text_w = max(text_w, min(len(self.error), 40) * 6.2)
+        xs = [x for x, _ in self.centres] or [0.0]
+        ys = [y for _, y in self.centres] or [0.0]
+        self._mid_x = (min(xs) + max(xs)) / 2
+        self._top_y = min(ys)
+        ring_w = max(xs) - min(xs) + GPU_W if n else 0
+        ring_h = max(ys) - min(ys) + GPU_H if n else 0
+        text_w = max(len(self.name) * 8.0, len(self.subtitle) * 6.2, len(self.error_line) * 6.2, 150)
         self.width = max(ring_w, text_w) + 2 * HOST_PAD
-        self.height = HOST_HEAD + (ring_h + HOST_PAD if n else (18 if self.error else 4)) + HOST_PAD
+        self.height = HOST_HEAD + (ring_h + HOST_PAD if n else 4) + HOST_PAD + (16 if self.error else 0)
 
     @property
     def centre_x(self) -> float:
@@ -358,8 +366,8 @@ class _HostBox:
 
     def gpu_centre(self, i: int) -> tuple[float, float]:
         dx, dy = self.centres[i]
-        cy = self.y + HOST_HEAD + HOST_PAD + self.radius + GPU_H / 2
-        return self.centre_x + dx, cy + dy
+        top = self.y + HOST_HEAD + HOST_PAD + GPU_H / 2
+        return self.centre_x + dx - self._mid_x, top + dy - self._top_y
 
 
 def _host_order(graph: "nx.Graph", hosts: list[str]) -> list[str]:
@@ -425,7 +433,7 @@ def topology_svg(graph: "nx.Graph", statuses: Mapping[tuple[str, int], GpuStatus
         box.x, box.y = x, hosts_top
         boxes[h] = box
         x += box.width + HOST_GAP
-    width = max(x - HOST_GAP + MARGIN, 820)
+    width = max(x - HOST_GAP + MARGIN, LEGEND_W + 2 * MARGIN)
     height = hosts_top + max((b.height for b in boxes.values()), default=40) + MARGIN
 
     # switch positions: tier t at a fixed row, centred over what hangs below it
@@ -513,6 +521,12 @@ def topology_svg(graph: "nx.Graph", statuses: Mapping[tuple[str, int], GpuStatus
     return "".join(out)
 
 
+LEGEND_W = max(
+    sum(24 + len(STATE_TEXT[s]) * 6.0 for s in STATES),
+    sum(44 + len(LINK_TEXT[k]) * 6.0 for k in LINK_KINDS),
+)
+
+
 def _legend() -> str:
     parts = ['<g class="hg-legend" transform="translate(%d,%d)">' % (MARGIN, MARGIN)]
     x = 0
@@ -563,13 +577,11 @@ def _host_svg(graph: "nx.Graph", box: _HostBox, statuses: Mapping[tuple[str, int
     )
     out.append(f'<text class="hg-host-name" x="{_num(box.x + HOST_PAD)}" y="{_num(box.y + 18)}">{escape(box.name)}</text>')
     out.append(f'<text class="hg-host-sub" x="{_num(box.x + HOST_PAD)}" y="{_num(box.y + 33)}">{escape(box.subtitle)}</text>')
-    if box.error:
-        y = box.y + HOST_HEAD + (14 if not box.gpus else box.height - HOST_HEAD - 6)
-        if box.gpus:
-            y = box.y + box.height - 6
+    if box.error:  # on the last line of the box, below any GPUs
+        y = box.y + box.height - HOST_PAD
         out.append(
             f'<text class="hg-host-err" x="{_num(box.x + HOST_PAD)}" y="{_num(y)}">'
-            f"unreachable: {escape(_clip(box.error, 40))}</text>"
+            f"{escape(box.error_line)}</text>"
         )
     index_of = {key: i for i, (key, _) in enumerate(box.gpus)}
     # links under the GPUs; NVLink last so it lies on top of PCIe
