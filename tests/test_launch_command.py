@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
 import uuid
 from pathlib import Path
@@ -149,11 +150,11 @@ def test_script_layout():
     assert lines[0] == 'run_dir="$HOME"/.hetero-gpu/run/job-7'
     assert lines[2] == "cd /srv/run || exit 125"
     assert lines[3] == "export CUDA_VISIBLE_DEVICES=1,3 OMP_NUM_THREADS=1"
-    assert lines[4].startswith("setsid -w env HETERO_GPU_JOB_ID=job-7 HETERO_GPU_HOST=rtx-b "
+    assert lines[4] == "exec 3>&2 2>/dev/null"
+    assert lines[5].startswith("setsid -w env HETERO_GPU_JOB_ID=job-7 HETERO_GPU_HOST=rtx-b "
                                "HETERO_GPU_NODE_RANK=1 sh -c ")
-    assert '"$run_dir"/rtx-b.pgid torchrun --nnodes 2' in lines[4]
-    assert lines[5:] == ["status=$?", 'rm -f "$run_dir"/rtx-b.pgid', 'rmdir "$run_dir" 2>/dev/null',
-                         'exit "$status"']
+    assert '"$run_dir"/rtx-b.pgid torchrun --nnodes 2' in lines[5]
+    assert lines[6:] == ["status=$?", 'rm -f "$run_dir"/rtx-b.pgid', 'rmdir "$run_dir"', 'exit "$status"']
     command = build_host_command(spec, SHARES, 1, 29500)
     assert shlex.split(command) == ["sh", "-c", script]
 
@@ -272,3 +273,25 @@ def test_program_runs_in_its_own_process_group(tmp_path: Path):
     proc = run_locally(build_host_command(spec, [HostShare("h0", "127.0.0.1")], 0, 1), tmp_path, tmp_path)
     marker, pgid = proc.stdout.split("\n")[:2]
     assert int(pgid) == int(marker[len(PGID_MARKER):]) != os.getpgrp()
+
+
+def test_pid_file_goes_when_the_job_is_killed_after_its_reader_is_gone(tmp_path: Path):
+    """The launcher died (its end of the pipes is closed), then the job was killed: the calling
+    shell must not die of SIGPIPE reporting it, and removes the pid file."""
+    spec = LaunchSpec("job-k", Command(("sh", "-c", "echo started >&2; exec sleep 60")))
+    command = build_host_command(spec, [HostShare("h0", "127.0.0.1")], 0, 1)
+    env = {"HOME": str(tmp_path), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    proc = subprocess.Popen(command, shell=True, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        pgid = parse_pgid_line(proc.stdout.readline().decode())
+        assert proc.stderr.readline() == b"started\n"     # the job's stderr is the real one
+        pid_file = tmp_path / ".hetero-gpu" / "run" / "job-k" / "h0.pgid"
+        assert pid_file.read_text().strip() == str(pgid)
+        proc.stdout.close()
+        proc.stderr.close()
+        os.killpg(pgid, signal.SIGTERM)
+        assert proc.wait(timeout=10) == 128 + signal.SIGTERM
+        assert not pid_file.exists() and not pid_file.parent.exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -126,13 +126,16 @@ def pgrep(job_id: str) -> list[int]:
 
 
 def assert_nothing_left(job_id: str, timeout: float = 3.0) -> None:
-    """No process of the job on any emulated host (polls briefly for the reaping to finish)."""
+    """No process of the job on any emulated host (polls briefly for the reaping to finish),
+    and no pid file: the hosts' shared run directory of the job is gone."""
+    run_dir = Path.home() / ".hetero-gpu" / "run" / job_id
     deadline = time.monotonic() + timeout
     while True:
         left = sorted(set(pgrep(job_id)) | set(marked_pids(job_id)))
-        if not left or time.monotonic() > deadline:
+        if (not left and not run_dir.exists()) or time.monotonic() > deadline:
             break
         time.sleep(0.05)
+    assert not run_dir.exists() or left, f"pid files left behind: {sorted(os.listdir(run_dir))}"
     details = []
     for pid in left:
         try:

@@ -11,8 +11,8 @@ Every host of a job runs the same shape of command: a POSIX ``sh -c`` script tha
    (the orphan sweep finds the job's processes by them); the leader prints
    ``HETERO_GPU_PGID=<pgid>`` as its first line, writes the same number to
    ``<run dir>/<host>.pgid`` and ``exec``s the program: torchrun (:class:`Torchrun`) or any
-   argv (:class:`Command`). ``setsid -w`` waits for the program; the script then removes the
-   pid file and exits with the program's status.
+   argv (:class:`Command`). The script waits for the program (``-w`` where setsid has to
+   fork), then removes the pid file and exits with the program's status.
 
 Quoting rules: every value that comes from a user (script, arguments, environment values,
 working directory, job id, host name, launcher argv) goes through :func:`shlex.quote`, and the
@@ -49,7 +49,9 @@ _MAX_JOB_ID = 128
 
 # The process that becomes the job's process group leader. $1 is the pid file, the rest the
 # program. It is a constant: user input reaches it only as quoted positional arguments.
-_LEADER = 'echo "' + PGID_MARKER + '$$"; echo "$$" > "$1" || exit ' + str(SETUP_EXIT_CODE) + '; shift; exec "$@"'
+# It first takes back the job's stderr, which the calling shell handed over as fd 3.
+_LEADER = ('exec 2>&3 3>&-; echo "' + PGID_MARKER + '$$"; echo "$$" > "$1" || exit '
+           + str(SETUP_EXIT_CODE) + '; shift; exec "$@"')
 
 
 def validate_job_id(job_id: str) -> str:
@@ -256,16 +258,21 @@ def build_script(spec: LaunchSpec, shares: Sequence[HostShare], rank: int, rdzv_
     if spec.workdir is not None:
         lines.append(f"cd {q(spec.workdir)} || exit {SETUP_EXIT_CODE}")
     lines.append("export " + " ".join(f"{n}={q(v)}" for n, v in others))
-    # The job markers go to the new session only, through env(1): setsid's waiting parent stays
-    # unmarked, so a kill never hits it and it reports how the session ended.
+    # The job markers go to the new session only, through env(1): this shell (and setsid's
+    # waiting parent, when setsid has to fork) stays unmarked, so a kill never hits it and it
+    # reports how the session ended.
     pid_file = f'"$run_dir"/{q(shares[rank].host + ".pgid")}'
     argv = " ".join(q(a) for a in program_argv(spec, shares, rank, rdzv_port))
+    # From here on this shell's own stderr is /dev/null: when the job is killed, sh reports
+    # "Terminated" there, and into a closed SSH channel that would be a SIGPIPE that ends this
+    # shell before it removes the pid file. The job gets the real stderr back through fd 3.
+    lines.append("exec 3>&2 2>/dev/null")
     lines.append(
         "setsid -w env " + " ".join(f"{n}={q(v)}" for n, v in markers)
         + f" sh -c {q(_LEADER)} {q('hetero-gpu-' + spec.job_id)} {pid_file} {argv}"
     )
     # The pid file lives as long as the process group it names.
-    lines += ["status=$?", f"rm -f {pid_file}", 'rmdir "$run_dir" 2>/dev/null', 'exit "$status"']
+    lines += ["status=$?", f"rm -f {pid_file}", 'rmdir "$run_dir"', 'exit "$status"']
     return "\n".join(lines) + "\n"
 
 
