@@ -16,7 +16,9 @@ Start it with torchrun (it reads RANK, LOCAL_RANK and WORLD_SIZE from torchrun's
   and broadcasts it, so the directory only needs to exist on rank 0's host; every rank then
   prints ``rank R resumed from epoch N``.
 - ``--fail-at-epoch E --fail-rank R``: rank R exits with status 3 at the start of epoch E
-  (a simulated crash, for tests of failure handling).
+  (a simulated crash, for tests of failure handling); ``--fail-host NAME`` instead makes the
+  first local rank of the node whose ``HETERO_GPU_HOST`` is NAME crash (ranks are given out by
+  the rendezvous, so a host is the stable way to name where the crash happens).
 - SIGTERM (what torchrun and the launcher send to stop a job) stops the loop after the current
   step; the process then exits with status 143.
 
@@ -70,6 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="seconds to pause after each epoch (to watch or interrupt a run)")
     parser.add_argument("--fail-at-epoch", type=int, default=None)
     parser.add_argument("--fail-rank", type=int, default=0)
+    parser.add_argument("--fail-host", default=None)
     args = parser.parse_args(argv)
     if args.epochs < 1 or args.samples < 1 or args.batch_size < 1 or args.log_every < 1:
         parser.error("--epochs, --samples, --batch-size and --log-every must be at least 1")
@@ -170,7 +173,11 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
 
     loss_fn = nn.MSELoss(reduction="sum")
     for epoch in range(start, args.epochs + 1):
-        if args.fail_at_epoch == epoch and args.fail_rank == rank:
+        if args.fail_at_epoch == epoch and (
+            (args.fail_host is None and args.fail_rank == rank)
+            or (args.fail_host is not None and args.fail_host == os.environ.get("HETERO_GPU_HOST")
+                and int(os.environ.get("LOCAL_RANK", "0")) == 0)
+        ):
             say(f"rank {rank}: simulated crash at epoch {epoch}", err=True)
             os._exit(CRASH_EXIT_CODE)
         total = torch.zeros(2, device=device)

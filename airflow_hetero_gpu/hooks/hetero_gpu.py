@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+import threading
 import weakref
 from functools import cached_property
 from pathlib import Path
@@ -33,7 +34,7 @@ from airflow_hetero_gpu.collect.targets import SshTarget
 from airflow_hetero_gpu.core.changes import InventoryChange, diff_clusters
 from airflow_hetero_gpu.core.config import config_from_mapping, load_config
 from airflow_hetero_gpu.core.inventory import cluster_from_captures
-from airflow_hetero_gpu.errors import ConfigError
+from airflow_hetero_gpu.errors import HeteroGpuError, ConfigError
 
 if TYPE_CHECKING:
     import pandas
@@ -192,14 +193,32 @@ class HeteroGpuHook(BaseHook):
 
     @staticmethod
     def _factory(hooks: Mapping[str, SSHHook], unusable: Mapping[str, str]):
+        locks = {label: threading.Lock() for label in hooks}
+
         def connect(target: SshTarget, connect_timeout: float | None = None) -> paramiko.SSHClient:
             if target.host_name in unusable:
                 raise HostFailure(unusable[target.host_name])
             hook = hooks[target.host_name]
-            hook.client = None  # a fresh client per attempt: the collector closes every one
-            return hook.get_conn()
+            # A fresh client per call (callers close every one); SSHHook keeps the last client
+            # on itself and hands it out again, so calls for one host must not interleave.
+            with locks[target.host_name]:
+                hook.client = None
+                return hook.get_conn()
 
         return connect
+
+    def ssh_targets(self) -> dict[str, SshTarget]:
+        """``{host label: SshTarget}`` from the hosts' Airflow connections (for launching)."""
+        targets, _, unusable = self._targets()
+        if unusable:
+            raise HeteroGpuError("; ".join(unusable.values()))
+        return {t.host_name: t for t in targets}
+
+    def client_factory(self):
+        """A ``factory(target) -> paramiko.SSHClient`` over the hosts' connections, host keys
+        verified as the connections say; each call opens a new client."""
+        _, hooks, unusable = self._targets()
+        return self._factory(hooks, unusable)
 
     # -- capture directory ---------------------------------------------------------------------
 

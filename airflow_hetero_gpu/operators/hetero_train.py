@@ -1,0 +1,550 @@
+"""HeteroTrainOperator: choose the scheduling pool, reserve it, launch torchrun on it (seed S9).
+
+``execute()``:
+
+1. validates the (templated) arguments: a user mistake fails the task at once, without retries,
+   with one line naming the argument;
+2. collects the cluster (:class:`~airflow_hetero_gpu.hooks.hetero_gpu.HeteroGpuHook`), then plans
+   and reserves in one ledger transaction; logs every pool's stage, reason and score terms and
+   pushes the decision to XCom (key ``decision``);
+3. no pool fits: fails with every pool's reason, or with ``wait_for_capacity`` waits (deferred
+   to the triggerer when ``deferrable``) until one does or ``capacity_timeout`` passes;
+4. sweeps the job's leftovers from an earlier try on the chosen hosts, then starts torchrun on
+   every host (one process group each), streaming every line into the task log prefixed by host
+   and rank, renewing the lease while it runs;
+5. a GPU of the job evicted in the ledger (by the health sensor) is replaced there (SPEC §8) and
+   the workers restart on the new set, resuming from the job's checkpoint; with no replacement
+   the job follows ``on_no_replacement`` (``fail``, or ``wait`` for one);
+6. any worker failing stops the others and fails the task with the host, exit code and the tail
+   of its output; success releases the reservation and returns the decision with run facts.
+
+``on_kill`` (task cleared or marked failed, timeout) ends every remote process group and
+releases the reservation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from datetime import timedelta
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from airflow_hetero_gpu.errors import HeteroGpuError
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from airflow_hetero_gpu.core.cluster import Cluster
+    from airflow_hetero_gpu.core.model import PlanRequest, PlanResult
+    from airflow_hetero_gpu.ledger import Ledger
+
+ON_NO_REPLACEMENT = ("fail", "wait")
+
+
+def default_job_id(dag_id: str, task_id: str, run_id: str, map_index: int | None = None) -> str:
+    """A job id that is stable across retries of one task instance and fits the launcher's
+    rules (1-128 of ``[A-Za-z0-9._-]``): readable dag and task ids plus a hash of the run."""
+    key = f"{dag_id}\0{task_id}\0{run_id}\0{-1 if map_index is None else map_index}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    clean = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{dag_id}.{task_id}").strip("._") or "job"
+    return f"{clean[:100]}.{digest}"
+
+
+class HeteroTrainOperator(BaseOperator):
+    """Train on ``gpu_count`` GPUs of a heterogeneous cluster chosen by the seed's evaluation.
+
+    :param gpu_count: number of GPUs (k), all of one pool (one card type).
+    :param gpu_type: acceptable card type(s): a name (``"A100-SXM4-80GB"``, ``"RTX 4090"``,
+        globs like ``"A100*"``) or a list; ``None`` for any.
+    :param task_type: training-task type the pool must support (``cluster.yaml`` task types);
+        kept as the attribute ``training_task_type`` (``task_type`` is Airflow's own).
+    :param gpu_memory_mib: free memory each GPU must have.
+    :param script: training script path on the hosts, run under torchrun.
+    :param script_args: the script's arguments (a list; each passed literally, never through a shell).
+    :param command: instead of ``script``: a full argv run on every host (non-torchrun launchers);
+        it finds its place through ``HETERO_GPU_NODE_RANK``, ``HETERO_GPU_NNODES``,
+        ``HETERO_GPU_MASTER_ADDR``/``PORT`` and ``CUDA_VISIBLE_DEVICES``.
+    :param env: environment variables for the workers (values are masked in the task log).
+    :param workdir: working directory on the hosts.
+    :param ssh_conn_ids: the hosts' ``ssh`` connections: a list (the connection id is the host's
+        name) or a mapping host name -> connection id.
+    :param captures_dir: where collections are kept (persisting it keeps a failed host's last
+        inventory; the plugin page and the deferred wait read it); default a temporary directory.
+    :param cluster_config: ``cluster.yaml`` path or mapping (weights, thresholds, task types).
+    :param topology_conf: Slurm ``topology.conf`` path (switch tiers between hosts).
+    :param ledger_conn_id: Airflow connection of the ledger database (see ``LedgerHook``).
+    :param ledger_url: or its SQLAlchemy URL; neither: SQLite under ``$AIRFLOW_HOME``.
+    :param weights: override of the evaluation weights (``load_balance``, ``fragmentation``, ``topology``).
+    :param wait_for_capacity: when no pool fits now, wait for one instead of failing.
+    :param capacity_timeout: seconds to wait for capacity.
+    :param capacity_poll_interval: seconds between two re-plans while waiting.
+    :param deferrable: wait for capacity in the triggerer instead of holding a worker slot.
+    :param on_no_replacement: ``"fail"`` or ``"wait"`` when a GPU of the running job turns abnormal
+        and no healthy GPU of its pool can replace it.
+    :param max_restarts: restarts of the workers on a new GPU set (after replacements) before failing;
+        also passed to torchrun as ``--max-restarts``.
+    :param checkpoint_dir: when set, ``--checkpoint-dir DIR`` is appended to the script's arguments
+        (the example script resumes from it after a restart).
+    :param lease_seconds: lease of the reservation; renewed every third of it while the job runs.
+    :param launcher: the torchrun argv on the hosts (``["python3", "-m", "torch.distributed.run"]``
+        where ``torchrun`` is not on the remote PATH).
+    :param rdzv_port: rendezvous port: ``"probe"`` a free port on the first host (default),
+        ``"derive"`` from the job id, or a number.
+    :param job_id: reservation and job id; default stable per task instance (a retry gets its
+        GPUs back).
+    """
+
+    template_fields: Sequence[str] = (
+        "gpu_count", "gpu_type", "training_task_type", "gpu_memory_mib", "script", "script_args", "command",
+        "env", "workdir", "captures_dir", "checkpoint_dir", "weights", "job_id",
+    )
+    template_fields_renderers = {"env": "json", "script_args": "json", "command": "json", "weights": "json"}
+    ui_color = "#d9ead3"
+
+    def __init__(
+        self,
+        *,
+        gpu_count: int | str,
+        gpu_type: str | Sequence[str] | None = None,
+        task_type: str | None = None,
+        gpu_memory_mib: int | float | str | None = None,
+        script: str | None = None,
+        script_args: Sequence[str] | None = None,
+        command: Sequence[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        ssh_conn_ids: Sequence[str] | Mapping[str, str] | None = None,
+        captures_dir: str | None = None,
+        cluster_config: str | Mapping[str, Any] | None = None,
+        topology_conf: str | None = None,
+        ledger_conn_id: str | None = None,
+        ledger_url: str | None = None,
+        weights: Mapping[str, float] | None = None,
+        wait_for_capacity: bool = False,
+        capacity_timeout: float = 3600.0,
+        capacity_poll_interval: float = 30.0,
+        deferrable: bool = False,
+        on_no_replacement: str = "fail",
+        max_restarts: int = 3,
+        checkpoint_dir: str | None = None,
+        lease_seconds: float = 120.0,
+        launcher: Sequence[str] = ("torchrun",),
+        rdzv_port: int | str = "probe",
+        job_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.gpu_count = gpu_count
+        self.gpu_type = gpu_type
+        # BaseOperator.task_type is Airflow's own (the operator class name): keep ours apart
+        self.training_task_type = task_type
+        self.gpu_memory_mib = gpu_memory_mib
+        self.script = script
+        self.script_args = script_args
+        self.command = command
+        self.env = env
+        self.workdir = workdir
+        self.ssh_conn_ids = ssh_conn_ids
+        self.captures_dir = captures_dir
+        self.cluster_config = cluster_config
+        self.topology_conf = topology_conf
+        self.ledger_conn_id = ledger_conn_id
+        self.ledger_url = ledger_url
+        self.weights = weights
+        self.wait_for_capacity = wait_for_capacity
+        self.capacity_timeout = capacity_timeout
+        self.capacity_poll_interval = capacity_poll_interval
+        self.deferrable = deferrable
+        self.on_no_replacement = on_no_replacement
+        self.max_restarts = max_restarts
+        self.checkpoint_dir = checkpoint_dir
+        self.lease_seconds = lease_seconds
+        self.launcher = launcher
+        self.rdzv_port = rdzv_port
+        self.job_id = job_id
+        self._job = None
+        self._ledger_obj: Ledger | None = None
+
+    # --- validation ---------------------------------------------------------------------------
+    def _fail(self, message: str) -> AirflowFailException:
+        return AirflowFailException(" ".join(message.split()))
+
+    def _request(self) -> PlanRequest:
+        from airflow_hetero_gpu.core.model import PlanRequest
+
+        count = _as_int(self.gpu_count, "gpu_count")
+        memory = None
+        if self.gpu_memory_mib not in (None, ""):
+            try:
+                memory = float(self.gpu_memory_mib)
+            except (TypeError, ValueError):
+                raise self._fail(f"gpu_memory_mib: expected a number of MiB, got {self.gpu_memory_mib!r}") from None
+            memory = int(memory) if memory.is_integer() else memory
+        gpu_type = self.gpu_type
+        if isinstance(gpu_type, (list, tuple)):
+            gpu_type = tuple(gpu_type) if len(gpu_type) != 1 else gpu_type[0]
+        if gpu_type == "":
+            gpu_type = None
+        try:
+            return PlanRequest(count, gpu_type, self.training_task_type or None, memory)
+        except HeteroGpuError as err:
+            raise self._fail(str(err)) from None
+
+    def _validate(self) -> None:
+        if self.on_no_replacement not in ON_NO_REPLACEMENT:
+            raise self._fail(f"on_no_replacement: expected 'fail' or 'wait', got {self.on_no_replacement!r}")
+        if bool(self.script) == bool(self.command):
+            raise self._fail("give either script (run under torchrun) or command (a full argv), not both or neither")
+        if not self.ssh_conn_ids:
+            raise self._fail("ssh_conn_ids: no hosts given")
+        for name in ("script_args", "command"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, str) or not all(isinstance(v, str) for v in value)):
+                raise self._fail(f"{name}: expected a list of strings, got {value!r}")
+        if self.env is not None and not isinstance(self.env, Mapping):
+            raise self._fail(f"env: expected a mapping of names to strings, got {self.env!r}")
+        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+            raise self._fail(f"max_restarts: expected a non-negative integer, got {self.max_restarts!r}")
+        if self.weights is not None and not isinstance(self.weights, Mapping):
+            raise self._fail(f"weights: expected a mapping like {{'topology': 0.6}}, got {self.weights!r}")
+
+    # --- collaborators ------------------------------------------------------------------------
+    @cached_property
+    def hook(self):
+        from airflow_hetero_gpu.hooks.hetero_gpu import HeteroGpuHook
+
+        return HeteroGpuHook(self.ssh_conn_ids, captures_dir=self.captures_dir, config=self.cluster_config,
+                             topology_conf=self.topology_conf)
+
+    @cached_property
+    def ledger_hook(self):
+        from airflow_hetero_gpu.hooks.ledger import LedgerHook
+
+        return LedgerHook(ledger_conn_id=self.ledger_conn_id, ledger_url=self.ledger_url)
+
+    @property
+    def ledger(self) -> Ledger:
+        if self._ledger_obj is None:
+            self._ledger_obj = self.ledger_hook.get_ledger()
+        return self._ledger_obj
+
+    def _cluster(self) -> Cluster:
+        try:
+            return self.hook.get_cluster()
+        except HeteroGpuError as err:
+            raise self._fail(str(err)) from None
+
+    # --- execute ------------------------------------------------------------------------------
+    def execute(self, context: Context) -> dict[str, Any]:
+        return self._place_and_run(context)
+
+    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Resumed by the capacity trigger: reserve for real (another job may have been faster,
+        in which case the wait goes on)."""
+        event = event or {}
+        if event.get("status") == "timeout":
+            raise AirflowException(
+                f"no pool could host the job within {float(self.capacity_timeout):g} s: {event.get('message', '')}")
+        if event.get("status") != "capacity":
+            raise AirflowException(f"waiting for capacity failed: {event.get('message', event)}")
+        return self._place_and_run(context)
+
+    def _place_and_run(self, context: Context) -> dict[str, Any]:
+        self._validate()
+        request = self._request()
+        self._mask_env()
+        job_id = self._job_id(context)
+        result = self._reserve(job_id, request, context)
+        if result.decision is None:
+            result = self._wait_for_capacity(job_id, request, result, context)
+        return self._run(job_id, result, context)
+
+    def _job_id(self, context: Context) -> str:
+        if self.job_id:
+            from airflow_hetero_gpu.launch.command import validate_job_id
+
+            try:
+                return validate_job_id(self.job_id)
+            except ValueError as err:
+                raise self._fail(f"job_id: {err}") from None
+        ti = context["ti"]
+        return default_job_id(ti.dag_id, ti.task_id, ti.run_id, getattr(ti, "map_index", None))
+
+    def _identity(self, context: Context) -> dict[str, Any]:
+        ti = context["ti"]
+        map_index = getattr(ti, "map_index", None)
+        return {"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id,
+                "try_number": int(ti.try_number),
+                "map_index": None if map_index is None or map_index < 0 else int(map_index)}
+
+    def _mask_env(self) -> None:
+        from airflow.sdk.log import mask_secret
+
+        for value in (self.env or {}).values():
+            if isinstance(value, str) and value:
+                mask_secret(value)
+
+    def _reserve(self, job_id: str, request: PlanRequest, context: Context) -> PlanResult:
+        from airflow_hetero_gpu.cli import render_plan
+
+        cluster = self._cluster()
+        try:
+            result = self.ledger.reserve(job_id, cluster, request, lease_seconds=self.lease_seconds,
+                                         identity=self._identity(context), config=self._config(cluster))
+        except HeteroGpuError as err:
+            raise self._fail(str(err)) from None
+        self._cluster_seen = cluster
+        self.log.info("placement for job %s:\n%s", job_id, render_plan(result))
+        if result.decision is not None:
+            context["ti"].xcom_push(key="decision", value=result.to_json())
+        return result
+
+    def _config(self, cluster: Cluster):
+        if not self.weights:
+            return None
+        try:
+            return cluster.config.with_weights(dict(self.weights))
+        except HeteroGpuError as err:
+            raise self._fail(str(err)) from None
+
+    def _wait_for_capacity(self, job_id: str, request: PlanRequest, result: PlanResult,
+                           context: Context) -> PlanResult:
+        """No pool fits now: fail with every pool's reason, or wait (in the triggerer when
+        deferrable) and return the reservation once one does."""
+        reasons = _reasons(result)
+        if not self.wait_for_capacity:
+            raise AirflowException(f"no pool can host {request.gpus} GPU(s) now: {reasons}")
+        if self.deferrable:
+            from airflow_hetero_gpu.triggers.capacity import CapacityTrigger
+
+            self.log.info("no pool can host the job now; deferring until one can (timeout %gs)",
+                          float(self.capacity_timeout))
+            self.defer(
+                trigger=CapacityTrigger(
+                    captures_dir=str(self.hook.captures_path), request=request.to_json(),
+                    ledger_conn_id=self.ledger_conn_id,
+                    ledger_url=None if self.ledger_conn_id else self.ledger_hook.get_url(),
+                    config=self.cluster_config if not isinstance(self.cluster_config, str) else self.cluster_config,
+                    weights=dict(self.weights) if self.weights else None,
+                    poll_interval=float(self.capacity_poll_interval), timeout=float(self.capacity_timeout),
+                ),
+                method_name="execute_complete",
+                timeout=timedelta(seconds=float(self.capacity_timeout) + 60),
+            )
+        deadline = time.monotonic() + float(self.capacity_timeout)
+        while time.monotonic() < deadline:
+            self.log.info("no pool can host the job now (%s); re-planning in %gs", reasons,
+                          float(self.capacity_poll_interval))
+            time.sleep(min(float(self.capacity_poll_interval), max(0.0, deadline - time.monotonic())))
+            result = self._reserve(job_id, request, context)
+            if result.decision is not None:
+                return result
+            reasons = _reasons(result)
+        raise AirflowException(f"no pool could host the job within {float(self.capacity_timeout):g} s: {reasons}")
+
+    # --- running ------------------------------------------------------------------------------
+    def _run(self, job_id: str, result: PlanResult, context: Context) -> dict[str, Any]:
+        from airflow_hetero_gpu.launch.orphans import kill_orphans
+
+        decision = result.decision
+        started = time.monotonic()
+        restarts = 0
+        runs: list[dict[str, Any]] = []
+        targets = self.hook.ssh_targets()
+        factory = self.hook.client_factory()
+        try:
+            hosts = [targets[h] for h in decision.hosts]
+            swept = kill_orphans(job_id, hosts, factory)
+            for sweep in swept:
+                if getattr(sweep, "processes", None):
+                    self.log.warning("stopped %d leftover process(es) of job %s on %s", len(sweep.processes),
+                                     job_id, sweep.host)
+            gpus = [(g.host, g.index) for g in decision.gpus]
+            while True:
+                outcome, facts = self._run_once(job_id, gpus, targets, factory)
+                runs.append(facts)
+                if outcome == "done":
+                    break
+                # outcome == "restart": the ledger's GPU set changed (replacement)
+                restarts += 1
+                if restarts > self.max_restarts:
+                    raise AirflowException(
+                        f"job {job_id}: GPUs replaced {restarts} times, more than max_restarts={self.max_restarts}")
+                gpus = facts["next_gpus"]
+                self.log.info("job %s: restarting on %s (restart %d of at most %d), resuming from its checkpoint",
+                              job_id, _fmt_gpus(gpus), restarts, self.max_restarts)
+        except BaseException:
+            self._release(job_id)
+            raise
+        self._release(job_id)
+        out = result.to_json()["decision"]
+        out["job_id"] = job_id
+        out["run"] = {"duration_s": round(time.monotonic() - started, 3), "restarts": restarts,
+                      "hosts": runs[-1]["hosts"], "exit_codes": runs[-1]["exit_codes"],
+                      "gpus": [{"host": h, "index": i} for h, i in runs[-1]["gpus"]]}
+        return out
+
+    def _run_once(self, job_id, gpus, targets, factory) -> tuple[str, dict[str, Any]]:
+        from airflow_hetero_gpu.launch.command import Command, LaunchSpec, Torchrun
+        from airflow_hetero_gpu.launch.remote import torchrun_job
+
+        by_host: dict[str, list[int]] = {}
+        for h, i in gpus:
+            by_host.setdefault(h, []).append(i)
+        placements = [(targets[h], tuple(sorted(ix))) for h, ix in by_host.items()]
+        args = list(self.script_args or [])
+        if self.checkpoint_dir:
+            args += ["--checkpoint-dir", self.checkpoint_dir]
+        if self.script:
+            program = Torchrun(self.script, tuple(args), max_restarts=0, launcher=tuple(self.launcher))
+        else:
+            program = Command(tuple(self.command))
+        try:
+            spec = LaunchSpec(job_id, program, env=dict(self.env or {}), workdir=self.workdir)
+        except ValueError as err:
+            raise self._fail(str(err)) from None
+        log = self.log
+
+        def on_line(host: str, rank: int, stream: str, line: str) -> None:
+            log.info("[%s rank %d] %s", host, rank, line)
+
+        job = torchrun_job(spec, placements, factory, on_line=on_line, rdzv_port=self.rdzv_port)
+        self._job = job
+        self.log.info("job %s: starting on %s", job_id, _fmt_gpus(gpus))
+        job.start()
+        renew_every = max(1.0, float(self.lease_seconds) / 3)
+        check_every = min(renew_every, 5.0)
+        last_renew = time.monotonic()
+        next_gpus = None
+        while True:
+            try:
+                res = job.wait(timeout=check_every)
+                break
+            except TimeoutError:
+                pass
+            now = time.monotonic()
+            if now - last_renew >= renew_every:
+                self._renew(job_id, job)
+                last_renew = now
+            next_gpus = self._replacement_needed(job_id, gpus)
+            if next_gpus is not None:
+                self.log.warning("job %s: its GPU set changed in the ledger; stopping the workers", job_id)
+                job.kill()
+                res = job.wait()
+                break
+        facts = {"hosts": [r.host for r in res.hosts], "exit_codes": {r.host: r.exit_code for r in res.hosts},
+                 "gpus": gpus}
+        if next_gpus is not None:
+            facts["next_gpus"] = next_gpus
+            return "restart", facts
+        if res.failure is not None:
+            raise AirflowException(_failure_message(job_id, res))
+        if res.killed:
+            raise AirflowException(f"job {job_id} was killed")
+        return "done", facts
+
+    def _renew(self, job_id: str, job) -> None:
+        from airflow_hetero_gpu.ledger import NoLiveReservation
+
+        try:
+            self.ledger.renew(job_id, self.lease_seconds)
+        except NoLiveReservation:
+            job.kill()
+            raise AirflowException(f"job {job_id}: the reservation was released or its lease expired; "
+                                   "the workers were stopped") from None
+
+    def _replacement_needed(self, job_id: str, gpus: list[tuple[str, int]]) -> list[tuple[str, int]] | None:
+        """The job's new GPU set when the ledger changed it (a replacement), else None.
+
+        A GPU of the job evicted without a replacement yet: try to replace it now (SPEC §8); with
+        none available, ``on_no_replacement`` decides.
+        """
+        res = self.ledger.get(job_id)
+        if res is None:
+            return None
+        current = [(g.host, g.index) for g in res.gpus]
+        if sorted(current) != sorted(gpus):
+            return current
+        evicted = self.ledger.evicted_map()
+        bad = [g for g in current if g in evicted]
+        if not bad:
+            return None
+        cluster = self._cluster()
+        changed = False
+        for key in bad:
+            new = self.ledger.replace(job_id, key, cluster, reasons=evicted[key])
+            if new is None:
+                msg = f"job {job_id}: GPU {key[0]}:{key[1]} is abnormal ({', '.join(evicted[key])}) and no healthy GPU of its pool can replace it"
+                if self.on_no_replacement == "fail":
+                    if self._job is not None:
+                        self._job.kill()
+                    raise AirflowException(msg)
+                self.log.warning("%s; waiting for one (on_no_replacement='wait')", msg)
+            else:
+                self.log.info("job %s: GPU %s:%s replaced by %s:%s", job_id, key[0], key[1], new.host, new.index)
+                changed = True
+        if changed:
+            res = self.ledger.get(job_id)
+            return [(g.host, g.index) for g in res.gpus]
+        return None
+
+    def _release(self, job_id: str) -> None:
+        try:
+            if self.ledger.release(job_id):
+                self.log.info("job %s: reservation released", job_id)
+        except Exception:  # the lease frees the GPUs anyway
+            self.log.exception("job %s: releasing the reservation failed; its lease will free the GPUs", job_id)
+
+    def on_kill(self) -> None:
+        job = self._job
+        if job is not None:
+            self.log.info("task killed: stopping job %s on every host", job.job_id)
+            job.kill()
+            self._release(job.job_id)
+
+
+def _failure_message(job_id: str, res) -> str:
+    """The first host that failed, every other host that failed with torchrun's root cause (the
+    crash may have started there: a dying peer makes the others fail too), and the first's tail."""
+    from airflow_hetero_gpu.launch.remote import summarize_tail
+
+    f = res.failure
+    others = [
+        f"{r.host} exited with {r.exit_code}" + (f" ({summarize_tail(r.tail)})" if summarize_tail(r.tail) else "")
+        for r in res.hosts if r.host != f.host and r.exit_code not in (0, None)
+    ]
+    head = f"job {job_id}: worker on {f.host} (node rank {f.rank}) exited with {f.exit_code} first"
+    if f.summary:
+        head += f" ({f.summary})"
+    if others:
+        head += "; also failed: " + "; ".join(others)
+    tail = "\n".join(f.tail[-20:])
+    return f"{head}. The other hosts were stopped. Last lines from {f.host}:\n{tail}"
+
+
+def _reasons(result: PlanResult) -> str:
+    return "; ".join(f"{p.pool}: {p.reason}" for p in result.pools) or "no GPUs collected"
+
+
+def _as_int(value: Any, name: str) -> int:
+    if isinstance(value, bool):
+        raise AirflowFailException(f"{name}: expected a positive integer, got {value!r}")
+    try:
+        number = int(str(value).strip()) if isinstance(value, str) else value
+    except ValueError:
+        raise AirflowFailException(f"{name}: expected a positive integer, got {value!r}") from None
+    if not isinstance(number, int):
+        raise AirflowFailException(f"{name}: expected a positive integer, got {value!r}")
+    return number
+
+
+def _fmt_gpus(gpus: Sequence[tuple[str, int]]) -> str:
+    by: dict[str, list[str]] = {}
+    for h, i in gpus:
+        by.setdefault(h, []).append(str(i))
+    return "; ".join(f"{h} GPU {','.join(ix)}" for h, ix in by.items())

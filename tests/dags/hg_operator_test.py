@@ -1,0 +1,63 @@
+"""DAGs for the operator's end-to-end tests. Everything test-specific comes from HG_TEST_* env
+variables, read at run time (the file imports cleanly with none of them set)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pendulum
+from airflow.sdk import dag, task
+
+from airflow_hetero_gpu.operators.hetero_train import HeteroTrainOperator
+
+
+def _cfg(name: str, default: str = "") -> str:
+    return os.environ.get(f"HG_TEST_{name}", default)
+
+
+def _train(task_id: str, **overrides) -> HeteroTrainOperator:
+    cfg = json.loads(_cfg("CONFIG", "{}"))
+    args = dict(
+        task_id=task_id,
+        gpu_count=cfg.get("gpu_count", 4),
+        gpu_type=cfg.get("gpu_type"),
+        script=cfg.get("script", "train_tiny.py"),
+        script_args=cfg.get("script_args", []),
+        env={"OMP_NUM_THREADS": "1", **cfg.get("env", {})},
+        workdir=cfg.get("workdir"),
+        ssh_conn_ids=cfg.get("ssh_conn_ids", []),
+        captures_dir=cfg.get("captures_dir"),
+        ledger_url=cfg.get("ledger_url"),
+        launcher=cfg.get("launcher", [sys.executable, "-m", "torch.distributed.run"]),
+        checkpoint_dir=cfg.get("checkpoint_dir"),
+        lease_seconds=cfg.get("lease_seconds", 30),
+        wait_for_capacity=cfg.get("wait_for_capacity", False),
+        deferrable=cfg.get("deferrable", False),
+        capacity_poll_interval=cfg.get("capacity_poll_interval", 2),
+        capacity_timeout=cfg.get("capacity_timeout", 300),
+        on_no_replacement=cfg.get("on_no_replacement", "fail"),
+        job_id=cfg.get("job_id"),
+        retries=0,
+    )
+    args.update(overrides)
+    return HeteroTrainOperator(**args)
+
+
+@dag(schedule=None, start_date=pendulum.datetime(2026, 1, 1), catchup=False, tags=["test"])
+def hg_train_test():
+    train = _train("train")
+
+    @task
+    def evaluate(decision: dict) -> dict:
+        out = _cfg("OUT")
+        if out:
+            with open(out, "w") as fh:
+                json.dump(decision, fh)
+        return {"pool": decision["pool"], "hosts": decision["hosts"]}
+
+    evaluate(train.output)
+
+
+hg_train_test()
