@@ -11,7 +11,7 @@ import pytest
 
 from airflow_hetero_gpu.core.cluster import build_cluster
 from airflow_hetero_gpu.core.inventory import load_cluster
-from airflow_hetero_gpu.core.model import Gpu, GpuKey
+from airflow_hetero_gpu.core.model import Gpu
 from airflow_hetero_gpu.core.topology import HostWiring, NetworkTiers
 from airflow_hetero_gpu.ledger.records import Eviction, Reservation, ReservedGpu, TaskIdentity
 from airflow_hetero_gpu.plugins import render
