@@ -6,7 +6,8 @@ command from :mod:`airflow_hetero_gpu.launch.command`) and
 - connects to every host first (in parallel, at most ``max_parallel`` at once), so that a host
   that cannot be reached fails the start before anything runs (:class:`JobStartError`);
 - starts each command on its own SSH channel (``exec``, no pty) and reads its stdout and stderr
-  in one thread each, calling ``on_line(host, rank, stream, line)`` for every line as it comes and
+  in one thread each, calling ``on_line(host, rank, stream, line)`` for every line as it comes
+  (without a callback, lines go to this module's logger as ``[host/rank] line``) and
   keeping only the last ``tail_lines`` lines per host (and at most ``max_line_bytes`` per line);
 - waits for every host; the first host that exits non-zero becomes the job's
   :class:`JobFailure`, and every host's processes are then ended (see :meth:`RemoteJob.kill`);
@@ -342,11 +343,13 @@ class RemoteJob:
                         look_for_pgid = False
                         continue
                 run.tail.append(line)
-                if self.on_line is not None:
-                    try:
-                        self.on_line(run.worker.host, run.worker.rank, stream, line)
-                    except Exception:  # a broken callback must not stop the reading
-                        log.exception("on_line callback failed for %s", run.worker.host)
+                if self.on_line is None:
+                    log.info("[%s/%d] %s", run.worker.host, run.worker.rank, line)
+                    continue
+                try:
+                    self.on_line(run.worker.host, run.worker.rank, stream, line)
+                except Exception:  # a broken callback must not stop the reading
+                    log.exception("on_line callback failed for %s", run.worker.host)
         except Exception as exc:  # the connection dropped mid-read
             run.error = run.error or f"output stream lost: {exc or type(exc).__name__}"
 
