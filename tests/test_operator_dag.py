@@ -95,3 +95,146 @@ def test_shell_metacharacters_stay_literal(airflow_home, two_hosts, tmp_path):
     assert not target.exists()
     log = r.stdout + r.stderr
     assert f"; touch {target}" in log  # it arrived as one literal argument
+
+
+def _start(home, cluster, tmp_path, name, on_line, **config):
+    """Run the DAG in the background, calling on_line(line) for each output line."""
+    import threading
+
+    env_conns, ids = connection_env(cluster)
+    cfg = {"ssh_conn_ids": ids, "script": SCRIPT, "ledger_url": f"sqlite:///{tmp_path / 'ledger.db'}",
+           "captures_dir": str(tmp_path / f"captures-{name}"), "workdir": str(tmp_path), **config}
+    out = tmp_path / f"decision-{name}.json"
+    env = airflow_env(home, DAGS, {**env_conns, "HG_TEST_CONFIG": json.dumps(cfg), "HG_TEST_OUT": str(out)})
+    cmd = [*__import__("airflow_hetero_gpu.testing.airflow_env", fromlist=["x"]).airflow_command(),
+           "dags", "test", "hg_train_test"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+
+    def pump():
+        for line in proc.stdout:
+            lines.append(line)
+            on_line(line)
+
+    thread = threading.Thread(target=pump, daemon=True)
+    thread.start()
+    return proc, thread, lines, out, cfg
+
+
+def test_killing_the_task_stops_every_process_and_releases(airflow_home, two_hosts, tmp_path):
+    import signal
+    import threading
+
+    training = threading.Event()
+    proc, pump, lines, out, cfg = _start(
+        airflow_home, two_hosts, tmp_path, "kill",
+        lambda line: training.set() if re.search(r"epoch 2 loss", line) else None,
+        gpu_count=4, script_args=["--epochs", "100000", "--sleep", "0.2"])
+    try:
+        assert training.wait(240), "".join(lines)[-4000:]
+        with Ledger.from_url(cfg["ledger_url"]) as ledger:
+            (res,) = ledger.live_reservations()
+        job_id = res.job_id
+        assert _leftovers(job_id) != ""  # the workers run, under the job's marker
+        proc.send_signal(signal.SIGTERM)  # what Airflow sends when a task is cleared / marked failed
+        proc.wait(timeout=120)
+        pump.join(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = "".join(lines)
+    assert "task killed: stopping job" in log, log[-4000:]
+    assert _leftovers(job_id) == ""
+    with Ledger.from_url(cfg["ledger_url"]) as ledger:
+        assert ledger.live_reservations() == []
+
+
+def test_an_evicted_gpu_is_replaced_and_the_job_resumes(airflow_home, two_hosts, tmp_path):
+    """A GPU of the running job is evicted (as the health sensor does): the operator swaps it for
+    a healthy GPU of the pool in the ledger (SPEC §8), restarts the workers on the new set, and
+    they resume from the checkpoint."""
+    from airflow_hetero_gpu.core.model import GpuKey
+
+    ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    evicted: list[str] = []
+
+    def on_line(line: str) -> None:
+        if not evicted and re.search(r"epoch 3 loss", line):
+            with Ledger.from_url(ledger_url) as ledger:
+                (res,) = ledger.live_reservations()
+                victim = res.gpus[-1]
+                ledger.evict(GpuKey(victim.host, victim.index), victim.uuid, ["ecc"])
+                evicted.append(f"{victim.host}:{victim.index}")
+
+    proc, pump, lines, out, cfg = _start(
+        airflow_home, two_hosts, tmp_path, "evict", on_line, gpu_count=2, ledger_url=ledger_url,
+        script_args=["--epochs", "8", "--sleep", "0.5"], checkpoint_dir=str(tmp_path / "ckpt"))
+    try:
+        proc.wait(timeout=400)
+        pump.join(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = "".join(lines)
+    assert proc.returncode == 0, log[-6000:]
+    assert evicted == ["node01:1"]  # both GPUs of node01 were chosen (best fit on one host)
+    assert re.search(r"GPU node01:1 replaced by node02:0", log), log[-4000:]
+    assert re.search(r"rank 0 resumed from epoch [3-8]", log), log[-4000:]
+    decision = json.loads(out.read_text())
+    assert decision["run"]["restarts"] == 1
+    assert decision["run"]["gpus"] == [{"host": "node01", "index": 0}, {"host": "node02", "index": 0}]
+    with Ledger.from_url(ledger_url) as ledger:
+        assert ledger.live_reservations() == []
+        assert GpuKey("node01", 1) in ledger.evicted_map()
+
+
+def test_a_second_run_waits_deferred_until_the_first_releases(airflow_home, two_hosts, tmp_path, tmp_path_factory):
+    """Two DAG runs (two Airflow deployments sharing the ledger) want all four GPUs: the second
+    defers, its trigger re-plans until the first releases, then it trains."""
+    import threading
+    import time
+
+    home_b = tmp_path_factory.mktemp("airflow-b")
+    migrate(airflow_env(home_b, DAGS))
+    a_training = threading.Event()
+    marks: dict[str, float] = {}
+
+    def on_a(line):
+        if "epoch 1 loss" in line:
+            a_training.set()
+        if "reservation released" in line:
+            marks.setdefault("a_released", time.monotonic())
+
+    stop_a = tmp_path / "stop-a"
+
+    def on_b(line):
+        if "deferring until one can" in line:
+            marks.setdefault("b_deferred", time.monotonic())
+            stop_a.touch()  # only now may the first run finish (and release)
+        if "epoch 1 loss" in line:
+            marks.setdefault("b_training", time.monotonic())
+
+    proc_a, pump_a, lines_a, out_a, _ = _start(airflow_home, two_hosts, tmp_path, "a", on_a, gpu_count=4,
+                                               script_args=["--epochs", "100000", "--sleep", "0.2",
+                                                            "--stop-file", str(tmp_path / "stop-a")])
+    try:
+        assert a_training.wait(240), "".join(lines_a)[-3000:]
+        proc_b, pump_b, lines_b, out_b, _ = _start(
+            home_b, two_hosts, tmp_path, "b", on_b, gpu_count=4, script_args=["--epochs", "2"],
+            wait_for_capacity=True, deferrable=True, capacity_poll_interval=1)
+        try:
+            proc_a.wait(timeout=300)
+            proc_b.wait(timeout=300)
+            pump_a.join(10)
+            pump_b.join(10)
+        finally:
+            if proc_b.poll() is None:
+                proc_b.kill()
+    finally:
+        if proc_a.poll() is None:
+            proc_a.kill()
+    log_b = "".join(lines_b)
+    assert proc_a.returncode == 0, "".join(lines_a)[-3000:]
+    assert proc_b.returncode == 0, log_b[-4000:]
+    assert marks["b_deferred"] < marks["a_released"] < marks["b_training"], marks
+    assert json.loads(out_b.read_text())["hosts"] == ["node01", "node02"]

@@ -19,6 +19,8 @@ Start it with torchrun (it reads RANK, LOCAL_RANK and WORLD_SIZE from torchrun's
   (a simulated crash, for tests of failure handling); ``--fail-host NAME`` instead makes the
   first local rank of the node whose ``HETERO_GPU_HOST`` is NAME crash (ranks are given out by
   the rendezvous, so a host is the stable way to name where the crash happens).
+- ``--stop-file PATH``: finish successfully after the epoch during which PATH appears on rank
+  0's host (a clean early stop that needs no signal).
 - SIGTERM (what torchrun and the launcher send to stop a job) stops the loop after the current
   step; the process then exits with status 143.
 
@@ -73,6 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fail-at-epoch", type=int, default=None)
     parser.add_argument("--fail-rank", type=int, default=0)
     parser.add_argument("--fail-host", default=None)
+    parser.add_argument("--stop-file", type=Path, default=None,
+                        help="finish successfully after the epoch during which this file appears on rank 0's host")
     args = parser.parse_args(argv)
     if args.epochs < 1 or args.samples < 1 or args.batch_size < 1 or args.log_every < 1:
         parser.error("--epochs, --samples, --batch-size and --log-every must be at least 1")
@@ -180,7 +184,7 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
         ):
             say(f"rank {rank}: simulated crash at epoch {epoch}", err=True)
             os._exit(CRASH_EXIT_CODE)
-        total = torch.zeros(2, device=device)
+        total = torch.zeros(3, device=device)
         for first in range(0, x.shape[0], args.batch_size):
             if Stop.requested:
                 say(f"rank {rank}: SIGTERM received, stopping in epoch {epoch}", err=True)
@@ -190,7 +194,10 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
             loss = loss_fn(ddp(xb), yb)
             (loss / xb.shape[0]).backward()
             optimizer.step()
-            total += torch.stack([loss.detach(), torch.tensor(float(xb.shape[0]), device=device)])
+            total += torch.stack([loss.detach(), torch.tensor(float(xb.shape[0]), device=device),
+                                  torch.tensor(0.0, device=device)])
+        if rank == 0 and args.stop_file is not None and args.stop_file.exists():
+            total[2] = 1.0  # summed over ranks with the loss: every rank learns it in the same step
         dist.all_reduce(total)
         mean = (total[0] / total[1]).item()
         if rank == 0:
@@ -198,6 +205,10 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
                 say(f"epoch {epoch} loss {mean:.6f}")
             if args.checkpoint_dir is not None:
                 save_checkpoint(args.checkpoint_dir, model, optimizer, epoch)
+        if total[2].item() > 0:
+            if rank == 0:
+                say(f"stop file {args.stop_file} found: finishing after epoch {epoch}")
+            break
         if args.sleep > 0:
             deadline = time.monotonic() + args.sleep
             while not Stop.requested and time.monotonic() < deadline:

@@ -379,6 +379,10 @@ class HeteroTrainOperator(BaseOperator):
                 self.log.info("job %s: restarting on %s (restart %d of at most %d), resuming from its checkpoint",
                               job_id, _fmt_gpus(gpus), restarts, self.max_restarts)
         except BaseException:
+            # whatever stopped us (a failure, a timeout, the task being killed): nothing of the
+            # job may outlive the task, and its GPUs go back at once
+            if self._job is not None:
+                self._job.kill()
             self._release(job_id)
             raise
         self._release(job_id)
