@@ -20,10 +20,15 @@ PROVIDER_INFO: dict = {
     "hooks": [
         {
             "integration-name": "Heterogeneous GPU cluster",
-            "python-modules": ["airflow_hetero_gpu.hooks.hetero_gpu"],
+            "python-modules": ["airflow_hetero_gpu.hooks.hetero_gpu", "airflow_hetero_gpu.hooks.ledger"],
         }
     ],
-    "operators": [],
+    "operators": [
+        {
+            "integration-name": "Heterogeneous GPU cluster",
+            "python-modules": ["airflow_hetero_gpu.operators.hetero_train"],
+        }
+    ],
     "sensors": [
         {
             "integration-name": "Heterogeneous GPU cluster",
@@ -33,12 +38,11 @@ PROVIDER_INFO: dict = {
     "triggers": [
         {
             "integration-name": "Heterogeneous GPU cluster",
-            "python-modules": ["airflow_hetero_gpu.triggers.gpu_health"],
+            "python-modules": ["airflow_hetero_gpu.triggers.gpu_health", "airflow_hetero_gpu.triggers.capacity"],
         }
     ],
-    "plugins": [
-        {"name": "hetero_gpu", "plugin-class": "airflow_hetero_gpu.plugins.cluster_page.HeteroGpuPlugin"},
-    ],
+    # The cluster page plugin is registered through the "airflow.plugins" entry point (pyproject),
+    # which Airflow loads in every configuration; listed here too it would load twice.
     "connection-types": [],
     "config": {
         "hetero_gpu": {

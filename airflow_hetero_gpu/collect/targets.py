@@ -27,7 +27,7 @@ class SshTarget:
     user: str | None = None
 
     def __post_init__(self) -> None:
-        if not _NAME.match(self.host_name or "") and not _is_ip(self.host_name):
+        if not _NAME.fullmatch(self.host_name or "") and not _is_ip(self.host_name):
             raise ValueError(f"invalid host name {self.host_name!r}: use letters, digits, '.', '_' or '-'")
         if not (1 <= int(self.port) <= 65535):
             raise ValueError(f"invalid port {self.port!r} for host {self.host_name!r}: must be 1-65535")
@@ -63,12 +63,12 @@ def parse_host(item: str) -> SshTarget:
     name: str | None = None
     if "=" in item:
         name, item = item.split("=", 1)
-        if not _NAME.match(name):
+        if not _NAME.fullmatch(name):
             raise _bad(raw, f"host name {name!r} may hold only letters, digits, '.', '_' or '-'")
     user: str | None = None
     if "@" in item:
         user, item = item.rsplit("@", 1)
-        if not _USER.match(user):
+        if not _USER.fullmatch(user):
             raise _bad(raw, f"user {user!r} is not a valid login name")
     port = 22
     if item.startswith("["):
@@ -96,7 +96,7 @@ def parse_host(item: str) -> SshTarget:
             port = _port(raw, port_text)
         if not host:
             raise _bad(raw, "no host")
-        if not (_is_ip(host) or _HOSTNAME.match(host)):
+        if not (_is_ip(host) or _HOSTNAME.fullmatch(host)):
             raise _bad(raw, f"{host!r} is not a host name or IP address")
     try:
         return SshTarget(host_name=name or host, address=host, port=port, user=user)

@@ -24,14 +24,8 @@ def host_gpus(cap: HostCapture, config: ClusterConfig) -> list[Gpu]:
         xids_by_bus.setdefault(ev.pci_bus_id, []).append(ev.xid)
     gpus: list[Gpu] = []
     for r in rows:
-        facts = GpuFacts(
-            host_error=host_error,
-            lost=bool(r.problems),
-            ecc_uncorrected=r.ecc_uncorrected,
-            retired_pages_pending=r.retired_pages_pending,
-            temperature_c=r.temperature_c,
-            xids=tuple(xids_by_bus.get(r.pci_bus_id, ())) if r.pci_bus_id else (),
-        )
+        facts = GpuFacts.from_row(r, host_error=host_error,
+                                  xids=xids_by_bus.get(r.pci_bus_id, ()) if r.pci_bus_id else ())
         reasons = health_reasons(facts, th)
         util = None if r.utilization_pct is None else r.utilization_pct / 100.0
         gpus.append(
