@@ -98,6 +98,8 @@ class HeteroGpuHook(BaseHook):
     :param read_kernel_log: read Xid lines from ``journalctl -k`` / ``dmesg``.
     :param use_nvml: query GPUs through the NVML agent where the host has python3 + pynvml.
     :param nvml_python: the hosts' interpreter that has pynvml (a name or path; default python3).
+    :param connections: the hosts' connections, already resolved (``{label: Connection}``); a
+        trigger resolves them in its event loop and hands them over, so no lookup happens here.
     """
 
     hook_name = "Heterogeneous GPU cluster"
@@ -116,10 +118,14 @@ class HeteroGpuHook(BaseHook):
         read_kernel_log: bool = True,
         use_nvml: bool = False,
         nvml_python: str = "python3",
+        connections: Mapping[str, Any] | None = None,
         logger_name: str | None = None,
     ) -> None:
         super().__init__(logger_name=logger_name)
         self.ssh_conn_ids = ssh_conn_ids
+        # Connections already resolved by the caller (a trigger does it in its event loop with
+        # the async lookup): {host label: Connection, or the exception its lookup raised}.
+        self.connections = dict(connections or {})
         self.captures_dir = captures_dir
         self.config = config
         self.topology_conf = topology_conf
@@ -163,7 +169,18 @@ class HeteroGpuHook(BaseHook):
         if hook is None:
             from airflow.providers.ssh.hooks.ssh import SSHHook  # noqa: PLC0415 - heavy, lazy
 
-            hook = SSHHook(
+            cls = SSHHook
+            if label in self.connections:
+                resolved = self.connections[label]
+                if isinstance(resolved, BaseException):
+                    raise resolved
+
+                class ResolvedSSHHook(SSHHook):  # no lookup: the connection is at hand
+                    def get_connection(self, conn_id: str) -> Any:  # type: ignore[override]
+                        return resolved
+
+                cls = ResolvedSSHHook
+            hook = cls(
                 ssh_conn_id=conn_id,
                 conn_timeout=self.connect_timeout,  # type: ignore[arg-type]
                 banner_timeout=self.connect_timeout,

@@ -402,42 +402,6 @@ class HealthWatch:
         }
 
 
-# --- connections resolved elsewhere ----------------------------------------------------------------
-def _resolved_ssh_hook(connection: Any, **kwargs: Any):
-    """providers-ssh's ``SSHHook`` built from an already resolved Connection (no lookup)."""
-    from airflow.providers.ssh.hooks.ssh import SSHHook  # noqa: PLC0415
-
-    class ResolvedSSHHook(SSHHook):
-        def get_connection(self, conn_id: str) -> Any:  # type: ignore[override]
-            return connection
-
-    return ResolvedSSHHook(ssh_conn_id=connection.conn_id, **kwargs)
-
-
-class ResolvedHeteroGpuHook(HeteroGpuHook):
-    """:class:`HeteroGpuHook` whose connections were resolved beforehand (in the triggerer's event
-    loop, with ``get_async_connection``); a failed lookup fails its host only, as in the hook."""
-
-    def __init__(self, ssh_conn_ids: Sequence[str] | Mapping[str, str],
-                 connections: Mapping[str, Any], **kwargs: Any) -> None:
-        super().__init__(ssh_conn_ids, **kwargs)
-        self._connections = dict(connections)
-        self._resolved: dict[str, Any] = {}
-
-    def ssh_hook(self, label: str, *args: Any, **kwargs: Any):  # type: ignore[override]
-        hook = self._resolved.get(label)
-        if hook is None:
-            conn = self._connections[label]
-            if isinstance(conn, BaseException):
-                raise conn
-            hook = _resolved_ssh_hook(
-                conn, conn_timeout=self.connect_timeout, banner_timeout=self.connect_timeout,
-                auth_timeout=self.connect_timeout, cmd_timeout=self.command_timeout, conn_retry_attempts=1,
-            )
-            self._resolved[label] = hook
-        return hook
-
-
 # --- the trigger -----------------------------------------------------------------------------------
 class GpuHealthTrigger(BaseTrigger):
     """Run :class:`HealthWatch` checks every ``poke_interval`` seconds in the triggerer.
@@ -507,8 +471,8 @@ class GpuHealthTrigger(BaseTrigger):
             hosts = normalize_conn_ids(self.ssh_conn_ids)
             connections = await self._connections(hosts)
             ledger_url = await self._ledger_url()
-            hook = ResolvedHeteroGpuHook(hosts, connections, captures_dir=self._captures_dir(), config=self.config,
-                                         topology_conf=self.topology_conf, **self.hook_kwargs)
+            hook = HeteroGpuHook(hosts, connections=connections, captures_dir=self._captures_dir(),
+                                 config=self.config, topology_conf=self.topology_conf, **self.hook_kwargs)
             runner = HealthWatch(spec, hook, ledger_url, log=self.log)
             while not self._stopping:
                 await asyncio.to_thread(runner.check)
