@@ -118,3 +118,21 @@ def test_seed_weights_change_its_choice(view):
     p = make_policy("seed", weights={"load_balance": 1.0, "fragmentation": 0.0, "topology": 0.0})
     keys = p.place(view, Job("new", 0, 1, 2))
     assert sorted(f"{k.host}{k.index}" for k in keys) == ["c0", "c1"]
+
+
+def _schedule(cluster, weights):
+    from airflow_hetero_gpu.sim.engine import simulate
+
+    jobs = [Job(f"j{i}", i * 3.0, 20 + (i * 13) % 40, [1, 2, 1, 4, 8, 1, 2][i % 7]) for i in range(60)]
+    result = simulate(cluster, jobs, make_policy("seed", weights=weights))
+    return [(r.id, r.start, r.keys) for r in result.records]
+
+
+def test_w2_and_the_scale_of_the_weights_change_no_seed_decision(cluster):
+    """Every GPU is idle (load 0) or held (load 1), so FR = 0 in every pool and w2 multiplies 0;
+    and plan() only compares E, so scaling all weights changes nothing. The sweep relies on both."""
+    base = _schedule(cluster, {"load_balance": 0.3, "fragmentation": -0.2, "topology": 0.5})
+    assert _schedule(cluster, {"load_balance": 0.3, "fragmentation": -5.0, "topology": 0.5}) == base
+    assert _schedule(cluster, {"load_balance": 0.3, "fragmentation": 0.0, "topology": 0.5}) == base
+    assert _schedule(cluster, {"load_balance": 0.6, "fragmentation": 0.0, "topology": 1.0}) == base
+    assert _schedule(cluster, {"load_balance": 1.0, "fragmentation": 0.0, "topology": 0.0}) != base

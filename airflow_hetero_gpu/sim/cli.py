@@ -115,8 +115,9 @@ def register(subparsers) -> None:
 
 
 def cmd_simulate(args) -> int:
+    from airflow_hetero_gpu.core.config import Weights
     from airflow_hetero_gpu.sim.experiment import (
-        RunSpec, Setup, grid_points, parse_grid, run_many, sweep_specs,
+        RunSpec, Setup, direction, grid_points, parse_grid, run_many, sweep_specs,
     )
     from airflow_hetero_gpu.sim.fleet import build_fleet, read_nodes
     from airflow_hetero_gpu.sim.policies import POLICY_NAMES
@@ -155,8 +156,16 @@ def cmd_simulate(args) -> int:
     if grid is not None:
         points = grid_points(grid)
         sweep_runs, sweep_index = sweep_specs(points)
-    outcomes = run_many(setup, [*specs, *sweep_runs], args.workers)
-    runs, swept = outcomes[:len(specs)], outcomes[len(specs):]
+    # the sweep point with the seed's own weights is the seed run of the table: run it once
+    reuse = None
+    if "seed" in policies and sweep_runs:
+        seed_dir = direction(args.weights or Weights().model_dump())
+        reuse = next((i for i, r in enumerate(sweep_runs) if direction(r.weights) == seed_dir), None)
+    todo = [r for i, r in enumerate(sweep_runs) if i != reuse]
+    outcomes = run_many(setup, [*specs, *todo], args.workers)
+    runs, swept = outcomes[:len(specs)], list(outcomes[len(specs):])
+    if reuse is not None:
+        swept.insert(reuse, runs[policies.index("seed")])
 
     trace_info = {
         "source": trace.source, "jobs": len(trace.jobs), "notes": trace.notes, "counts": trace.counts,

@@ -52,6 +52,7 @@ class JobRecord:
     decision_s: float  # time spent in policy.place for this job, all attempts
     attempts: int
     duration: float = 0.0  # the trace's run time (end - start is it times the slowdown)
+    card_type: str = ""
 
     @property
     def wait(self) -> float:
@@ -169,6 +170,7 @@ def simulate(cluster: Cluster, jobs: Sequence[Job], policy: Policy, *, backfill:
         records[i] = JobRecord(
             job.id, job.gpus, job.arrival, now, end, keys, len({k.host for k in keys}),
             distance, one_host or job.gpus == 1, spent[i], attempts[i], job.duration,
+            cluster.gpu(keys[0]).name,
         )
         return True
 

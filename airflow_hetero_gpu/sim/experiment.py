@@ -25,14 +25,10 @@ from airflow_hetero_gpu.sim.trace import Job
 
 WEIGHT_NAMES = ("load_balance", "fragmentation", "topology")
 DEFAULT_GRID = {
-    "load_balance": (-0.3, 0.0, 0.1, 0.3, 0.6, 1.0),
+    "load_balance": (-0.3, 0.0, 0.1, 0.3, 0.6),
     "fragmentation": (-0.2,),
-    "topology": (0.1, 0.25, 0.5, 1.0),
+    "topology": (0.25, 0.5, 1.0),
 }
-# FR is 0 for every pool in a whole-GPU simulation (see docs/simulation.md); these extra points
-# show that w2 changes nothing
-GRID_W2_PROBE = ({"load_balance": 0.3, "fragmentation": 0.0, "topology": 0.5},
-                 {"load_balance": 0.3, "fragmentation": -1.0, "topology": 0.5})
 
 
 @dataclass(frozen=True)
@@ -141,23 +137,25 @@ def parse_grid(text: str | None) -> dict[str, tuple[float, ...]]:
     return grid
 
 
-def grid_points(grid: Mapping[str, Sequence[float]], probe_w2: bool = True) -> list[dict[str, float]]:
-    points = [dict(zip(WEIGHT_NAMES, combo)) for combo in itertools.product(*(grid[n] for n in WEIGHT_NAMES))]
-    if probe_w2 and grid == DEFAULT_GRID:
-        points += [dict(p) for p in GRID_W2_PROBE]
-    return points
+def grid_points(grid: Mapping[str, Sequence[float]]) -> list[dict[str, float]]:
+    return [dict(zip(WEIGHT_NAMES, combo)) for combo in itertools.product(*(grid[n] for n in WEIGHT_NAMES))]
 
 
 def direction(weights: Mapping[str, float]) -> tuple[float, ...]:
-    """The weights scaled to a largest magnitude of 1: plan() compares E values only, so
-    weights with the same direction give the same decisions and the same run."""
-    w = np.array([float(weights[n]) for n in WEIGHT_NAMES])
+    """What decides a simulated seed run: (w1, w3) scaled to a largest magnitude of 1.
+
+    plan() only compares E values, so scaling all weights by a positive factor changes no
+    decision; and in this simulator every GPU is idle (load 0) or held (load 1), so FR, which
+    counts GPUs loaded strictly between the busy and full thresholds, is 0 in every pool and w2
+    multiplies 0 (tests/test_sim_policies.py checks both). Points with one direction share a run.
+    """
+    w = np.array([float(weights["load_balance"]), float(weights["topology"])])
     m = np.abs(w).max()
-    return tuple(np.round(w / m, 12)) if m > 0 else (0.0, 0.0, 0.0)
+    return tuple(np.round(w / m, 12)) if m > 0 else (0.0, 0.0)
 
 
 def sweep_specs(points: Sequence[Mapping[str, float]]) -> tuple[list[RunSpec], list[int]]:
-    """One run per distinct weight direction; ``index[i]`` is the run that answers ``points[i]``."""
+    """One run per distinct :func:`direction`; ``index[i]`` is the run that answers ``points[i]``."""
     runs: list[RunSpec] = []
     seen: dict[tuple[float, ...], int] = {}
     index = []

@@ -4,9 +4,9 @@
 ``jobs``                       jobs that ran (``rejected``: could never fit, not counted)
 ``wait_mean_s``, ``wait_p95_s``  queueing delay, start - arrival, over all jobs that ran
 ``makespan_s``                 last end - first arrival
-``allocation_mean``            time-weighted share of GPUs held from the first to the last
-                               arrival (the window every policy shares; the run goes on until
-                               the last, often very long, job ends)
+``allocation_mean``            time-weighted share of GPUs held from the 1st-percentile to the
+                               last arrival (the busy window every policy shares; the run goes
+                               on until the last, often very long, job ends)
 ``unallocated_while_waiting``  time-weighted share of GPUs *not* held while at least one job
                                waits (FGD's metric: capacity that exists but cannot serve the
                                queue); 0 when no job ever waits
@@ -19,6 +19,8 @@
 ``run_time_overhead``          GPU-seconds added by the distance slowdown over the trace's
                                GPU-seconds (0 with ``comm_cost = 0``)
 ``decision_ms_mean``, ``decision_ms_p95``  wall time of one ``policy.place`` call
+``distance_by_gpus``           mean d(S) per job size (GPUs)
+``jobs_by_card_type``          share of jobs, and of 1-GPU jobs, placed on each card type
 =============================  =================================================================
 """
 
@@ -65,7 +67,9 @@ def summarize(result: SimResult) -> dict[str, Any]:
     dec = result.decision_s * 1e3
     first = min((r.arrival for r in recs), default=0.0)
     last = max((r.end for r in recs), default=0.0)
-    last_arrival = max((r.arrival for r in recs), default=0.0)
+    arrivals = sorted(r.arrival for r in recs)
+    last_arrival = arrivals[-1] if arrivals else 0.0
+    busy_from = arrivals[round(0.01 * (len(arrivals) - 1))] if arrivals else 0.0
     base = sum(r.gpus * r.duration for r in recs)
     used = sum(r.gpus * (r.end - r.start) for r in recs)
     return {
@@ -74,7 +78,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "wait_mean_s": float(waits.mean()) if len(waits) else None,
         "wait_p95_s": float(np.quantile(waits, 0.95)) if len(waits) else None,
         "makespan_s": float(last - first) if recs else None,
-        "allocation_mean": _time_weighted(t, share, until=last_arrival) if last_arrival > first else None,
+        "allocation_mean": _time_weighted(t, share, t >= busy_from, until=last_arrival) if last_arrival > busy_from else None,
         "unallocated_while_waiting": (lambda v: 0.0 if v is None else 1.0 - v)(_time_weighted(t, share, waiting)),
         "waiting_time_share": float((np.diff(t) * waiting[:-1]).sum() / (t[-1] - t[0])) if len(t) > 1 and t[-1] > t[0] else 0.0,
         "multi_gpu_jobs": len(multi),
@@ -86,7 +90,19 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "decision_ms_p95": float(np.quantile(dec, 0.95)) if len(dec) else None,
         "decisions": int(len(dec)),
         "wall_s": round(result.wall_s, 3),
+        "distance_by_gpus": {str(k): float(np.mean([r.distance for r in multi if r.gpus == k]))
+                             for k in sorted({r.gpus for r in multi})},
+        "jobs_by_card_type": _by_card_type(recs),
     }
+
+
+def _by_card_type(recs) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    singles = sum(1 for r in recs if r.gpus == 1) or 1
+    for ct in sorted({r.card_type for r in recs}):
+        mine = [r for r in recs if r.card_type == ct]
+        out[ct] = {"jobs": len(mine) / len(recs), "one_gpu_jobs": sum(1 for r in mine if r.gpus == 1) / singles}
+    return out
 
 
 def allocation_series(result: SimResult, points: int = 400, until: float | None = None,
