@@ -46,8 +46,37 @@ PROVIDER_INFO: dict = {
     "connection-types": [],
     "config": {
         "hetero_gpu": {
-            "description": "Where the GPU cluster page (Browse > GPU cluster, /hetero-gpu/) reads its facts.",
+            "description": (
+                "The GPU fleet of this deployment: its hosts, the capture directory, cluster.yaml, "
+                "topology.conf and the ledger, used by the operator, the health sensor, the hooks and "
+                "the cluster page (Browse > GPU cluster) wherever no argument names them."
+            ),
             "options": {
+                "ssh_conn_ids": {
+                    "description": (
+                        "The GPU hosts' Airflow ssh connections, used by the operator, the health sensor and "
+                        "the hook when no ssh_conn_ids argument is given: CONN,CONN or LABEL=CONN,LABEL=CONN "
+                        "(the label names the host in captures, pools and topology.conf)."
+                    ),
+                    "version_added": "0.1.0",
+                    "type": "string",
+                    "example": "dgx-a1=ssh_dgx_a1,dgx-a2=ssh_dgx_a2,rtx-box=ssh_rtx_box",
+                    "default": None,
+                },
+                "cluster_config": {
+                    "description": "Path of cluster.yaml (weights, thresholds, task types) used when none is given.",
+                    "version_added": "0.1.0",
+                    "type": "string",
+                    "example": "/opt/airflow/gpu/cluster.yaml",
+                    "default": None,
+                },
+                "topology_conf": {
+                    "description": "Path of the Slurm-style topology.conf (switch tiers between hosts) used when none is given.",
+                    "version_added": "0.1.0",
+                    "type": "string",
+                    "example": "/opt/airflow/gpu/topology.conf",
+                    "default": None,
+                },
                 "captures_dir": {
                     "description": (
                         "The capture directory holding the last inventory (hosts/<host>/query.csv, topo.txt, "

@@ -34,7 +34,8 @@ from airflow_hetero_gpu.collect.targets import SshTarget
 from airflow_hetero_gpu.core.changes import InventoryChange, diff_clusters
 from airflow_hetero_gpu.core.config import config_from_mapping, load_config
 from airflow_hetero_gpu.core.inventory import cluster_from_captures
-from airflow_hetero_gpu.errors import HeteroGpuError, ConfigError
+from airflow_hetero_gpu.errors import ConfigError, HeteroGpuError
+from airflow_hetero_gpu.settings import setting
 
 if TYPE_CHECKING:
     import pandas
@@ -106,7 +107,7 @@ class HeteroGpuHook(BaseHook):
 
     def __init__(
         self,
-        ssh_conn_ids: Sequence[str] | Mapping[str, str],
+        ssh_conn_ids: Sequence[str] | Mapping[str, str] | str | None = None,
         *,
         captures_dir: str | Path | None = None,
         config: str | Path | Mapping[str, Any] | None = None,
@@ -147,15 +148,24 @@ class HeteroGpuHook(BaseHook):
 
     @property
     def hosts(self) -> dict[str, str]:
-        """``{host label: ssh conn id}`` of :attr:`ssh_conn_ids`, which may be changed between
-        collections (a host added to the fleet shows up in the next one)."""
-        return normalize_conn_ids(self.ssh_conn_ids)
+        """``{host label: ssh conn id}`` of :attr:`ssh_conn_ids` (default: ``[hetero_gpu]
+        ssh_conn_ids``), which may be changed between collections (a host added to the fleet
+        shows up in the next one)."""
+        ids = self.ssh_conn_ids
+        if not ids:
+            ids = setting("ssh_conn_ids")
+            if not ids:
+                raise ConfigError("no GPU hosts: give ssh_conn_ids, or set [hetero_gpu] ssh_conn_ids "
+                                  "(AIRFLOW__HETERO_GPU__SSH_CONN_IDS) to CONN,CONN or LABEL=CONN,...")
+        return normalize_conn_ids(ids)
 
     @cached_property
     def captures_path(self) -> Path:
-        """The capture directory (created on first use)."""
-        if self.captures_dir is not None:
-            path = Path(self.captures_dir)
+        """The capture directory (created on first use): ``captures_dir``, else
+        ``[hetero_gpu] captures_dir``, else a temporary directory."""
+        captures_dir = self.captures_dir or setting("captures_dir")
+        if captures_dir:
+            path = Path(captures_dir)
             path.mkdir(parents=True, exist_ok=True)
             return path
         path = Path(tempfile.mkdtemp(prefix="hetero-gpu-captures-"))
@@ -241,18 +251,21 @@ class HeteroGpuHook(BaseHook):
 
     def _write_cluster_files(self, out: Path) -> None:
         """Put ``cluster.yaml`` and ``topology.conf`` beside the captures (validated first)."""
-        if isinstance(self.config, Mapping):
+        # arguments win; else the deployment's [hetero_gpu] settings
+        config = self.config if self.config is not None else setting("cluster_config")
+        topology_conf = self.topology_conf if self.topology_conf is not None else setting("topology_conf")
+        if isinstance(config, Mapping):
             import yaml  # noqa: PLC0415
 
-            config_from_mapping(self.config, source="config")
-            atomic_write(out / "cluster.yaml", yaml.safe_dump(dict(self.config), sort_keys=False))
-        elif self.config is not None:
-            source = Path(self.config)
+            config_from_mapping(config, source="config")
+            atomic_write(out / "cluster.yaml", yaml.safe_dump(dict(config), sort_keys=False))
+        elif config is not None:
+            source = Path(config)
             load_config(source)
             if source.resolve() != (out / "cluster.yaml").resolve():
                 atomic_write(out / "cluster.yaml", source.read_text(encoding="utf-8"))
-        if self.topology_conf is not None:
-            source = Path(self.topology_conf)
+        if topology_conf is not None:
+            source = Path(topology_conf)
             try:
                 text = source.read_text(encoding="utf-8")
             except OSError as exc:

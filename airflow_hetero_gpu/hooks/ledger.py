@@ -8,7 +8,8 @@ names it in one of three ways:
 * ``conn_type`` ``sqlite``: ``host`` is the database file path;
 * any type with an extra ``{"url": "<SQLAlchemy URL>"}``, which wins over the fields.
 
-With neither a connection nor a URL the ledger is the SQLite file
+With neither a connection nor a URL the hook takes ``[hetero_gpu] ledger_conn_id`` or
+``ledger_url`` from Airflow's configuration, and without those the ledger is the SQLite file
 ``$AIRFLOW_HOME/hetero_gpu_ledger.db``.
 """
 
@@ -64,9 +65,14 @@ class LedgerHook(BaseHook):
         self.ledger_url = ledger_url
 
     def get_url(self) -> str | None:
-        if self.ledger_conn_id:
-            return url_from_connection(self.get_connection(self.ledger_conn_id))
-        return self.ledger_url
+        from airflow_hetero_gpu.settings import setting
+
+        conn_id, url = self.ledger_conn_id, self.ledger_url
+        if not conn_id and not url:
+            conn_id, url = setting("ledger_conn_id"), setting("ledger_url")
+        if conn_id:
+            return url_from_connection(self.get_connection(conn_id))
+        return url
 
     def get_ledger(self) -> Ledger:
         return Ledger.from_url(self.get_url())

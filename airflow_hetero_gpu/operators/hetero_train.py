@@ -72,7 +72,9 @@ class HeteroTrainOperator(BaseOperator):
     :param env: environment variables for the workers (values are masked in the task log).
     :param workdir: working directory on the hosts.
     :param ssh_conn_ids: the hosts' ``ssh`` connections: a list (the connection id is the host's
-        name) or a mapping host name -> connection id.
+        name) or a mapping host name -> connection id; default ``[hetero_gpu] ssh_conn_ids``.
+        ``captures_dir``, ``cluster_config``, ``topology_conf`` and the ledger default to their
+        ``[hetero_gpu]`` settings too (see docs/configuration.md).
     :param captures_dir: where collections are kept (persisting it keeps a failed host's last
         inventory; the plugin page and the deferred wait read it); default a temporary directory.
     :param cluster_config: ``cluster.yaml`` path or mapping (weights, thresholds, task types).
@@ -200,8 +202,6 @@ class HeteroTrainOperator(BaseOperator):
             raise self._fail(f"on_no_replacement: expected 'fail' or 'wait', got {self.on_no_replacement!r}")
         if bool(self.script) == bool(self.command):
             raise self._fail("give either script (run under torchrun) or command (a full argv), not both or neither")
-        if not self.ssh_conn_ids:
-            raise self._fail("ssh_conn_ids: no hosts given")
         for name in ("script_args", "command"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, str) or not all(isinstance(v, str) for v in value)):

@@ -32,6 +32,7 @@ from airflow.providers.common.compat.sdk import AirflowException, conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
 from airflow_hetero_gpu.collect.ssh import atomic_write
+from airflow_hetero_gpu.settings import setting
 from airflow_hetero_gpu.triggers.gpu_health import GpuHealthTrigger, HealthWatch, WatchSpec
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ class GpuHealthSensor(BaseSensorOperator):
     def __init__(
         self,
         *,
-        ssh_conn_ids: Sequence[str] | Mapping[str, str],
+        ssh_conn_ids: Sequence[str] | Mapping[str, str] | str | None = None,
         mode_kind: str = "watch",
         captures_dir: str | None = None,
         config: str | Mapping[str, Any] | None = None,
@@ -192,14 +193,20 @@ class GpuHealthSensor(BaseSensorOperator):
         if not self.deferrable:
             return super().execute(context)
         spec = self._spec()
+        # the trigger gets what the deployment's [hetero_gpu] settings say where no argument did
+        hook = self._hook()
+        config = self.config if self.config is not None else setting("cluster_config")
+        ledger_conn_id, ledger_url = self.ledger_conn_id, self.ledger_url
+        if not ledger_conn_id and not ledger_url:
+            ledger_conn_id, ledger_url = setting("ledger_conn_id"), setting("ledger_url")
         self.defer(
             trigger=GpuHealthTrigger(
-                ssh_conn_ids=self.ssh_conn_ids if isinstance(self.ssh_conn_ids, (str, Mapping))
-                else list(self.ssh_conn_ids),
-                spec=spec.to_json(), poke_interval=self.poke_interval, captures_dir=self.captures_dir,
-                config=(dict(self.config) if isinstance(self.config, Mapping)
-                        else None if self.config is None else str(self.config)),
-                topology_conf=self.topology_conf, ledger_url=self.ledger_url, ledger_conn_id=self.ledger_conn_id,
+                ssh_conn_ids=hook.hosts,
+                spec=spec.to_json(), poke_interval=self.poke_interval,
+                captures_dir=self.captures_dir or setting("captures_dir"),
+                config=(dict(config) if isinstance(config, Mapping) else None if config is None else str(config)),
+                topology_conf=self.topology_conf or setting("topology_conf"),
+                ledger_url=ledger_url, ledger_conn_id=ledger_conn_id,
                 hook_kwargs=self._hook_kwargs(),
             ),
             method_name="execute_complete",

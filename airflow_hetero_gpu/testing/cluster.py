@@ -71,7 +71,7 @@ class EmulatedCluster:
 
     def __init__(self, root: Path | str, hosts: Sequence[HostSpec], *,
                  first_address: str = "127.0.0.11", start_timeout: float = 10.0,
-                 python: str | None = None):
+                 python: str | None = None, training_stack: bool = True):
         names = [h.name for h in hosts]
         if len(set(names)) != len(names):
             raise ValueError(f"host names must be unique: {names}")
@@ -81,6 +81,9 @@ class EmulatedCluster:
         self.specs = list(hosts)
         self.start_timeout = start_timeout
         self.python = python or sys.executable
+        # Real GPU hosts have the training software (python3 with torch, torchrun) on PATH; the
+        # emulated ones get the bin directory of the interpreter that runs the cluster.
+        self.training_stack = training_stack
         base = ipaddress.IPv4Address(first_address)
         self._addresses = [str(base + i) for i in range(len(hosts))]
         for addr in self._addresses:
@@ -175,6 +178,12 @@ class EmulatedCluster:
                 self.hosts[position] = host
         return False
 
+    def _software_path(self) -> tuple[str, ...]:
+        if not self.training_stack:
+            return ()
+        venv_bin = str(Path(self.python).parent)
+        return () if venv_bin in SYSTEM_PATH else (venv_bin,)
+
     def _prepare(self) -> None:
         (self.root / "client").mkdir(parents=True, exist_ok=True)
         (self.root / "hosts").mkdir(parents=True, exist_ok=True)
@@ -191,7 +200,7 @@ class EmulatedCluster:
             write_tool_scripts(host.bin_dir, self.python, PACKAGE_ROOT)
             sshd = Sshd(
                 directory, address, port, env_marker=f"{self.marker}.{len(self.hosts)}",
-                path_value=":".join((str(host.bin_dir),) + SYSTEM_PATH),
+                path_value=":".join((str(host.bin_dir),) + self._software_path() + SYSTEM_PATH),
                 state_file=host.state_file, authorized_keys=self.authorized_keys_path,
             )
             self._host_keys[spec.name] = generate_key(sshd.host_key, f"{spec.name}@hetero-gpu-emulated")
