@@ -184,6 +184,20 @@ def test_optional_health_fields_read_through_nvml(fields, printed):
     assert inventory("node01", text) == inventory("node01", smi_csv(state))
 
 
+def test_older_pynvml_without_a_function(monkeypatch):
+    """A pynvml release that predates a call: that value prints [Not Supported], the rest stand."""
+    state = small_hosts(1, gpus=1)[0].to_state()
+    fake = FakeNvml(state)
+    monkeypatch.setattr(FakeNvml, "nvmlDeviceGetRemappedRows", property(lambda self: _missing()), raising=True)
+    text = nvml_query_csv(fake)
+    assert text.splitlines()[1].endswith(", [Not Supported], [Not Supported], Not Active")
+    assert inventory("node01", text) == inventory("node01", smi_csv(state))
+
+
+def _missing():
+    raise AttributeError("module 'pynvml' has no attribute 'nvmlDeviceGetRemappedRows'")
+
+
 def test_error_codes_map_to_nvidia_smi_texts():
     assert nvml_agent.VALUE_ERRORS[NVML_ERROR_NO_PERMISSION] == "[Insufficient Permissions]"
     assert nvml_agent.VALUE_ERRORS[NVML_ERROR_FUNCTION_NOT_FOUND] == "[Not Supported]"

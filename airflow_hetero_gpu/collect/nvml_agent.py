@@ -163,6 +163,8 @@ class _Reader:
             if code == NVML_ERROR_GPU_IS_LOST:
                 raise _DeviceLost() from exc
             return VALUE_ERRORS.get(code, UNKNOWN_ERROR)
+        except AttributeError:  # an older pynvml without this function
+            return NOT_SUPPORTED
         return fmt(value)
 
 
