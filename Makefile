@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 
-.PHONY: venv test demo bench clean
+.PHONY: venv test demo demo-ui bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,8 +17,13 @@ venv: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# the retraining DAG on an emulated five-host cluster (real sshd, real torchrun on CPU)
 demo: $(STAMP)
-	$(VENV)/bin/hetero-gpu plan --captures airflow_hetero_gpu/samples/cluster --gpus 4 --gpu-type A100
+	$(PY) -m airflow_hetero_gpu.demo --dags-folder dags
+
+# the same cluster behind `airflow standalone` (http://localhost:8080); Ctrl-C stops it all
+demo-ui: $(STAMP)
+	$(PY) -m airflow_hetero_gpu.demo --dags-folder dags --ui
 
 bench: $(STAMP)
 	$(PY) benchmarks/plan_latency.py

@@ -150,8 +150,7 @@ def plan(
         best.stage = "scheduling"
         for rep in reports:
             if rep.stage == "preselected":
-                rep.reason = f"evaluation {rep.score.total:.6g} below {best.pool}'s {best.score.total:.6g}" \
-                    if rep.score.total < best.score.total - EPS else f"tie with {best.pool}, lost on hosts spanned or pool id"
+                rep.reason = _lost_because(rep, best)
         decision = Decision(best.pool, [cluster.gpu(k) for k in best.selection], best.score, best.mean_distance)
     unhealthy = [_with_eviction(cluster.gpus[int(p)], state.evicted) for p in np.flatnonzero(~state.healthy)]
     return PlanResult(request, decision, reports, unhealthy, dict(cluster.host_errors))
@@ -172,6 +171,16 @@ def _better(a: PoolReport, b: PoolReport) -> bool:
     if a.score.total < b.score.total - EPS:
         return False
     return (a.hosts_spanned, a.pool) < (b.hosts_spanned, b.pool)
+
+
+def _lost_because(rep: PoolReport, best: PoolReport) -> str:
+    """Why a preselected pool is not the scheduling pool (SPEC §7's order of comparison)."""
+    if rep.score.total < best.score.total - EPS:
+        return f"evaluation {rep.score.total:.6g} below {best.pool}'s {best.score.total:.6g}"
+    if rep.hosts_spanned != best.hosts_spanned:
+        return (f"evaluation ties with {best.pool}'s ({best.score.total:.6g}); its GPUs span {rep.hosts_spanned} "
+                f"hosts, {best.pool}'s {best.hosts_spanned}")
+    return f"evaluation ties with {best.pool}'s ({best.score.total:.6g}) on as many hosts; {best.pool} sorts first"
 
 
 def _with_eviction(g, evicted):

@@ -73,7 +73,7 @@ class GpuHealthSensor(BaseSensorOperator):
     """
 
     template_fields: Sequence[str] = ("ssh_conn_ids", "captures_dir", "ledger_url", "ledger_conn_id",
-                                      "gpu_type", "training_task_type", "job_ids")
+                                      "gpu_type", "training_task_type", "job_ids", "min_healthy")
     ui_color = "#d9f2e6"
 
     def __init__(
@@ -133,8 +133,11 @@ class GpuHealthSensor(BaseSensorOperator):
         if isinstance(duration, timedelta):
             duration = duration.total_seconds()
         gpu_type = self.gpu_type if self.gpu_type is None or isinstance(self.gpu_type, str) else list(self.gpu_type)
+        min_healthy = self.min_healthy
+        if isinstance(min_healthy, str) and min_healthy.strip().lstrip("-").isdigit():
+            min_healthy = int(min_healthy)  # rendered from a template such as "{{ params.gpu_count }}"
         return WatchSpec(
-            mode_kind=self.mode_kind, min_healthy=self.min_healthy, gpu_type=gpu_type, task_type=self.training_task_type,
+            mode_kind=self.mode_kind, min_healthy=min_healthy, gpu_type=gpu_type, task_type=self.training_task_type,
             gpu_memory_mib=self.gpu_memory_mib, job_ids=None if self.job_ids is None else list(self.job_ids),
             watch_duration=duration, stop_when_idle=self.stop_when_idle,
             thresholds=None if self.thresholds is None else dict(self.thresholds),
