@@ -210,6 +210,49 @@ def test_svg_is_a_valid_standalone_document(sample, tmp_path):
         assert float(rect.get("y")) + float(rect.get("height")) <= height + 0.5
 
 
+def test_highlight_rings_the_decisions_gpus_and_the_links_between_them(sample):
+    from airflow_hetero_gpu.core.model import PlanRequest
+    from airflow_hetero_gpu.core.planner import plan
+
+    decision = plan(sample, PlanRequest(4)).decision  # docs/algorithm.md: v100 GPU 0-3
+    keys = [(g.host, g.index) for g in decision.gpus]
+    assert keys == [("v100", 0), ("v100", 1), ("v100", 2), ("v100", 3)]
+    statuses = render.gpu_statuses(sample)
+    plain = render.topology_svg(sample.graph, statuses)
+    text = render.topology_svg(sample.graph, statuses, highlight=keys, highlight_label="decision: v100 GPU 0-3")
+    root = ET.fromstring(text)
+    chosen = {g.get("data-gpu") for g in groups(root, "hg-chosen")}
+    assert chosen == {"v100:0", "v100:1", "v100:2", "v100:3"}
+    for g in groups(root, "hg-gpu"):
+        if not g.get("data-gpu"):
+            continue  # the legend's swatches
+        rings = [r for r in g.iter(f"{NS}rect") if r.get("class") == "hg-chosen-ring"]
+        assert len(rings) == (1 if g.get("data-gpu") in chosen else 0), g.get("data-gpu")
+        assert (g.get("data-chosen") == "true") == (g.get("data-gpu") in chosen)
+    # the six pairs of GPU 0-3 are NVLinked on the DGX-1 mesh: all six recoloured, nothing else
+    marked = [e for e in lines(root, "hg-chosen-link") if e.get("data-link")]
+    assert sorted((e.get("data-a"), e.get("data-b")) for e in marked) == [
+        ("0", "1"), ("0", "2"), ("0", "3"), ("1", "2"), ("1", "3"), ("2", "3")]
+    v100 = next(h for h in groups(root, "hg-host") if h.get("data-host") == "v100")
+    inside = list(v100.iter())
+    assert all("hg-nvlink" in e.get("class") and e in inside for e in marked)
+    # a legend row names it; everything below the legend moves down by that row
+    assert "decision: v100 GPU 0-3" in [t.text for t in groups(root, "hg-legend")[0].iter(f"{NS}text")]
+    plain_root = ET.fromstring(plain)
+    assert float(root.get("height")) == float(plain_root.get("height")) + render.LEGEND_ROW
+
+    def tops(r):
+        return {g.get("data-host"): float(g.find(f"{NS}rect").get("y")) for g in groups(r, "hg-host")}
+
+    assert {h: y + render.LEGEND_ROW for h, y in tops(plain_root).items()} == tops(root)
+    # without highlight the picture is unchanged; keys that are not in the graph are ignored
+    assert render.topology_svg(sample.graph, statuses, highlight=None) == plain
+    plain_root_classes = " ".join(e.get("class") or "" for e in plain_root.iter())
+    assert "hg-chosen" not in plain_root_classes and "data-chosen" not in plain
+    unknown = ET.fromstring(render.topology_svg(sample.graph, statuses, highlight=[("no-such-host", 0)]))
+    assert not groups(unknown, "hg-chosen")
+
+
 # --- the facts (the JSON endpoint) ---------------------------------------------------------------
 def test_facts_pools_with_stage_counts(sample, ledger_state):
     facts = render.cluster_facts(sample, *ledger_state, now=NOW)

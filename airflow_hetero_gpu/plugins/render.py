@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from html import escape
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Collection, Iterable, Mapping, Sequence
 from urllib.parse import quote
 
 if TYPE_CHECKING:
@@ -260,6 +260,7 @@ HOST_GAP = 20
 SWITCH_H, LEVEL_GAP = 26, 58
 MARGIN = 16
 LEGEND_H = 54
+LEGEND_ROW = 22  # one more legend row (the highlight)
 
 SVG_STYLE = """
 .hg-topology text{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;fill:#1f2933}
@@ -290,6 +291,8 @@ SVG_STYLE = """
 .hg-mark circle{fill:#c0262d;stroke:#fff;stroke-width:1}
 .hg-gpu .hg-mark text{fill:#fff;font-size:9px;font-weight:700}
 .hg-legend text{font-size:11px}
+.hg-chosen-ring{fill:none;stroke:#7c3aed;stroke-width:3}
+.hg-link.hg-chosen-link{stroke:#7c3aed;stroke-opacity:.85}
 """
 
 
@@ -403,7 +406,8 @@ def _host_order(graph: "nx.Graph", hosts: list[str]) -> list[str]:
 
 
 def topology_svg(graph: "nx.Graph", statuses: Mapping[tuple[str, int], GpuStatus] | None = None,
-                 *, title: str | None = None) -> str:
+                 *, title: str | None = None, highlight: Iterable[tuple[str, int]] | None = None,
+                 highlight_label: str = "chosen GPUs") -> str:
     """Draw the cluster graph (:attr:`Cluster.graph`) as a standalone SVG document fragment.
 
     Hosts are boxes in one row, the GPUs inside on a ring, coloured by state (``statuses``;
@@ -411,8 +415,15 @@ def topology_svg(graph: "nx.Graph", statuses: Mapping[tuple[str, int], GpuStatus
     bond count, PCIe switch pairs dashed and host-bridge pairs dotted; pairs that only meet
     across the CPU interconnect (NODE, SYS) are not drawn. Switch tiers sit above the hosts,
     tier 1 lowest. Every element carries classes and ``data-`` attributes naming what it is.
+
+    ``highlight``: GPUs (``(host, index)``, e.g. a decision's) ringed in purple (class
+    ``hg-chosen``, ``data-chosen="true"``), the drawn links between two of them recoloured
+    (``hg-chosen-link``), and a legend row saying ``highlight_label``. Keys not in the graph are
+    ignored.
     """
     statuses = statuses or {}
+    chosen = {(str(h), int(i)) for h, i in highlight} if highlight is not None else None
+    legend_h = LEGEND_H + (LEGEND_ROW if chosen is not None else 0)
     host_nodes = {n[1]: a for n, a in graph.nodes(data=True) if a.get("kind") == "host"}
     gpus_by_host: dict[str, list] = {h: [] for h in host_nodes}
     for n, a in graph.nodes(data=True):
@@ -426,7 +437,7 @@ def topology_svg(graph: "nx.Graph", statuses: Mapping[tuple[str, int], GpuStatus
 
     boxes: dict[str, _HostBox] = {}
     x = MARGIN
-    hosts_top = MARGIN + LEGEND_H + (top_tier * LEVEL_GAP if top_tier else 0)
+    hosts_top = MARGIN + legend_h + (top_tier * LEVEL_GAP if top_tier else 0)
     for h in order:
         box = _HostBox(h, (host_nodes.get(h) or {}).get("error"), gpus_by_host.get(h, []))
         box.measure()
@@ -440,7 +451,7 @@ def topology_svg(graph: "nx.Graph", statuses: Mapping[tuple[str, int], GpuStatus
     sw_pos: dict[Any, tuple[float, float, float]] = {}  # node -> (centre x, top y, width)
 
     def sw_y(tier: int) -> float:
-        return MARGIN + LEGEND_H + (top_tier - tier) * LEVEL_GAP
+        return MARGIN + legend_h + (top_tier - tier) * LEVEL_GAP
 
     def place(sw) -> float | None:
         if sw in sw_pos:
@@ -478,7 +489,7 @@ def topology_svg(graph: "nx.Graph", statuses: Mapping[tuple[str, int], GpuStatus
     )
     out.append(f"<title>{escape(title or 'GPU cluster topology')}</title>")
     out.append(f"<style>{SVG_STYLE}</style>")
-    out.append(_legend())
+    out.append(_legend(highlight_label if chosen is not None else None))
 
     # uplinks first, under everything
     out.append('<g class="hg-uplinks">')
@@ -516,7 +527,7 @@ def topology_svg(graph: "nx.Graph", statuses: Mapping[tuple[str, int], GpuStatus
         )
 
     for h in order:
-        out.append(_host_svg(graph, boxes[h], statuses))
+        out.append(_host_svg(graph, boxes[h], statuses, chosen or ()))
     out.append("</svg>")
     return "".join(out)
 
@@ -527,7 +538,7 @@ LEGEND_W = max(
 )
 
 
-def _legend() -> str:
+def _legend(highlight_label: str | None = None) -> str:
     parts = ['<g class="hg-legend" transform="translate(%d,%d)">' % (MARGIN, MARGIN)]
     x = 0
     for state in STATES:
@@ -545,6 +556,11 @@ def _legend() -> str:
             parts.append(f'<line class="hg-link hg-{kind}" x1="{x}" y1="{y}" x2="{x + 26}" y2="{y}"/>')
         parts.append(f'<text x="{x + (32 if kind != "cpu" else 0)}" y="{y + 4}">{escape(LINK_TEXT[kind])}</text>')
         x += 44 + len(LINK_TEXT[kind]) * 6.0
+    if highlight_label is not None:
+        y = 30 + LEGEND_ROW
+        parts.append(f'<rect class="hg-chosen-ring" x="1" y="{y - 7}" width="14" height="12" rx="3"/>'
+                     f'<line class="hg-link hg-chosen-link" x1="20" y1="{y - 1}" x2="40" y2="{y - 1}" stroke-width="3"/>'
+                     f'<text x="46" y="{y + 3}">{escape(highlight_label)}</text>')
     parts.append("</g>")
     return "".join(parts)
 
@@ -566,7 +582,8 @@ def _gpu_title(key: tuple[str, int], attrs: Mapping[str, Any], st: GpuStatus | N
     return " \u00b7 ".join(b for b in bits if b)
 
 
-def _host_svg(graph: "nx.Graph", box: _HostBox, statuses: Mapping[tuple[str, int], GpuStatus]) -> str:
+def _host_svg(graph: "nx.Graph", box: _HostBox, statuses: Mapping[tuple[str, int], GpuStatus],
+              chosen: Collection[tuple[str, int]] = ()) -> str:
     cls = "hg-host" + (" hg-host-error" if box.error else "")
     out = [f'<g class="{cls}" data-host="{escape(box.name)}">']
     tip = f"host {box.name}: {box.subtitle}" + (f" \u00b7 collection failed: {box.error}" if box.error else "")
@@ -599,10 +616,12 @@ def _host_svg(graph: "nx.Graph", box: _HostBox, statuses: Mapping[tuple[str, int
     for _, a, b, label, kind in links:
         (x1, y1), (x2, y2) = box.gpu_centre(index_of[a]), box.gpu_centre(index_of[b])
         extra = ""
+        both = (a[0], a[1]) in chosen and (b[0], b[1]) in chosen
         if kind == "nvlink":
             extra = f' stroke-width="{_num(1.0 + 0.6 * math.sqrt(min(nvlink_bonds(label), 18)))}"'
         out.append(
-            f'<line class="hg-link hg-{kind}" data-link="{escape(label)}" data-a="{a[1]}" data-b="{b[1]}"{extra} '
+            f'<line class="hg-link hg-{kind}{" hg-chosen-link" if both else ""}" data-link="{escape(label)}" '
+            f'data-a="{a[1]}" data-b="{b[1]}"{extra} '
             f'x1="{_num(x1)}" y1="{_num(y1)}" x2="{_num(x2)}" y2="{_num(y2)}">'
             f"<title>{escape(box.name)} GPU{a[1]} \u2194 GPU{b[1]}: {escape(label)}</title></line>"
         )
@@ -613,11 +632,17 @@ def _host_svg(graph: "nx.Graph", box: _HostBox, statuses: Mapping[tuple[str, int
         cx, cy = box.gpu_centre(i)
         x0, y0 = cx - GPU_W / 2, cy - GPU_H / 2
         job = st.job if st is not None else None
+        picked = (key[0], key[1]) in chosen
         data = f' data-gpu="{escape(key[0])}:{key[1]}" data-state="{state}"'
         if job:
             data += f' data-job="{escape(job)}"'
-        out.append(f'<g class="hg-gpu hg-state-{state}"{data}>')
+        if picked:
+            data += ' data-chosen="true"'
+        out.append(f'<g class="hg-gpu hg-state-{state}{" hg-chosen" if picked else ""}"{data}>')
         out.append(f"<title>{escape(_gpu_title(key, attrs, st))}</title>")
+        if picked:
+            out.append(f'<rect class="hg-chosen-ring" x="{_num(x0 - 4)}" y="{_num(y0 - 4)}" '
+                       f'width="{GPU_W + 8}" height="{GPU_H + 8}" rx="8"/>')
         out.append(f'<rect class="hg-node" x="{_num(x0)}" y="{_num(y0)}" width="{GPU_W}" height="{GPU_H}" rx="5"/>')
         head = f"GPU{key[1]}" + (f" {load:.0%}" if load is not None else "")
         out.append(f'<text class="hg-gpu-name" x="{_num(cx)}" y="{_num(y0 + 13)}">{escape(head)}</text>')
