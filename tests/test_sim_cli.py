@@ -33,7 +33,7 @@ def test_report_and_plots(files, capsys):
     out = files / "out"
     assert main(_args(files, "--out", str(out), "--sweep", "w1=0,0.3;w2=-0.2;w3=0.5")) == 0
     text = capsys.readouterr().out
-    assert "policy" in text and "topology-only" in text and "seed against the baselines" in text
+    assert "policy" in text and "topology-only" in text and "seed against the other policies" in text
     report = json.loads((out / "report.json").read_text())
     assert [p["policy"] for p in report["policies"]] == SIX
     # j28 asks for 8 T4 GPUs; the cluster has 6: rejected by every policy

@@ -85,9 +85,10 @@ def register(subparsers) -> None:
                    help="node list (sn,gpu,model[,topo]); default for Alibaba traces: their GPU node list")
     p.add_argument("--alibaba-dir", metavar="DIR", help="folder of the Alibaba CSVs (see docs/simulation.md)")
     p.add_argument("--policies", default=DEFAULT_POLICIES, metavar="P1,P2,...",
-                   help=f"policies to compare (default: {DEFAULT_POLICIES})")
+                   help=f"policies to compare (default: {DEFAULT_POLICIES}; also seed+fgd, "
+                        "the seed's evaluation plus a fragmentation term, experimental)")
     p.add_argument("--weights", type=_weights, metavar="W1,W2,W3",
-                   help="evaluation weights of the seed policy (default: SPEC §7's 0.3,-0.2,0.5)")
+                   help="evaluation weights of the seed policies (default: SPEC §7's 0.3,-0.2,0.5)")
     p.add_argument("--sweep", nargs="?", const="", default=None, metavar="GRID",
                    help="also run the seed over a weight grid; GRID like 'w1=0,0.3;w2=-0.2;w3=0.5,1' "
                         "(default grid without GRID)")
@@ -151,7 +152,7 @@ def cmd_simulate(args) -> int:
                   leaves_per_spine=args.leaves_per_spine, backfill=args.backfill, comm_cost=args.comm_cost,
                   span=args.span, seed=args.seed, series_since=since,
                   series_until=2.0 * last_arrival if last_arrival > 0 else None)
-    specs = [RunSpec(p, args.weights if p == "seed" else None) for p in policies]
+    specs = [RunSpec(p, args.weights if p.startswith("seed") else None) for p in policies]
     sweep_runs, sweep_index, points = [], [], []
     if grid is not None:
         points = grid_points(grid)

@@ -118,10 +118,13 @@ def plot_sweep(report: Mapping, path: Path) -> bool:
             if v is not None:
                 grid[w1.index(r["weights"]["load_balance"]), w3.index(r["weights"]["topology"])] = v
         im = ax.imshow(grid, origin="lower", aspect="auto", cmap="viridis_r")
+        lo, hi = np.nanmin(grid), np.nanmax(grid)
         for i in range(len(w1)):
             for j in range(len(w3)):
                 if not np.isnan(grid[i, j]):
-                    ax.text(j, i, f"{grid[i, j]:.3g}", ha="center", va="center", fontsize=7, color="white")
+                    dark = hi > lo and (grid[i, j] - lo) / (hi - lo) > 0.5  # dark end of viridis_r
+                    ax.text(j, i, f"{grid[i, j]:.3g}", ha="center", va="center", fontsize=7,
+                            color="white" if dark else "black")
         ax.set_xticks(range(len(w3)), [f"{v:g}" for v in w3])
         ax.set_yticks(range(len(w1)), [f"{v:g}" for v in w1])
         ax.set_xlabel("w3 (topology)")
