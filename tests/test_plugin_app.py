@@ -64,6 +64,16 @@ def _installed_entry_point() -> bool:
     )
 
 
+def _installed_outside_sources() -> bool:
+    """Whether an installed distribution (not the .egg-info in the source tree) provides the plugin."""
+    for dist in distributions():
+        if any(ep.group == "airflow.plugins" and ep.value.startswith("airflow_hetero_gpu.") for ep in dist.entry_points):
+            where = Path(str(getattr(dist, "_path", ""))).resolve()
+            if not (where.suffix == ".egg-info" and where.parent == ROOT):
+                return True
+    return False
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -102,7 +112,10 @@ def server(tmp_path_factory):
     env = {
         **os.environ,
         "AIRFLOW_HOME": str(home),
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        # the sources only when the package is not installed: an editable install leaves an
+        # .egg-info beside them, which Airflow would count as a second copy of the plugin
+        "PYTHONPATH": os.pathsep.join(
+            ([] if _installed_outside_sources() else [str(ROOT)]) + [os.environ.get("PYTHONPATH", "")]),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(home / "plugins"),
         "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
@@ -120,7 +133,7 @@ def server(tmp_path_factory):
     log = open(home / "api-server.log", "w+")
     proc = subprocess.Popen(
         [str(AIRFLOW), "api-server", "--host", "127.0.0.1", "--port", str(port), "--apps", "core", "--workers", "1"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=home,
     )
     base = f"http://127.0.0.1:{port}"
     try:

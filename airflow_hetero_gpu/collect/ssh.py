@@ -55,6 +55,12 @@ TOPO_COMMAND = "nvidia-smi topo -m"
 #: (readable without root unless kernel.dmesg_restrict=1). Exit 1 with no output = no Xids.
 XID_COMMAND = "journalctl -k -q --no-pager -g 'NVRM: Xid' 2>/dev/null || dmesg | grep 'NVRM: Xid'"
 
+_KERNEL_LOG_DENIED = re.compile(
+    r"operation not permitted|permission denied|read kernel buffer failed|no journal files|"
+    r"not seeing messages from other users|insufficient permissions|command not found",
+    re.IGNORECASE,
+)
+
 CAPTURE_FILES = ("query.csv", "topo.txt", "xid.log")
 ERROR_FILE = "error.txt"
 
@@ -328,7 +334,9 @@ def gather(client: paramiko.SSHClient, command_timeout: float, read_kernel_log: 
     if read_kernel_log:
         xid = run_command(client, XID_COMMAND, command_timeout, "kernel log read")
         lines = [line for line in xid.stdout.splitlines() if "NVRM: Xid" in line]
-        if lines or xid.returncode in (0, 1) and not xid.stderr.strip():
+        # exit 1 with no line is "no Xid"; a denial shows on stderr (other stderr text, such as
+        # what a login shell's rc files print, is noise)
+        if lines or xid.returncode in (0, 1) and not _KERNEL_LOG_DENIED.search(xid.stderr):
             files["xid.log"] = "".join(line + "\n" for line in lines)
         else:
             warnings.append(f"kernel log not readable: {_first_line(xid.stderr, xid.stdout)}")
