@@ -161,7 +161,7 @@ def test_racks():
 
 
 def test_node_list(tmp_path):
-    topo = _write(tmp_path, "box.txt", "\tGPU0\tGPU1\nGPU0\t X \tNV4\nGPU1\tNV4\t X \n")
+    _write(tmp_path, "box.txt", "\tGPU0\tGPU1\nGPU0\t X \tNV4\nGPU1\tNV4\t X \n")
     p = _write(tmp_path, "nodes.csv", "sn,cpu_milli,memory_mib,gpu,model,topo\n"
                                       "cpu,1,1,0,,\nn1,1,1,2,T4,box.txt\nn2,1,1,2,T4,\n")
     nodes = read_nodes(p)

@@ -35,7 +35,7 @@ from airflow_hetero_gpu.core.cluster import Cluster, build_cluster
 from airflow_hetero_gpu.core.model import Gpu
 from airflow_hetero_gpu.core.topology import HostWiring, NetworkTiers
 from airflow_hetero_gpu.errors import HeteroGpuError
-from airflow_hetero_gpu.sim.trace import _number, _open_csv
+from airflow_hetero_gpu.sim.csvio import number, open_csv
 
 TOPOLOGIES = Path(__file__).with_name("topologies")
 NODE_COLUMNS = ("sn", "gpu", "model")
@@ -110,7 +110,7 @@ class SimCluster:
 def read_nodes(path: str | Path) -> list[Node]:
     """Read a node list (``sn, gpu, model[, topo]``); hosts without GPUs are skipped."""
     path = Path(path)
-    header, rows = _open_csv(path, NODE_COLUMNS)
+    header, rows = open_csv(path, NODE_COLUMNS)
     nodes: list[Node] = []
     seen: dict[str, int] = {}
     for n, row in rows:
@@ -120,7 +120,7 @@ def read_nodes(path: str | Path) -> list[Node]:
         if name in seen:
             raise HeteroGpuError(f"{path}:{n}: column 'sn': duplicate host of line {seen[name]}, got {name!r}")
         seen[name] = n
-        gpus = _number(path, n, "gpu", row["gpu"], integer=True, minimum=0)
+        gpus = number(path, n, "gpu", row["gpu"], integer=True, minimum=0)
         if gpus == 0:
             continue
         model = row["model"]

@@ -19,14 +19,14 @@ line, column and value.
 
 from __future__ import annotations
 
-import csv
 import math
 import random
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 from airflow_hetero_gpu.errors import HeteroGpuError
+from airflow_hetero_gpu.sim.csvio import bad, number, open_csv
 
 FRACTIONAL_MODES = ("round-up", "drop")
 USER_COLUMNS = ("job_id", "arrival_s", "duration_s", "gpus")
@@ -72,55 +72,6 @@ class Trace:
                      dict(self.counts))
 
 
-def _bad(path: Path | str, line: int, column: str, value: object, why: str) -> HeteroGpuError:
-    return HeteroGpuError(f"{path}:{line}: column {column!r}: {why}, got {value!r}")
-
-
-def _open_csv(path: Path, required: Sequence[str]) -> tuple[list[str], Iterable[tuple[int, dict[str, str]]]]:
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise HeteroGpuError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise HeteroGpuError(f"{path}: cannot read: {err}") from None
-    reader = csv.DictReader(text.splitlines())
-    header = [h.strip() for h in (reader.fieldnames or [])]
-    if not header:
-        raise HeteroGpuError(f"{path}: empty file, expected a header line with {', '.join(required)}")
-    reader.fieldnames = header
-    missing = [c for c in required if c not in header]
-    if missing:
-        raise HeteroGpuError(f"{path}:1: missing column {missing[0]!r} (header has {', '.join(header)})")
-
-    def rows():
-        for n, row in enumerate(reader, start=2):
-            if None in row:
-                raise HeteroGpuError(f"{path}:{n}: more fields than the header's {len(header)}")
-            yield n, {k: (v or "").strip() for k, v in row.items()}
-
-    return header, rows()
-
-
-def _number(path, line, column, text, *, integer=False, minimum=None, allow_empty=False):
-    if text == "":
-        if allow_empty:
-            return None
-        raise _bad(path, line, column, text, "empty value")
-    try:
-        value = float(text)
-    except ValueError:
-        raise _bad(path, line, column, text, "expected a number") from None
-    if not math.isfinite(value):
-        raise _bad(path, line, column, text, "expected a finite number")
-    if integer:
-        if not value.is_integer():
-            raise _bad(path, line, column, text, "expected a whole number")
-        value = int(value)
-    if minimum is not None and value < minimum:
-        raise _bad(path, line, column, text, f"must be at least {minimum}")
-    return value
-
-
 def _types(text: str) -> tuple[str, ...]:
     # gpu_spec lists duplicates as published ("V100M32|V100M32"); keep the first of each
     seen: dict[str, None] = {}
@@ -134,21 +85,21 @@ def _types(text: str) -> tuple[str, ...]:
 def read_jobs_csv(path: str | Path) -> Trace:
     """Read ``job_id, arrival_s, duration_s, gpus[, gpu_type]`` (one job a line)."""
     path = Path(path)
-    _, rows = _open_csv(path, USER_COLUMNS)
+    _, rows = open_csv(path, USER_COLUMNS)
     jobs: list[Job] = []
     seen: dict[str, int] = {}
     for n, row in rows:
         job_id = row["job_id"]
         if not job_id:
-            raise _bad(path, n, "job_id", job_id, "empty value")
+            raise bad(path, n, "job_id", job_id, "empty value")
         if job_id in seen:
-            raise _bad(path, n, "job_id", job_id, f"duplicate of line {seen[job_id]}")
+            raise bad(path, n, "job_id", job_id, f"duplicate of line {seen[job_id]}")
         seen[job_id] = n
         jobs.append(Job(
             id=job_id,
-            arrival=_number(path, n, "arrival_s", row["arrival_s"], minimum=0),
-            duration=max(MIN_DURATION_S, _number(path, n, "duration_s", row["duration_s"], minimum=0)),
-            gpus=_number(path, n, "gpus", row["gpus"], integer=True, minimum=1),
+            arrival=number(path, n, "arrival_s", row["arrival_s"], minimum=0),
+            duration=max(MIN_DURATION_S, number(path, n, "duration_s", row["duration_s"], minimum=0)),
+            gpus=number(path, n, "gpus", row["gpus"], integer=True, minimum=1),
             gpu_types=_types(row.get("gpu_type", "")),
         ))
     if not jobs:
@@ -174,23 +125,23 @@ class _Pod:
 
 
 def _read_pods(path: Path) -> list[_Pod]:
-    header, rows = _open_csv(path, ALIBABA_REQUIRED)
+    header, rows = open_csv(path, ALIBABA_REQUIRED)
     has_times = all(c in header for c in ALIBABA_TIMES)
     pods = []
     for n, row in rows:
-        gpus = _number(path, n, "num_gpu", row["num_gpu"], integer=True, minimum=0)
-        milli = _number(path, n, "gpu_milli", row["gpu_milli"], integer=True, minimum=0)
+        gpus = number(path, n, "num_gpu", row["num_gpu"], integer=True, minimum=0)
+        milli = number(path, n, "gpu_milli", row["gpu_milli"], integer=True, minimum=0)
         if milli > 1000:
-            raise _bad(path, n, "gpu_milli", row["gpu_milli"], "must be at most 1000 (one whole GPU)")
+            raise bad(path, n, "gpu_milli", row["gpu_milli"], "must be at most 1000 (one whole GPU)")
         arrival = duration = None
         if has_times:
-            created = _number(path, n, "creation_time", row["creation_time"], minimum=0)
-            deleted = _number(path, n, "deletion_time", row["deletion_time"], minimum=0, allow_empty=True)
-            scheduled = _number(path, n, "scheduled_time", row["scheduled_time"], minimum=0, allow_empty=True)
+            created = number(path, n, "creation_time", row["creation_time"], minimum=0)
+            deleted = number(path, n, "deletion_time", row["deletion_time"], minimum=0, allow_empty=True)
+            scheduled = number(path, n, "scheduled_time", row["scheduled_time"], minimum=0, allow_empty=True)
             arrival = created
             if scheduled is not None and deleted is not None:
                 if deleted < scheduled:
-                    raise _bad(path, n, "deletion_time", row["deletion_time"],
+                    raise bad(path, n, "deletion_time", row["deletion_time"],
                                f"before scheduled_time {row['scheduled_time']}")
                 duration = max(MIN_DURATION_S, deleted - scheduled)
         pods.append(_Pod(row["name"], n, gpus, milli, _types(row.get("gpu_spec", "")), arrival, duration))
@@ -264,7 +215,7 @@ def read_alibaba(path: str | Path, *, fractional: str = "round-up", seed: int = 
                 continue
             counts["fractional_rounded_up"] += 1
         if p.gpus > 1 and p.gpu_milli not in (0, 1000):
-            raise _bad(path, p.line, "gpu_milli", p.gpu_milli, "a multi-GPU pod must ask for whole GPUs (1000)")
+            raise bad(path, p.line, "gpu_milli", p.gpu_milli, "a multi-GPU pod must ask for whole GPUs (1000)")
         timed = p.arrival is not None and p.duration is not None
         jobs.append(Job(p.name, p.arrival if p.arrival is not None else math.nan,
                         p.duration if p.duration is not None else math.nan,

@@ -21,7 +21,6 @@ from airflow_hetero_gpu.sim.trace import Job
 
 def free_codes(view: ClusterView) -> np.ndarray:
     """Per host, its free GPUs as a bit mask over the host's GPUs (bit i: its i-th GPU)."""
-    c = view.cluster
     local = np.arange(len(view.free)) - view.host_start[view.host_of]
     if int(view.host_capacity.max(initial=0)) > 62:
         raise ValueError("hosts of more than 62 GPUs are not supported by the bit-mask view")
