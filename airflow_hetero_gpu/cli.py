@@ -243,14 +243,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _extra_commands():
-    """Sub-commands that live beside their subsystem (collection, ledger)."""
+    """Sub-commands that live beside their subsystem (collection, ledger, simulator)."""
     from airflow_hetero_gpu.collect.cli import register as collect_register
-
-    out = [collect_register]
     from airflow_hetero_gpu.ledger.cli import register as ledger_register
+    from airflow_hetero_gpu.sim.cli import register as simulate_register
 
-    out.append(ledger_register)
-    return out
+    return [collect_register, ledger_register, simulate_register]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

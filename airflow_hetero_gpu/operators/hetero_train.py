@@ -88,8 +88,9 @@ class HeteroTrainOperator(BaseOperator):
     :param deferrable: wait for capacity in the triggerer instead of holding a worker slot.
     :param on_no_replacement: ``"fail"`` or ``"wait"`` when a GPU of the running job turns abnormal
         and no healthy GPU of its pool can replace it.
-    :param max_restarts: restarts of the workers on a new GPU set (after replacements) before failing;
-        also passed to torchrun as ``--max-restarts``.
+    :param max_restarts: restarts of the workers on a new GPU set (after replacements) before the
+        task fails. torchrun itself runs with ``--max-restarts 0``: a worker that fails is a job
+        failure (the task's own ``retries`` decide whether to try again).
     :param checkpoint_dir: when set, ``--checkpoint-dir DIR`` is appended to the script's arguments
         (the example script resumes from it after a restart).
     :param lease_seconds: lease of the reservation; renewed every third of it while the job runs.
@@ -171,6 +172,7 @@ class HeteroTrainOperator(BaseOperator):
         self.job_id = job_id
         self._job = None
         self._ledger_obj: Ledger | None = None
+        self._waiting_for: set[tuple[str, int]] = set()
 
     # --- validation ---------------------------------------------------------------------------
     def _fail(self, message: str) -> AirflowFailException:
@@ -195,7 +197,7 @@ class HeteroTrainOperator(BaseOperator):
         try:
             return PlanRequest(count, gpu_type, self.training_task_type or None, memory)
         except HeteroGpuError as err:
-            raise self._fail(str(err)) from None
+            raise self._fail(str(err).replace("gpus:", "gpu_count:", 1)) from None
 
     def _validate(self) -> None:
         if self.on_no_replacement not in ON_NO_REPLACEMENT:
@@ -236,7 +238,7 @@ class HeteroTrainOperator(BaseOperator):
     def _cluster(self) -> Cluster:
         try:
             return self.hook.get_cluster()
-        except HeteroGpuError as err:
+        except (HeteroGpuError, ValueError) as err:  # no hosts, a malformed ssh_conn_ids, a bad cluster.yaml
             raise self._fail(str(err)) from None
 
     # --- execute ------------------------------------------------------------------------------
@@ -252,16 +254,16 @@ class HeteroTrainOperator(BaseOperator):
                 f"no pool could host the job within {float(self.capacity_timeout):g} s: {event.get('message', '')}")
         if event.get("status") != "capacity":
             raise AirflowException(f"waiting for capacity failed: {event.get('message', event)}")
-        return self._place_and_run(context)
+        return self._place_and_run(context, waiting_since=event.get("started_at"))
 
-    def _place_and_run(self, context: Context) -> dict[str, Any]:
+    def _place_and_run(self, context: Context, waiting_since: float | None = None) -> dict[str, Any]:
         self._validate()
         request = self._request()
         self._mask_env()
         job_id = self._job_id(context)
         result = self._reserve(job_id, request, context)
         if result.decision is None:
-            result = self._wait_for_capacity(job_id, request, result, context)
+            result = self._wait_for_capacity(job_id, request, result, context, waiting_since)
         return self._run(job_id, result, context)
 
     def _job_id(self, context: Context) -> str:
@@ -293,11 +295,15 @@ class HeteroTrainOperator(BaseOperator):
         from airflow_hetero_gpu.cli import render_plan
 
         cluster = self._cluster()
+        from airflow_hetero_gpu.ledger import LedgerError, LedgerUrlError, ReservationConflict
+
         try:
             result = self.ledger.reserve(job_id, cluster, request, lease_seconds=self.lease_seconds,
                                          identity=self._identity(context), config=self._config(cluster))
-        except HeteroGpuError as err:
+        except (ReservationConflict, LedgerUrlError) as err:  # a mistake: retrying cannot help
             raise self._fail(str(err)) from None
+        except LedgerError as err:  # the database is unreachable or busy: the task's retries apply
+            raise AirflowException(str(err)) from None
         self._cluster_seen = cluster
         self.log.info("placement for job %s:\n%s", job_id, render_plan(result))
         if result.decision is not None:
@@ -313,34 +319,45 @@ class HeteroTrainOperator(BaseOperator):
             raise self._fail(str(err)) from None
 
     def _wait_for_capacity(self, job_id: str, request: PlanRequest, result: PlanResult,
-                           context: Context) -> PlanResult:
+                           context: Context, waiting_since: float | None = None) -> PlanResult:
         """No pool fits now: fail with every pool's reason, or wait (in the triggerer when
-        deferrable) and return the reservation once one does."""
+        deferrable) and return the reservation once one does. ``capacity_timeout`` counts from
+        the first time this task instance found no room (``waiting_since``, epoch seconds)."""
+        from airflow_hetero_gpu.settings import setting
+
         reasons = _reasons(result)
         if not self.wait_for_capacity:
             raise AirflowException(f"no pool can host {request.gpus} GPU(s) now: {reasons}")
+        since = float(waiting_since) if waiting_since else time.time()
+        deadline = since + float(self.capacity_timeout)
+        if time.time() >= deadline:
+            raise AirflowException(f"no pool could host the job within {float(self.capacity_timeout):g} s: {reasons}")
         if self.deferrable:
             from airflow_hetero_gpu.triggers.capacity import CapacityTrigger
 
-            self.log.info("no pool can host the job now; deferring until one can (timeout %gs)",
-                          float(self.capacity_timeout))
+            if not (self.captures_dir or setting("captures_dir")):
+                raise self._fail(
+                    "a deferred wait for capacity re-plans in the triggerer from the last collection: give "
+                    "captures_dir (or set [hetero_gpu] captures_dir) on storage the triggerer can read")
+            self.log.info("no pool can host the job now; deferring until one can (%.0f s left of %g s)",
+                          deadline - time.time(), float(self.capacity_timeout))
             self.defer(
                 trigger=CapacityTrigger(
                     captures_dir=str(self.hook.captures_path), request=request.to_json(),
                     ledger_conn_id=self.ledger_conn_id,
                     ledger_url=None if self.ledger_conn_id else self.ledger_hook.get_url(),
-                    config=self.cluster_config if not isinstance(self.cluster_config, str) else self.cluster_config,
+                    config=self.cluster_config,
                     weights=dict(self.weights) if self.weights else None,
                     poll_interval=float(self.capacity_poll_interval), timeout=float(self.capacity_timeout),
+                    started_at=since,
                 ),
                 method_name="execute_complete",
-                timeout=timedelta(seconds=float(self.capacity_timeout) + 60),
+                timeout=timedelta(seconds=max(0.0, deadline - time.time()) + 60),
             )
-        deadline = time.monotonic() + float(self.capacity_timeout)
-        while time.monotonic() < deadline:
+        while time.time() < deadline:
             self.log.info("no pool can host the job now (%s); re-planning in %gs", reasons,
                           float(self.capacity_poll_interval))
-            time.sleep(min(float(self.capacity_poll_interval), max(0.0, deadline - time.monotonic())))
+            time.sleep(min(float(self.capacity_poll_interval), max(0.0, deadline - time.time())))
             result = self._reserve(job_id, request, context)
             if result.decision is not None:
                 return result
@@ -355,15 +372,17 @@ class HeteroTrainOperator(BaseOperator):
         started = time.monotonic()
         restarts = 0
         runs: list[dict[str, Any]] = []
-        targets = self.hook.ssh_targets()
-        factory = self.hook.client_factory()
         try:
-            hosts = [targets[h] for h in decision.hosts]
-            swept = kill_orphans(job_id, hosts, factory)
-            for sweep in swept:
-                if getattr(sweep, "processes", None):
-                    self.log.warning("stopped %d leftover process(es) of job %s on %s", len(sweep.processes),
-                                     job_id, sweep.host)
+            try:
+                targets = self.hook.ssh_targets()
+                factory = self.hook.client_factory()
+            except (HeteroGpuError, ValueError) as err:
+                raise self._fail(str(err)) from None
+            # a job id is stable across tries: whatever an earlier try left running, on any host
+            # of the fleet (a retry may be placed elsewhere), is stopped before this one starts
+            for host, sweep in kill_orphans(job_id, list(targets.values()), factory).items():
+                if sweep.found:
+                    self.log.warning("stopped %d leftover process(es) of job %s on %s", len(sweep.found), job_id, host)
             gpus = [(g.host, g.index) for g in decision.gpus]
             while True:
                 outcome, facts = self._run_once(job_id, gpus, targets, factory)
@@ -386,11 +405,17 @@ class HeteroTrainOperator(BaseOperator):
             self._release(job_id)
             raise
         self._release(job_id)
+        final = runs[-1]["gpus"]
         out = result.to_json()["decision"]
+        if restarts:  # the GPUs the job finished on; the first placement stays in run.initial_gpus
+            by_key = {(g.host, g.index): g for g in decision.gpus}
+            out["gpus"] = [by_key[k].ref() if k in by_key else {"host": k[0], "index": k[1]} for k in final]
+            out["hosts"] = list(dict.fromkeys(h for h, _ in final))
         out["job_id"] = job_id
         out["run"] = {"duration_s": round(time.monotonic() - started, 3), "restarts": restarts,
                       "hosts": runs[-1]["hosts"], "exit_codes": runs[-1]["exit_codes"],
-                      "gpus": [{"host": h, "index": i} for h, i in runs[-1]["gpus"]]}
+                      "gpus": [{"host": h, "index": i} for h, i in final],
+                      "initial_gpus": [{"host": g.host, "index": g.index} for g in decision.gpus]}
         return out
 
     def _run_once(self, job_id, gpus, targets, factory) -> tuple[str, dict[str, Any]]:
@@ -488,7 +513,9 @@ class HeteroTrainOperator(BaseOperator):
                     if self._job is not None:
                         self._job.kill()
                     raise AirflowException(msg)
-                self.log.warning("%s; waiting for one (on_no_replacement='wait')", msg)
+                if key not in self._waiting_for:
+                    self._waiting_for.add(key)
+                    self.log.warning("%s; waiting for one (on_no_replacement='wait')", msg)
             else:
                 self.log.info("job %s: GPU %s:%s replaced by %s:%s", job_id, key[0], key[1], new.host, new.index)
                 changed = True

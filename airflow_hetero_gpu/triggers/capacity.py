@@ -91,10 +91,10 @@ class CapacityTrigger(BaseTrigger):
             while True:
                 placed, reasons = await asyncio.to_thread(self.check, url)
                 if placed:
-                    yield TriggerEvent({"status": "capacity"})
+                    yield TriggerEvent({"status": "capacity", "started_at": self.started_at})
                     return
                 if time.time() - self.started_at >= self.timeout:
-                    yield TriggerEvent({"status": "timeout", "message": reasons})
+                    yield TriggerEvent({"status": "timeout", "message": reasons, "started_at": self.started_at})
                     return
                 self.log.info("no pool can host the job yet (%s); next check in %gs", reasons, self.poll_interval)
                 await asyncio.sleep(self.poll_interval)
