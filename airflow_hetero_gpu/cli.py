@@ -12,6 +12,7 @@ import sys
 from typing import Sequence
 
 from airflow_hetero_gpu import __version__
+from airflow_hetero_gpu.cli_types import mib, positive_int
 from airflow_hetero_gpu.errors import HeteroGpuError
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_NO_CAPACITY = 0, 2, 3
@@ -22,26 +23,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {' '.join(message.split())}\n")
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
-    return value
-
-
-def non_negative_number(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of MiB, got {text!r}") from None
-    if value < 0 or value != value or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a non-negative number of MiB, got {text!r}")
-    return int(value) if value.is_integer() else value
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -228,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-type", action="append", metavar="T",
                    help="acceptable card type (repeat for several; glob patterns allowed)")
     p.add_argument("--task-type", metavar="T", help="training-task type the pool must support")
-    p.add_argument("--gpu-memory", type=non_negative_number, metavar="MIB", help="free memory needed on each GPU")
+    p.add_argument("--gpu-memory", type=mib, metavar="MIB", help="free memory needed on each GPU")
     p.add_argument("--ledger", metavar="URL", help="ledger database URL (reservations, evictions)")
     p.add_argument("--reserve", action="store_true", help="claim the chosen GPUs in the ledger")
     p.add_argument("--job-id", metavar="ID", help="job id of the reservation (with --reserve)")

@@ -22,6 +22,7 @@ from airflow_hetero_gpu.testing.demo import (
     V100_32,
     make_gpus,
 )
+from airflow_hetero_gpu.testing.airflow_env import airflow_connection, host_public_key  # noqa: F401
 from airflow_hetero_gpu.testing.state import HostSpec
 
 A100_SAMPLE = {"sample": "8x-a100-sxm-nv12-4nic-hgx-2numa"}
@@ -98,26 +99,6 @@ def actual_inventory(cluster, host: str) -> list[dict[str, Any]]:
 
 def paramiko_factory(cluster):
     return paramiko_client_factory(cluster.identity_file, cluster.known_hosts_path)
-
-
-def host_public_key(cluster, name: str) -> str:
-    """``ssh-ed25519 AAAA...``: the emulated host's key as listed in the cluster's known_hosts."""
-    host = cluster.host(name)
-    for line in cluster.known_hosts_path.read_text().splitlines():
-        endpoint, key_type, key = line.split()[:3]
-        if endpoint == f"[{host.address}]:{host.port}":
-            return f"{key_type} {key}"
-    raise KeyError(name)
-
-
-def airflow_connection(cluster, name: str) -> str:
-    """The JSON of an Airflow ``ssh`` connection to an emulated host (key file + pinned host key)."""
-    host = cluster.host(name)
-    return json.dumps({
-        "conn_type": "ssh", "host": host.address, "port": host.port, "login": cluster.user,
-        "extra": {"key_file": str(cluster.identity_file), "host_key": host_public_key(cluster, name),
-                  "look_for_keys": "false"},
-    })
 
 
 def conn_id_of(name: str) -> str:

@@ -25,45 +25,15 @@ import argparse
 import contextlib
 import json
 import logging
-import math
 from typing import Any, Iterator
 
 from airflow_hetero_gpu.collect.nvml import agent_command
 from airflow_hetero_gpu.collect.ssh import CollectReport, collect_captures, paramiko_client_factory
 from airflow_hetero_gpu.collect.targets import parse_hosts_arg
+from airflow_hetero_gpu.cli_types import non_negative_int, positive_int, positive_seconds
 from airflow_hetero_gpu.errors import HeteroGpuError
 
 EXIT_COLLECTED, EXIT_BAD_INPUT, EXIT_NOTHING_COLLECTED = 0, 2, 4
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {text!r}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return value
 
 
 def register(subparsers: Any) -> None:
@@ -82,13 +52,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--identity-file", metavar="KEY", help="private key to offer (with --hosts)")
     p.add_argument("--known-hosts", metavar="FILE",
                    help="known_hosts file to verify host keys against (with --hosts; default ~/.ssh/known_hosts)")
-    p.add_argument("--max-parallel", type=_positive_int, default=8, metavar="N",
+    p.add_argument("--max-parallel", type=positive_int, default=8, metavar="N",
                    help="hosts worked on at once (default 8)")
-    p.add_argument("--connect-timeout", type=_seconds, default=10.0, metavar="S",
+    p.add_argument("--connect-timeout", type=positive_seconds, default=10.0, metavar="S",
                    help="seconds to connect and authenticate, per host (default 10)")
-    p.add_argument("--command-timeout", type=_seconds, default=30.0, metavar="S",
+    p.add_argument("--command-timeout", type=positive_seconds, default=30.0, metavar="S",
                    help="seconds per remote command (default 30)")
-    p.add_argument("--retries", type=_non_negative_int, default=2, metavar="N",
+    p.add_argument("--retries", type=non_negative_int, default=2, metavar="N",
                    help="further attempts after a transient network error (default 2)")
     p.add_argument("--no-kernel-log", action="store_true", help="do not read Xid lines from the kernel log")
     p.add_argument("--nvml", action="store_true",

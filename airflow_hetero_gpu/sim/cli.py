@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from airflow_hetero_gpu.cli_types import non_negative_float, non_negative_int, positive_int
 from airflow_hetero_gpu.errors import HeteroGpuError
 
 EXIT_OK = 0
@@ -24,38 +25,8 @@ DEFAULT_LOAD = 1.25
 DEFAULT_COMM_COST = 0.05
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
-    return v
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {text!r}")
-    return v
-
-
-def _non_negative(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not (v >= 0) or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return v
-
-
 def _positive(text: str) -> float:
-    v = _non_negative(text)
+    v = non_negative_float(text)
     if v == 0:
         raise argparse.ArgumentTypeError(f"must be above 0, got {text!r}")
     return v
@@ -94,22 +65,22 @@ def register(subparsers) -> None:
                         "(default grid without GRID)")
     p.add_argument("--fractional", choices=("round-up", "drop"), default="round-up",
                    help="one-GPU pods asking for a GPU share: round up to a whole GPU (default) or drop")
-    p.add_argument("--limit", type=_positive_int, metavar="N", help="only the first N jobs by arrival")
+    p.add_argument("--limit", type=positive_int, metavar="N", help="only the first N jobs by arrival")
     load = p.add_mutually_exclusive_group()
     load.add_argument("--load", type=_positive, default=DEFAULT_LOAD, metavar="RHO",
                       help=f"compress arrivals to this offered load (default {DEFAULT_LOAD}; see docs)")
     load.add_argument("--time-scale", type=_positive, metavar="C", help="divide arrival times by C instead")
-    p.add_argument("--backfill", type=_non_negative_int, default=0, metavar="N",
+    p.add_argument("--backfill", type=non_negative_int, default=0, metavar="N",
                    help="when the queue head waits, try up to N jobs behind it (default 0: strict FIFO)")
-    p.add_argument("--comm-cost", type=_non_negative, default=DEFAULT_COMM_COST, metavar="C",
+    p.add_argument("--comm-cost", type=non_negative_float, default=DEFAULT_COMM_COST, metavar="C",
                    help=f"run-time slowdown per unit of d(S) above 1 (default {DEFAULT_COMM_COST}; 0: trace durations)")
     p.add_argument("--span", choices=("as-needed", "never"), default="as-needed",
                    help="as-needed: a gang spans hosts when no host holds it (SPEC §7.1, default); "
                         "never: a job that fits a host waits for one")
-    p.add_argument("--hosts-per-leaf", type=_positive_int, default=16, metavar="N")
-    p.add_argument("--leaves-per-spine", type=_positive_int, default=16, metavar="N")
-    p.add_argument("--seed", type=_non_negative_int, default=0, help="seed of drawn times and of the random policy")
-    p.add_argument("--workers", type=_positive_int, metavar="N", help="worker processes (default: CPU count)")
+    p.add_argument("--hosts-per-leaf", type=positive_int, default=16, metavar="N")
+    p.add_argument("--leaves-per-spine", type=positive_int, default=16, metavar="N")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of drawn times and of the random policy")
+    p.add_argument("--workers", type=positive_int, metavar="N", help="worker processes (default: CPU count)")
     p.add_argument("--out", metavar="DIR", help="write report.json and PNG plots into DIR")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of tables")
     p.set_defaults(func=cmd_simulate)
