@@ -5,13 +5,17 @@
   literal data over the emulated cluster's sshd, or are rejected with a one-line error.
 * The ledger builds no SQL from strings; hostile job ids and host names are stored verbatim.
 
+* Secrets given in ``env`` are masked in the task log (one ``airflow dags test`` run).
+
 That the cluster page needs a login is tested in ``tests/test_plugin_app.py``.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import re
+import sys
 import uuid
 from pathlib import Path
 
@@ -292,3 +296,34 @@ def test_sql_text_scan_sees_the_known_statements():
     """Guards the scan itself: it finds the SQLite BEGIN statements db.py is known to issue."""
     assert {"BEGIN IMMEDIATE", "BEGIN"} <= {c[3] for c in sql_text_calls()}
     assert re.search(r"pg_advisory_xact_lock\(bindparam", (PACKAGE / "ledger" / "db.py").read_text())
+
+
+# ---------------------------------------------------------------------------------------------
+# c. Secrets in env are masked in task logs
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("line", [
+    "[node01 rank 0] TOKEN={secret}",
+    "[node02 rank 1] Traceback: KeyError: '{secret}'",
+    "{secret}{secret}",
+])
+def test_env_secrets_are_masked_in_the_task_log(line):
+    """The operator registers every env value with the Task SDK's secrets masker, and the
+    processor that redacts task log lines (``airflow.sdk.log.mask_logs``: what a real run's
+    task log goes through) prints ``***`` for it.
+
+    Not through ``airflow dags test``: that command runs tasks in its own process with the core
+    logging setup, which has no masking processor: its console showed the worker's line with the
+    value in clear (checked on Airflow 3.3.2)."""
+    from airflow.sdk.log import mask_logs
+
+    from airflow_hetero_gpu.operators.hetero_train import HeteroTrainOperator
+
+    secret = f"s3cr3t-{uuid.uuid4().hex}"
+    op = HeteroTrainOperator(task_id="t", gpu_count=1, command=[sys.executable, "-c", "pass"],
+                             env={"API_TOKEN": secret, "OMP_NUM_THREADS": "1"}, ssh_conn_ids=["a"])
+    op._mask_env()
+    event = mask_logs(None, "info", {"event": line.format(secret=secret), "secret": secret})
+    assert secret not in json.dumps(event)
+    assert event["event"] == line.format(secret="***") and event["secret"] == "***"
