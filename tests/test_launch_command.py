@@ -295,3 +295,18 @@ def test_pid_file_goes_when_the_job_is_killed_after_its_reader_is_gone(tmp_path:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_leader_recreates_a_run_directory_removed_by_another_host(tmp_path):
+    """Hosts sharing a home (NFS) share the run directory; one host's clean-up may remove it
+    right before another writes its pid file: the leader makes it again instead of failing."""
+    import shlex
+    import subprocess
+
+    from airflow_hetero_gpu.launch.command import _LEADER
+
+    pid_file = tmp_path / "gone" / "h.pgid"  # the directory does not exist
+    script = f"exec 3>&2; sh -c {shlex.quote(_LEADER)} leader {shlex.quote(str(pid_file))} echo ran"
+    r = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == "ran" and pid_file.read_text().strip().isdigit()

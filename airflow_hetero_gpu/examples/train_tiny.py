@@ -127,8 +127,11 @@ def load_checkpoint(directory: Path | None) -> dict[str, Any] | None:
 
 
 def say(text: str, *, err: bool = False) -> None:
+    """One whole line in one write: the ranks of a node share torchrun's stdout, and a line
+    written in pieces (text, then newline) can be cut in two by another rank's line."""
     stream = sys.stderr if err else sys.stdout
-    print(text, file=stream, flush=True)
+    stream.flush()
+    os.write(stream.fileno(), (text + "\n").encode("utf-8", "replace"))
 
 
 def train(args: argparse.Namespace) -> int:

@@ -50,7 +50,10 @@ _MAX_JOB_ID = 128
 # The process that becomes the job's process group leader. $1 is the pid file, the rest the
 # program. It is a constant: user input reaches it only as quoted positional arguments.
 # It first takes back the job's stderr, which the calling shell handed over as fd 3.
-_LEADER = ('exec 2>&3 3>&-; echo "' + PGID_MARKER + '$$"; echo "$$" > "$1" || exit '
+# The run directory may sit in a home shared by several hosts (NFS): another host whose part
+# of the job just ended may have removed it, so a failed write makes it again once.
+_LEADER = ('exec 2>&3 3>&-; echo "' + PGID_MARKER + '$$"; { echo "$$" > "$1"; } 2>/dev/null'
+           ' || { mkdir -p -- "${1%/*}" && echo "$$" > "$1"; } || exit '
            + str(SETUP_EXIT_CODE) + '; shift; exec "$@"')
 
 
