@@ -116,7 +116,9 @@ def test_a_bad_slowdown_value_names_the_field():
 
 def _shared_query() -> Path:
     beside = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "nvidia-smi" / "query"
-    return beside if beside.is_dir() else Path(os.environ.get("HETERO_GPU_SHARED_DATA", str(beside)))
+    if beside.is_dir() or "HETERO_GPU_SHARED_DATA" not in os.environ:
+        return beside
+    return Path(os.environ["HETERO_GPU_SHARED_DATA"]) / "nvidia-smi" / "query"  # the data folder, as elsewhere
 
 
 @pytest.mark.parametrize("name, expected", [
