@@ -7,7 +7,7 @@ Per-GPU facts are kept in numpy arrays so a plan over 100,000 GPUs stays in mill
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Iterable, Mapping
 
@@ -164,8 +164,6 @@ class Cluster:
 
 
 def _with_task_types(g: Gpu, task_types: tuple[str, ...]) -> Gpu:
-    from dataclasses import replace
-
     return replace(g, task_types=task_types)
 
 

@@ -7,6 +7,7 @@ implementation of the algorithm anywhere.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -21,7 +22,7 @@ from airflow_hetero_gpu.core.view import ClusterState, PoolView
 
 def _mask(cluster: Cluster, keys) -> np.ndarray:
     m = np.zeros(len(cluster.gpus), dtype=bool)
-    pos = [cluster.position[k] for k in map(lambda k: GpuKey(*k), keys) if k in cluster.position]
+    pos = [cluster.position[k] for k in (GpuKey(*k) for k in keys) if k in cluster.position]
     if pos:
         m[pos] = True
     return m
@@ -185,8 +186,6 @@ def _lost_because(rep: PoolReport, best: PoolReport) -> str:
 
 def _with_eviction(g, evicted):
     if g.key in evicted and not g.reasons:
-        from dataclasses import replace
-
         return replace(g, healthy=False, reasons=tuple(f"evicted:{r}" for r in evicted[g.key]) or ("evicted",))
     return g
 

@@ -19,7 +19,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from airflow_hetero_gpu.core.topology import NetworkTiers
+from airflow_hetero_gpu.core.topology import NetworkTiers, mean_distance
 
 EXACT_SEARCH_MAX_GPUS = 16
 EPS = 1e-9
@@ -185,8 +185,6 @@ def _span_hosts(hosts: Sequence[HostAvail], k: int, matrices, net: NetworkTiers)
 
 
 def _mean_distance_keys(keys, by_name: Mapping[str, HostAvail], matrices, net: NetworkTiers) -> float:
-    from airflow_hetero_gpu.core.topology import mean_distance
-
     def host_matrix(host: str):
         h = by_name[host]
         return dict(zip(h.indices, h.rows)), matrices[h.matrix_id]
@@ -202,9 +200,10 @@ def choose_replacement(
 ) -> tuple[str, int] | None:
     """SPEC §8: the available GPU g' minimising d(S - g + g'), ties to g's host, then (host, index)."""
     rest = [g for g in holding if tuple(g) != tuple(bad)]
+    held = {tuple(g) for g in holding}
     best = None
     for cand in candidates:
-        if tuple(cand) in {tuple(g) for g in holding}:
+        if tuple(cand) in held:
             continue
         d = distance_of([*rest, cand])
         rank = (d, 0 if cand[0] == bad[0] else 1, cand[0], cand[1])
