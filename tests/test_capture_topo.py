@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -11,16 +10,12 @@ import pytest
 from airflow_hetero_gpu.capture.topo import TopoMatrix, link_weight, parse_topo
 from airflow_hetero_gpu.errors import CaptureError
 
+from shared_data import shared_data
+
 LOCAL = Path(__file__).resolve().parent / "data" / "nvidia-smi"
 
 
-def _shared_data() -> Path:
-    """The shared folder of real samples, next to the repository or named by the environment."""
-    beside = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-    return beside if beside.is_dir() else Path(os.environ.get("HETERO_GPU_SHARED_DATA", str(beside)))
-
-
-SHARED_TOPO = _shared_data() / "nvidia-smi" / "topo"
+SHARED_TOPO = shared_data() / "nvidia-smi" / "topo"
 _NO_SHARED = pytest.mark.skip(reason=f"real nvidia-smi samples not present at {SHARED_TOPO}")
 
 

@@ -7,7 +7,6 @@ collection of real outputs (../shared/data or $HETERO_GPU_SHARED_DATA) and skip 
 from __future__ import annotations
 
 import io
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,10 +17,11 @@ from airflow_hetero_gpu.testing import nvsmi
 from airflow_hetero_gpu.testing.demo import A100_80, make_gpus
 from airflow_hetero_gpu.testing.fake_tools import nvidia_smi, write_tool_scripts
 from airflow_hetero_gpu.testing.state import HostSpec, write_state
+from shared_data import shared_data
 
 HERE = Path(__file__).resolve().parent
 LOCAL = HERE / "data" / "emulated"
-SHARED = Path(os.environ.get("HETERO_GPU_SHARED_DATA") or HERE.parents[0].parent / "shared" / "data")
+SHARED = shared_data()
 SHARED_SMI = SHARED / "nvidia-smi"
 needs_shared = pytest.mark.skipif(
     not SHARED_SMI.is_dir(), reason=f"shared real-output collection not found at {SHARED_SMI} "

@@ -5,7 +5,6 @@ Table-driven: one row per case, the expected value written out.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from airflow_hetero_gpu.errors import CaptureError, ConfigError
 from airflow_hetero_gpu.ledger import Ledger
 from airflow_hetero_gpu.testing import nvsmi
 from airflow_hetero_gpu.testing.demo import small_hosts
+from shared_data import shared_data
 
 TH = Thresholds()
 
@@ -115,10 +115,7 @@ def test_a_bad_slowdown_value_names_the_field():
 
 
 def _shared_query() -> Path:
-    beside = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "nvidia-smi" / "query"
-    if beside.is_dir() or "HETERO_GPU_SHARED_DATA" not in os.environ:
-        return beside
-    return Path(os.environ["HETERO_GPU_SHARED_DATA"]) / "nvidia-smi" / "query"  # the data folder, as elsewhere
+    return shared_data() / "nvidia-smi" / "query"
 
 
 @pytest.mark.parametrize("name, expected", [
