@@ -29,7 +29,8 @@ from airflow.sdk import BaseHook
 
 from airflow_hetero_gpu.capture.directory import read_capture_dir
 from airflow_hetero_gpu.capture.slurm import parse_topology_conf
-from airflow_hetero_gpu.collect.ssh import CollectReport, HostFailure, atomic_write, collect_captures
+from airflow_hetero_gpu.collect.ssh import CollectReport, HostFailure, collect_captures
+from airflow_hetero_gpu.fsutil import atomic_write
 from airflow_hetero_gpu.collect.targets import SshTarget
 from airflow_hetero_gpu.core.changes import InventoryChange, diff_clusters
 from airflow_hetero_gpu.core.config import config_from_mapping, load_config

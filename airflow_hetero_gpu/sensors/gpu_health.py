@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from airflow.providers.common.compat.sdk import AirflowException, conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
-from airflow_hetero_gpu.collect.ssh import atomic_write
+from airflow_hetero_gpu.fsutil import atomic_write
 from airflow_hetero_gpu.settings import setting
 from airflow_hetero_gpu.triggers.gpu_health import GpuHealthTrigger, HealthWatch, WatchSpec
 

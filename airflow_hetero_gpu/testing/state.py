@@ -32,11 +32,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import uuid as _uuid
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 from typing import Any, Mapping
+
+from airflow_hetero_gpu.fsutil import atomic_write
 
 #: Host-level faults; see docs/emulated-cluster.md for what each does.
 FAULTS = (
@@ -165,16 +165,4 @@ def read_state(path: str | os.PathLike[str]) -> dict[str, Any]:
 def write_state(path: str | os.PathLike[str], state: Mapping[str, Any]) -> None:
     """Write atomically (temp file + rename): a reader never sees half a state."""
     validate_state(state)
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=".state.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(state, fh, indent=2, sort_keys=True)
-            fh.write("\n")
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    atomic_write(path, json.dumps(state, indent=2, sort_keys=True) + "\n")
