@@ -46,11 +46,8 @@ class Cluster:
 
     def __post_init__(self) -> None:
         self.gpus = sorted(self.gpus, key=lambda g: (g.host, g.index))
-        # task types come from the config; stamp them on the GPUs
-        self.gpus = [
-            g if g.task_types else _with_task_types(g, self.config.task_types_for(g.host, g.name))
-            for g in self.gpus
-        ]
+        # task types come from the config (cluster.yaml's rules); stamp them on the GPUs
+        self.gpus = [replace(g, task_types=self.config.task_types_for(g.host, g.name)) for g in self.gpus]
         self.position = {g.key: i for i, g in enumerate(self.gpus)}
         if len(self.position) != len(self.gpus):
             seen: set[GpuKey] = set()
@@ -161,10 +158,6 @@ class Cluster:
                         if host in self.hosts:
                             g.add_edge(("host", host), ("switch", name), kind="uplink")
         return g
-
-
-def _with_task_types(g: Gpu, task_types: tuple[str, ...]) -> Gpu:
-    return replace(g, task_types=task_types)
 
 
 def build_cluster(
