@@ -49,8 +49,7 @@ def _ledger_state(args):
         return {}, {}
     from airflow_hetero_gpu.ledger import Ledger
 
-    with Ledger.from_url(args.ledger) as ledger:
-        ledger.expire()
+    with Ledger.from_url(args.ledger) as ledger:  # reserved_map() counts live leases only
         return ledger.reserved_map(), ledger.evicted_map()
 
 

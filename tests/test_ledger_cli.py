@@ -202,3 +202,26 @@ def test_missing_postgres_binaries_give_a_skip_reason(monkeypatch):
     monkeypatch.setattr(postgres.glob, "glob", lambda pattern: [])
     with pytest.raises(postgres.PostgresUnavailable, match="apt-get install -y postgresql"):
         postgres.find_bin_dir()
+
+
+@pytest.mark.skipif(not SAMPLE.is_dir(), reason="the shipped sample capture directory is absent")
+def test_plan_and_pools_with_a_ledger_count_live_leases_and_evictions_only(ledger_db_url, capsys):  # noqa: F811
+    """`plan --ledger` / `pools --ledger` plan against the ledger without writing to it: a live
+    reservation holds its GPUs, an expired lease holds nothing, an eviction takes a GPU out."""
+    import time
+
+    args = ["--captures", str(SAMPLE), "--ledger", ledger_db_url, "--json"]
+    code, out, _ = run(capsys, "plan", *args, "--gpus", "8", "--gpu-type", "A100*", "--reserve", "--job-id", "holder",
+                       "--lease", "1")
+    assert code == 0
+    code, out, _ = run(capsys, "pools", *args)
+    a100 = next(p for p in json.loads(out) if "A100" in p["card_type"])
+    assert a100["available"] == 12 - 8  # 12 available in the sample, 8 held by "holder"
+    with Ledger.from_url(ledger_db_url) as led:
+        led.evict(("a100-1", 3), reasons=["ecc"])
+    time.sleep(1.5)  # the lease runs out; nobody calls expire()
+    code, out, _ = run(capsys, "pools", *args)
+    a100 = next(p for p in json.loads(out) if "A100" in p["card_type"])
+    assert a100["available"] == 12 - 1 and a100["healthy"] == 15 - 1
+    with Ledger.from_url(ledger_db_url) as led:
+        assert led.live_reservations() == []
