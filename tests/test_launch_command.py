@@ -150,11 +150,17 @@ def test_script_layout():
     assert lines[0] == 'run_dir="$HOME"/.hetero-gpu/run/job-7'
     assert lines[2] == "cd /srv/run || exit 125"
     assert lines[3] == "export CUDA_VISIBLE_DEVICES=1,3 OMP_NUM_THREADS=1"
-    assert lines[4] == "exec 3>&2 2>/dev/null"
+    assert lines[4] == "exec 3>&2 2>/dev/null 4<&0"
     assert lines[5].startswith("setsid -w env HETERO_GPU_JOB_ID=job-7 HETERO_GPU_HOST=rtx-b "
                                "HETERO_GPU_NODE_RANK=1 sh -c ")
     assert '"$run_dir"/rtx-b.pgid torchrun --nnodes 2' in lines[5]
-    assert lines[6:] == ["status=$?", 'rm -f "$run_dir"/rtx-b.pgid', 'rmdir "$run_dir"', 'exit "$status"']
+    assert lines[5].endswith(" </dev/null 4<&- &") and lines[6] == "job=$!"
+    # the watchdog (the sweep script spans lines) runs the sweep for this job and host
+    assert lines[7].startswith("{ while read -r _ <&4; do :; done; sh -c ")
+    assert script.count("' hetero-gpu-watchdog job-7 rtx-b kill 100 >/dev/null 2>&1; } 3>&- &\n") == 1
+    tail = script[script.index("watchdog=$!"):].splitlines()
+    assert tail == ["watchdog=$!", "exec 4<&-", 'wait "$job"', "status=$?", 'kill "$watchdog" 2>/dev/null',
+                    'rm -f "$run_dir"/rtx-b.pgid', 'rmdir "$run_dir"', 'exit "$status"']
     command = build_host_command(spec, SHARES, 1, 29500)
     assert shlex.split(command) == ["sh", "-c", script]
 

@@ -13,6 +13,7 @@ import json
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,7 +43,8 @@ from airflow_hetero_gpu.launch import (
     probe_free_port,
     torchrun_job,
 )
-from airflow_hetero_gpu.launch.command import HostShare
+from airflow_hetero_gpu.launch.command import WATCHDOG_GRACE_S, HostShare
+from airflow_hetero_gpu.launch.orphans import KILL_WAIT_S
 from airflow_hetero_gpu.testing.demo import small_hosts
 from airflow_hetero_gpu.testing.pytest_fixtures import emulated_cluster  # noqa: F401
 
@@ -271,13 +273,14 @@ torchrun_job(spec, [(t, (0, 1)) for t in targets], factory, on_line=on_line).run
 
 
 @needs_torch
-def test_orphans_of_a_sigkilled_launcher_are_found_and_killed(two_hosts, tmp_path):
-    job_id = new_job_id("orphan")
+def _sigkilled_launcher(cluster, tmp_path, job_id, before_kill=None) -> None:
+    """Start a training job from a separate launcher process, wait until every rank trains,
+    call ``before_kill()``, then SIGKILL the launcher (its SSH connections drop with it)."""
     script = tmp_path / "launcher.py"
     script.write_text(LAUNCHER_SCRIPT.format(repo=str(REPO)))
     config = tmp_path / "launch.json"
     config.write_text(json.dumps({
-        "cluster": str(two_hosts.root / "cluster.json"), "job_id": job_id, "script": TRAIN,
+        "cluster": str(cluster.root / "cluster.json"), "job_id": job_id, "script": TRAIN,
         "args": ["--epochs", "100000", "--log-every", "100000"], "launcher": list(LAUNCHER),
         "workdir": str(tmp_path),
     }))
@@ -292,10 +295,36 @@ def test_orphans_of_a_sigkilled_launcher_are_found_and_killed(two_hosts, tmp_pat
             line = seen.get(timeout=max(0.1, deadline - time.monotonic()))
             joined += bool(re.search(r"rank \d of 4 ", line))
             training = training or " training: " in line
+        if before_kill is not None:
+            before_kill()
     finally:
         launcher.send_signal(signal.SIGKILL)
         launcher.wait(timeout=10)
 
+
+def test_the_watchdog_ends_the_job_of_a_sigkilled_launcher(two_hosts, tmp_path):
+    """The launcher dies without a word (SIGKILL): each host's watchdog sees its SSH session end
+    and stops that host's share of the job, with no sweep from outside."""
+    job_id = new_job_id("orphan")
+    _sigkilled_launcher(two_hosts, tmp_path, job_id)
+    # SIGTERM from the watchdog at once; torchrun passes it on to its workers
+    assert_nothing_left(job_id, timeout=WATCHDOG_GRACE_S + KILL_WAIT_S + 5)
+
+
+def test_orphans_without_a_watchdog_are_found_and_killed(two_hosts, tmp_path):
+    """Where a host's watchdog is gone too (killed with its shell), the job's processes run on
+    as orphans: the sweep finds them by their markers and ends them."""
+    job_id = new_job_id("orphan")
+
+    def kill_watchdogs():
+        # the job's outer shells and their watchdogs: the only unmarked processes naming the job
+        shells = [p for p in pgrep(job_id) if p not in marked_pids(job_id)]
+        assert shells, "no launch shell found"
+        for pid in shells:
+            os.kill(pid, signal.SIGKILL)
+
+    _sigkilled_launcher(two_hosts, tmp_path, job_id, kill_watchdogs)
+    time.sleep(2)
     targets, factory = targets_of(two_hosts), factory_of(two_hosts)
     found = find_orphans(job_id, targets, factory)
     for host in ("node01", "node02"):
@@ -309,7 +338,10 @@ def test_orphans_of_a_sigkilled_launcher_are_found_and_killed(two_hosts, tmp_pat
     assert {h: (bool(r.found), r.left, r.error) for h, r in killed.items()} == {
         "node01": (True, [], None), "node02": (True, [], None)}
     assert all(not r.found for r in find_orphans(job_id, targets, factory).values())
-    assert_nothing_left(job_id)
+    # the processes are gone; the pid files stay (their shells were killed before removing them)
+    left = sorted(set(pgrep(job_id)) | set(marked_pids(job_id)))
+    assert not left, left
+    shutil.rmtree(Path.home() / ".hetero-gpu" / "run" / job_id, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------

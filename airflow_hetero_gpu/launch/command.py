@@ -11,8 +11,13 @@ Every host of a job runs the same shape of command: a POSIX ``sh -c`` script tha
    (the orphan sweep finds the job's processes by them); the leader prints
    ``HETERO_GPU_PGID=<pgid>`` as its first line, writes the same number to
    ``<run dir>/<host>.pgid`` and ``exec``s the program: torchrun (:class:`Torchrun`) or any
-   argv (:class:`Command`). The script waits for the program (``-w`` where setsid has to
-   fork), then removes the pid file and exits with the program's status.
+   argv (:class:`Command`). The job's stdin is ``/dev/null``. The script waits for the
+   program (``-w`` where setsid has to fork), then removes the pid file and exits with the
+   program's status;
+5. meanwhile a **watchdog** reads the SSH channel's stdin, which the launcher never closes: end
+   of file there means the session is gone (launcher killed, connection dropped, sshd killed),
+   and the watchdog then ends the job on this host with :data:`SWEEP_SCRIPT` (SIGTERM,
+   :data:`WATCHDOG_GRACE_S`, SIGKILL). A job never outlives the SSH session that started it.
 
 Quoting rules: every value that comes from a user (script, arguments, environment values,
 working directory, job id, host name, launcher argv) goes through :func:`shlex.quote`, and the
@@ -39,6 +44,8 @@ PGID_MARKER = "HETERO_GPU_PGID="
 RUN_ROOT = ".hetero-gpu/run"
 #: Exit status of the remote command when the run directory or working directory is unusable.
 SETUP_EXIT_CODE = 125
+#: Seconds between SIGTERM and SIGKILL when a host's watchdog ends a job whose SSH session is gone.
+WATCHDOG_GRACE_S = 10.0
 
 _JOB_ID = re.compile(r"[A-Za-z0-9._-]+")
 _HOST = re.compile(r"[A-Za-z0-9._:-]+")
@@ -46,6 +53,47 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MARKERS = frozenset({JOB_ENV, HOST_ENV, NODE_RANK_ENV})
 _RESERVED_ENV = _MARKERS | {"CUDA_VISIBLE_DEVICES"}
 _MAX_JOB_ID = 128
+
+#: Seconds the sweep waits after SIGKILL before it reports survivors.
+KILL_WAIT_S = 5.0
+
+SWEEP_SCRIPT = r"""
+job=$1 host=$2 mode=$3 ticks=$4
+self=$(cat /proc/$$/stat) && self=${self##*") "} && set -- $self && mypgid=$3
+find_job() {
+  files=$(grep -lzxF -e "__JOB_ENV__=$job" /proc/[0-9]*/environ 2>/dev/null)
+  [ -n "$files" ] || return 0
+  for f in $(grep -lzxF -e "__HOST_ENV__=$host" $files 2>/dev/null); do
+    d=${f%/environ}
+    pid=${d#/proc/}
+    [ "$pid" = "$$" ] && continue
+    st=$(cat "$d/stat" 2>/dev/null) || continue
+    st=${st##*") "}
+    set -- $st
+    [ "$1" = Z ] && continue
+    cmd=$(tr '\000' ' ' < "$d/cmdline" 2>/dev/null | cut -c1-300)
+    echo "$pid $3 $cmd"
+  done
+}
+signal_job() {
+  find_job | while read -r pid pgid cmd; do
+    if [ "$pgid" -gt 1 ] && [ "$pgid" != "$mypgid" ]; then kill -s "$1" -- "-$pgid" 2>/dev/null; fi
+    kill -s "$1" "$pid" 2>/dev/null
+  done
+}
+wait_gone() {
+  i=0
+  while [ "$i" -lt "$1" ] && [ -n "$(find_job)" ]; do sleep 0.1; i=$((i + 1)); done
+}
+find_job | sed 's/^/found /'
+[ "$mode" = kill ] || exit 0
+if [ "$ticks" -gt 0 ]; then signal_job TERM; wait_gone "$ticks"; fi
+signal_job KILL
+wait_gone __KILL_TICKS__
+find_job | sed 's/^/left /'
+exit 0
+""".replace("__JOB_ENV__", JOB_ENV).replace("__HOST_ENV__", HOST_ENV).replace(
+    "__KILL_TICKS__", str(int(KILL_WAIT_S * 10)))
 
 # The process that becomes the job's process group leader. $1 is the pid file, the rest the
 # program. It is a constant: user input reaches it only as quoted positional arguments.
@@ -269,13 +317,22 @@ def build_script(spec: LaunchSpec, shares: Sequence[HostShare], rank: int, rdzv_
     # From here on this shell's own stderr is /dev/null: when the job is killed, sh reports
     # "Terminated" there, and into a closed SSH channel that would be a SIGPIPE that ends this
     # shell before it removes the pid file. The job gets the real stderr back through fd 3.
-    lines.append("exec 3>&2 2>/dev/null")
+    # fd 4 keeps the SSH channel's stdin for the watchdog below; the job reads /dev/null.
+    lines.append("exec 3>&2 2>/dev/null 4<&0")
     lines.append(
         "setsid -w env " + " ".join(f"{n}={q(v)}" for n, v in markers)
-        + f" sh -c {q(_LEADER)} {q('hetero-gpu-' + spec.job_id)} {pid_file} {argv}"
+        + f" sh -c {q(_LEADER)} {q('hetero-gpu-' + spec.job_id)} {pid_file} {argv} </dev/null 4<&- &"
     )
+    lines.append("job=$!")
+    # The watchdog: the launcher never closes the channel's stdin, so end of file there means
+    # the SSH session is gone (the launcher was killed, the connection dropped, sshd died).
+    # The job must not outlive its launcher: sweep it by its markers (SIGTERM, grace, SIGKILL).
+    sweep = " ".join(q(a) for a in (SWEEP_SCRIPT, "hetero-gpu-watchdog", spec.job_id, shares[rank].host,
+                                    "kill", str(int(WATCHDOG_GRACE_S * 10))))
+    lines.append("{ while read -r _ <&4; do :; done; sh -c " + sweep + " >/dev/null 2>&1; } 3>&- &")
+    lines += ["watchdog=$!", "exec 4<&-", 'wait "$job"', "status=$?", 'kill "$watchdog" 2>/dev/null']
     # The pid file lives as long as the process group it names.
-    lines += ["status=$?", f"rm -f {pid_file}", 'rmdir "$run_dir"', 'exit "$status"']
+    lines += [f"rm -f {pid_file}", 'rmdir "$run_dir"', 'exit "$status"']
     return "\n".join(lines) + "\n"
 
 

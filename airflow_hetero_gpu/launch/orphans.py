@@ -33,52 +33,16 @@ from typing import Callable, Sequence
 import paramiko
 
 from airflow_hetero_gpu.collect.targets import SshTarget
-from airflow_hetero_gpu.launch.command import HOST_ENV, JOB_ENV, validate_host_name, validate_job_id
+from airflow_hetero_gpu.launch.command import (  # noqa: F401  (KILL_WAIT_S, SWEEP_SCRIPT: re-exported)
+    KILL_WAIT_S,
+    SWEEP_SCRIPT,
+    validate_host_name,
+    validate_job_id,
+)
 
 log = logging.getLogger(__name__)
 
 ClientFactory = Callable[[SshTarget], paramiko.SSHClient]
-
-#: Seconds the sweep waits after SIGKILL before it reports survivors.
-KILL_WAIT_S = 5.0
-
-SWEEP_SCRIPT = r"""
-job=$1 host=$2 mode=$3 ticks=$4
-self=$(cat /proc/$$/stat) && self=${self##*") "} && set -- $self && mypgid=$3
-find_job() {
-  files=$(grep -lzxF -e "__JOB_ENV__=$job" /proc/[0-9]*/environ 2>/dev/null)
-  [ -n "$files" ] || return 0
-  for f in $(grep -lzxF -e "__HOST_ENV__=$host" $files 2>/dev/null); do
-    d=${f%/environ}
-    pid=${d#/proc/}
-    [ "$pid" = "$$" ] && continue
-    st=$(cat "$d/stat" 2>/dev/null) || continue
-    st=${st##*") "}
-    set -- $st
-    [ "$1" = Z ] && continue
-    cmd=$(tr '\000' ' ' < "$d/cmdline" 2>/dev/null | cut -c1-300)
-    echo "$pid $3 $cmd"
-  done
-}
-signal_job() {
-  find_job | while read -r pid pgid cmd; do
-    if [ "$pgid" -gt 1 ] && [ "$pgid" != "$mypgid" ]; then kill -s "$1" -- "-$pgid" 2>/dev/null; fi
-    kill -s "$1" "$pid" 2>/dev/null
-  done
-}
-wait_gone() {
-  i=0
-  while [ "$i" -lt "$1" ] && [ -n "$(find_job)" ]; do sleep 0.1; i=$((i + 1)); done
-}
-find_job | sed 's/^/found /'
-[ "$mode" = kill ] || exit 0
-if [ "$ticks" -gt 0 ]; then signal_job TERM; wait_gone "$ticks"; fi
-signal_job KILL
-wait_gone __KILL_TICKS__
-find_job | sed 's/^/left /'
-exit 0
-""".replace("__JOB_ENV__", JOB_ENV).replace("__HOST_ENV__", HOST_ENV).replace(
-    "__KILL_TICKS__", str(int(KILL_WAIT_S * 10)))
 
 
 @dataclass(frozen=True)
