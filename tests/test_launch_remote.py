@@ -400,6 +400,54 @@ def test_a_failing_host_ends_the_others(two_hosts):
     assert_nothing_left(job_id)
 
 
+def test_sshd_killed_on_a_host_mid_job_fails_it_there_and_the_watchdog_ends_the_rest(two_hosts):
+    """`pkill sshd` on node02 while the job runs: its session drops without an exit status,
+    the job fails naming node02, node01 is swept, and node02's processes (unreachable: sshd is
+    down) are ended by that host's watchdog."""
+    job_id = new_job_id("sshd")
+    lines = Lines()
+    job = command_job(two_hosts, job_id, ("sh", "-c", "echo ready; exec sleep 300"), lines, kill_grace=2.0)
+    job.start()
+    lines.wait_for(lambda line: line == "ready", timeout=20, count=2)
+    assert len(marked_pids(job_id)) == 2
+    two_hosts.inject_fault("node02", "sshd_killed")
+    result = job.wait(timeout=60)
+    assert result.failure is not None and result.failure.host == "node02"
+    assert result.failure.exit_code is None
+    assert "ended without an exit status" in str(result.failure) or "no exit status" in str(result.failure)
+    assert result.cleanup["node01"].found and result.cleanup["node01"].clean
+    assert "cannot reconnect" in (result.cleanup["node02"].error or "")
+    assert_nothing_left(job_id, timeout=WATCHDOG_GRACE_S + KILL_WAIT_S + 5)
+
+
+def test_a_host_gone_silent_mid_job_is_given_up_after_host_timeout(two_hosts):
+    """node02's sshd and sessions are SIGSTOPped (the network goes quiet, nothing is closed):
+    the job prints nothing either way, so only the missing keepalive answers tell. The job
+    fails naming node02 within host_timeout (plus a check), node01 is swept, and once node02
+    speaks again its watchdog sees the dropped session and ends the job there."""
+    job_id = new_job_id("silent")
+    lines = Lines()
+    job = command_job(two_hosts, job_id, ("sh", "-c", "echo ready; exec sleep 300"), lines, kill_grace=2.0,
+                      keepalive_interval=0.5, host_timeout=4.0)
+    job.start()
+    lines.wait_for(lambda line: line == "ready", timeout=20, count=2)
+    time.sleep(2)  # quiet but healthy: nobody is given up on
+    assert job.pgids and not any(r.done.is_set() for r in job._runs)
+    two_hosts.inject_fault("node02", "network_silent")
+    silenced = time.monotonic()
+    try:
+        result = job.wait(timeout=60)
+        given_up = time.monotonic() - silenced
+    finally:
+        two_hosts.clear_fault("node02", "network_silent")
+    assert result.failure is not None and result.failure.host == "node02", result.failure
+    assert "no answer from node02" in str(result.failure) and "SSH keepalive" in str(result.failure)
+    assert 3.0 <= given_up < 4.0 + 1.0 + 2.0 + 30, given_up  # timeout, check period, the sweeps
+    assert result.cleanup["node01"].found and result.cleanup["node01"].clean
+    assert result.cleanup["node02"].error  # the sweep could not reach node02 while it was silent
+    assert_nothing_left(job_id, timeout=WATCHDOG_GRACE_S + KILL_WAIT_S + 5)
+
+
 def test_kill_ends_processes_that_ignore_sigterm(two_hosts):
     job_id = new_job_id("stubborn")
     lines = Lines()

@@ -11,6 +11,11 @@ command from :mod:`airflow_hetero_gpu.launch.command`) and
   keeping only the last ``tail_lines`` lines per host (and at most ``max_line_bytes`` per line);
 - waits for every host; the first host that exits non-zero becomes the job's
   :class:`JobFailure`, and every host's processes are then ended (see :meth:`RemoteJob.kill`);
+- asks each host's sshd for a keepalive answer every ``keepalive_interval`` seconds; a host that
+  answers nothing for ``host_timeout`` seconds (its network went quiet, the machine froze) is
+  given up on as failed, like a host whose process exited non-zero. A host whose session is
+  gone ends its share of the job by itself (the watchdog of
+  :mod:`airflow_hetero_gpu.launch.command`), even when no sweep can reach it;
 - :meth:`RemoteJob.kill` ends the job on every host: the orphan sweep of
   :mod:`airflow_hetero_gpu.launch.orphans` sends SIGTERM to each of the job's process groups,
   waits ``kill_grace`` seconds, then sends SIGKILL. It is idempotent and may be called from any
@@ -208,6 +213,8 @@ class _HostRun:
         self.error: str | None = None
         self.done = threading.Event()
         self.threads: list[threading.Thread] = []
+        self.last_alive = time.monotonic()  # the host's last answer to a keepalive
+        self.lost = False                   # silent for too long: given up on
 
     def result(self) -> HostResult:
         end = self.ended if self.ended is not None else time.monotonic()
@@ -221,7 +228,8 @@ class RemoteJob:
 
     def __init__(self, job_id: str, workers: Sequence[Worker], client_factory: ClientFactory, *,
                  on_line: LineCallback | None = None, tail_lines: int = 200,
-                 kill_grace: float = 10.0, max_parallel: int = 8, max_line_bytes: int = 64 * 1024):
+                 kill_grace: float = 10.0, max_parallel: int = 8, max_line_bytes: int = 64 * 1024,
+                 keepalive_interval: float = 15.0, host_timeout: float = 60.0):
         validate_job_id(job_id)
         if not workers:
             raise ValueError("a job needs at least one worker")
@@ -230,6 +238,9 @@ class RemoteJob:
             raise ValueError(f"a host appears twice in job {job_id}: {hosts}")
         if tail_lines < 1 or max_line_bytes < 1 or max_parallel < 1 or kill_grace < 0:
             raise ValueError("tail_lines, max_line_bytes, max_parallel must be >= 1 and kill_grace >= 0")
+        if not 0 < keepalive_interval < host_timeout:
+            raise ValueError(f"need 0 < keepalive_interval < host_timeout, got {keepalive_interval!r} "
+                             f"and {host_timeout!r}")
         self.job_id = job_id
         self.workers = list(workers)
         self.client_factory = client_factory
@@ -238,6 +249,8 @@ class RemoteJob:
         self.kill_grace = kill_grace
         self.max_parallel = max_parallel
         self.max_line_bytes = max_line_bytes
+        self.keepalive_interval = float(keepalive_interval)
+        self.host_timeout = float(host_timeout)
         self._runs: list[_HostRun] = []
         self._events: queue.Queue[_HostRun] = queue.Queue()
         self._lock = threading.Lock()
@@ -321,9 +334,49 @@ class RemoteJob:
                                       name=f"{self.job_id}:{run.worker.host}:stderr")
         out_thread = threading.Thread(target=self._read_and_finish, args=(run, stdout, err_thread),
                                       daemon=True, name=f"{self.job_id}:{run.worker.host}:stdout")
-        run.threads = [out_thread, err_thread]
+        alive_thread = threading.Thread(target=self._keepalive, args=(run,), daemon=True,
+                                        name=f"{self.job_id}:{run.worker.host}:keepalive")
+        run.threads = [out_thread, err_thread, alive_thread]
         err_thread.start()
         out_thread.start()
+        alive_thread.start()
+
+    # -- liveness ------------------------------------------------------------------------------
+
+    def _keepalive(self, run: _HostRun) -> None:
+        """Ask the host's sshd for an answer every ``keepalive_interval`` s (an OpenSSH
+        ``keepalive@openssh.com`` global request, as ``ServerAliveInterval`` does); each answer
+        is a sign of life. A host whose network went silent answers nothing, and output alone
+        cannot tell it from a job that prints nothing."""
+        transport = run.client.get_transport()
+        while transport is not None and transport.is_active() and not run.done.is_set():
+            try:
+                transport.global_request("keepalive@openssh.com", wait=True)  # blocks until answered
+            except Exception:
+                return
+            if not transport.is_active():
+                return
+            run.last_alive = time.monotonic()
+            run.done.wait(self.keepalive_interval)
+
+    def _check_alive(self) -> None:
+        """Give up on every running host that answered nothing for ``host_timeout`` s."""
+        now = time.monotonic()
+        with self._lock:
+            runs = list(self._runs)
+        for run in runs:
+            if run.channel is None or run.done.is_set() or now - run.last_alive < self.host_timeout:
+                continue
+            with self._lock:
+                if run.done.is_set():
+                    continue
+                run.lost = True
+                run.error = (f"no answer from {run.worker.host} for {now - run.last_alive:.0f} s "
+                             "(SSH keepalive): the host or its network is down")
+                run.ended = now
+                run.done.set()
+            log.warning("job %s: %s", self.job_id, run.error)
+            self._events.put(run)
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -358,12 +411,15 @@ class RemoteJob:
         err_thread.join()
         assert run.channel is not None
         status = run.channel.recv_exit_status()
-        run.ended = time.monotonic()
-        if status >= 0:
-            run.exit_code = status
-        else:
-            run.error = run.error or "no exit status (connection lost or process killed by a signal)"
-        run.done.set()
+        with self._lock:
+            if run.done.is_set():  # given up on as lost already
+                return
+            run.ended = time.monotonic()
+            if status >= 0:
+                run.exit_code = status
+            else:
+                run.error = run.error or "no exit status (connection lost or process killed by a signal)"
+            run.done.set()
         self._events.put(run)
 
     # -- waiting -------------------------------------------------------------------------------
@@ -391,8 +447,11 @@ class RemoteJob:
             if left is not None and left <= 0:
                 raise TimeoutError(f"job {self.job_id} still running after {timeout} s")
             try:
-                run = self._events.get(timeout=left)
+                run = self._events.get(timeout=1.0 if left is None else min(left, 1.0))
             except queue.Empty:
+                self._check_alive()
+                continue
+            if id(run) not in pending:
                 continue
             pending.discard(id(run))
             self._note_end(run)
@@ -498,7 +557,9 @@ class RemoteJob:
         def one(run: _HostRun) -> SweepResult:
             host = run.worker.host
             transport = run.client.get_transport()
-            if transport is not None and transport.is_active():
+            if run.lost:  # its connection hangs: drop it, and try a fresh one (bounded by the
+                run.client.close()  # connect timeouts) in case only the old one is stuck
+            elif transport is not None and transport.is_active():
                 return sweep_host(run.client, self.job_id, host, kill=True, grace=grace)
             try:  # the job's connection is gone (network blip, host rebooting): try a new one
                 client = self.client_factory(run.worker.target)

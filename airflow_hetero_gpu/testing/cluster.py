@@ -19,6 +19,7 @@ import os
 import pwd
 import secrets
 import shutil
+import signal
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -40,7 +41,7 @@ from airflow_hetero_gpu.testing.state import (
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 SYSTEM_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
 #: Faults that act on processes or files rather than on what the fake tools read.
-PROCESS_FAULTS = ("host_down", "hang", "host_key_changed")
+PROCESS_FAULTS = ("host_down", "hang", "host_key_changed", "sshd_killed", "network_silent")
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ class EmulatedCluster:
         self.hosts: list[EmulatedHost] = []
         self._sshd: dict[str, Sshd] = {}
         self._host_keys: dict[str, str] = {}
+        self._silenced: dict[str, list[int]] = {}
         self._started = False
 
     # -- paths and identity --------------------------------------------------------------------
@@ -241,6 +243,8 @@ class EmulatedCluster:
     def _stop_host_processes(self, name: str) -> None:
         sshd = self._sshd[name]
         victims: dict[int, int] = {}
+        for pid in self._silenced.pop(name, []):
+            procs.signal_quietly(pid, signal.SIGCONT)
         if sshd.pid is not None:
             if sshd.stopped_by_signal:
                 sshd.resume()
@@ -348,6 +352,24 @@ class EmulatedCluster:
                 sshd.pause()
             else:
                 sshd.resume()
+        elif kind == "sshd_killed":
+            if on:  # what `pkill sshd` does: sessions drop, the processes they started run on
+                sessions = self._sshd_sessions(name)
+                sshd.kill()
+                procs.kill_all({pid: 1 for pid in sessions})
+            else:
+                sshd.start(self.start_timeout)
+        elif kind == "network_silent":
+            if on:  # connections stay open but nothing comes through, new ones hang
+                stopped = self._sshd_sessions(name)
+                for pid in stopped:
+                    procs.signal_quietly(pid, signal.SIGSTOP)
+                sshd.pause()
+                self._silenced[name] = stopped
+            else:
+                sshd.resume()
+                for pid in self._silenced.pop(name, []):
+                    procs.signal_quietly(pid, signal.SIGCONT)
         elif kind == "host_key_changed":
             original = sshd.host_key.with_name(sshd.host_key.name + ".orig")
             if on:
@@ -362,6 +384,13 @@ class EmulatedCluster:
             if sshd.pid is not None:
                 self._stop_host_processes(name)
                 sshd.start(self.start_timeout)
+
+    def _sshd_sessions(self, name: str) -> list[int]:
+        """The host's per-connection sshd processes (not the listener, not what they started)."""
+        pid = self._sshd[name].pid
+        if pid is None:
+            return []
+        return [p for p in procs.descendants(pid) if procs.command_line(p).startswith(b"sshd")]
 
     def _set_nvidia_smi_present(self, host: EmulatedHost, *, present: bool) -> None:
         script = host.bin_dir / "nvidia-smi"

@@ -49,6 +49,22 @@ def descendants(root: int) -> dict[int, int]:
     return found
 
 
+def command_line(pid: int) -> bytes:
+    """The process's argv joined by NULs (b"" when it is gone or unreadable)."""
+    try:
+        return (PROC / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def signal_quietly(pid: int, sig: int) -> None:
+    """Send ``sig`` to ``pid``; a process that is already gone is no error."""
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def with_env_marker(marker: str, *, prefix: bool = False) -> list[int]:
     """Processes whose environment holds ``HETERO_GPU_EMU_MARKER=<marker>`` (or a value starting
     with ``marker`` when ``prefix``)."""

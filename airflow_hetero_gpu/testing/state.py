@@ -46,6 +46,8 @@ FAULTS = (
     "host_down",           # sshd stopped: connection refused
     "hang",                # sshd SIGSTOPped: connections hang before the banner
     "host_key_changed",    # sshd restarted with a new host key absent from known_hosts
+    "sshd_killed",         # every sshd process SIGKILLed (listener and sessions); jobs run on
+    "network_silent",      # every sshd process SIGSTOPped: open connections go quiet, jobs run on
     "journal_denied",      # journalctl -k: no permission
     "dmesg_denied",        # dmesg: "read kernel buffer failed: Operation not permitted"
 )
