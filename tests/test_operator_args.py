@@ -25,6 +25,10 @@ BASE = {"task_id": "t", "gpu_count": 2, "script": "train.py", "ssh_conn_ids": ["
         ({"script_args": "--epochs 3"}, "script_args: expected a list of strings, got '--epochs 3'"),
         ({"max_restarts": -1}, "max_restarts: expected a non-negative integer, got -1"),
         ({"env": ["A=1"]}, "env: expected a mapping of names to strings, got ['A=1']"),
+        ({"lease_seconds": 1}, "lease_seconds: expected a number of seconds >= 3, got 1"),
+        ({"lease_seconds": "long"}, "lease_seconds: expected a number of seconds >= 3, got 'long'"),
+        ({"host_timeout": 0}, "host_timeout: expected a number of seconds >= 2, got 0"),
+        ({"host_timeout": float("nan")}, "host_timeout: expected a number of seconds >= 2, got nan"),
     ],
 )
 def test_bad_arguments_fail_without_retry(changes, message):

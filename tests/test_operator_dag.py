@@ -5,23 +5,20 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
-import airflow_hetero_gpu.examples.train_tiny as train_tiny
 from airflow_hetero_gpu.ledger import Ledger
-from airflow_hetero_gpu.testing.airflow_env import airflow_env, connection_env, dags_test, migrate
+from airflow_hetero_gpu.testing.airflow_env import airflow_env, migrate
 from airflow_hetero_gpu.testing.demo import small_hosts
 from airflow_hetero_gpu.testing.pytest_fixtures import emulated_cluster  # noqa: F401
+from dag_run_helpers import leftovers, losses, run_dag, start_dag
 
 pytest.importorskip("torch", reason="torch (CPU build) is needed to train the example model")
 
 DAGS = Path(__file__).parent / "dags"
-SCRIPT = str(Path(train_tiny.__file__).resolve())
 
 
 @pytest.fixture(scope="module")
@@ -36,31 +33,12 @@ def two_hosts(emulated_cluster, tmp_path):  # noqa: F811
     return emulated_cluster(small_hosts(2, gpus=2))
 
 
-def _run(home, cluster, tmp_path, **config):
-    env_conns, ids = connection_env(cluster)
-    out = tmp_path / "decision.json"
-    cfg = {"ssh_conn_ids": ids, "script": SCRIPT, "ledger_url": f"sqlite:///{tmp_path / 'ledger.db'}",
-           "captures_dir": str(tmp_path / "captures"), "workdir": str(tmp_path), **config}
-    env = airflow_env(home, DAGS, {**env_conns, "HG_TEST_CONFIG": json.dumps(cfg), "HG_TEST_OUT": str(out)})
-    r = dags_test("hg_train_test", env, timeout=420)
-    return r, out, cfg
-
-
-def _losses(text: str) -> list[float]:
-    return [float(m) for m in re.findall(r"epoch \d+ loss ([0-9.]+(?:e-?\d+)?)", text)]
-
-
-def _leftovers(job_marker: str) -> str:
-    r = subprocess.run(["pgrep", "-af", job_marker], capture_output=True, text=True)
-    return "\n".join(line for line in r.stdout.splitlines() if "pgrep" not in line)
-
-
 def test_trains_across_two_hosts_and_releases(airflow_home, two_hosts, tmp_path):
-    r, out, cfg = _run(airflow_home, two_hosts, tmp_path, gpu_count=4, script_args=["--epochs", "6"])
+    r, out, cfg = run_dag(airflow_home, two_hosts, tmp_path, gpu_count=4, script_args=["--epochs", "6"])
     log = r.stdout + r.stderr
     assert r.returncode == 0, log[-6000:]
-    losses = _losses(log)
-    assert len(losses) == 6 and losses[-1] < losses[0], losses
+    found = losses(log)
+    assert len(found) == 6 and found[-1] < found[0], found
     # every line of the workers reached the task log, prefixed by host and rank
     assert re.search(r"\[node01 rank 0\] ", log) and re.search(r"\[node02 rank 1\] ", log)
     decision = json.loads(out.read_text())
@@ -69,11 +47,11 @@ def test_trains_across_two_hosts_and_releases(airflow_home, two_hosts, tmp_path)
     assert decision["run"]["exit_codes"] == {"node01": 0, "node02": 0}
     with Ledger.from_url(cfg["ledger_url"]) as ledger:
         assert ledger.live_reservations() == []
-    assert _leftovers(decision["job_id"]) == ""
+    assert leftovers(decision["job_id"]) == ""
 
 
 def test_a_crashing_worker_fails_the_task_and_cleans_up(airflow_home, two_hosts, tmp_path):
-    r, out, cfg = _run(airflow_home, two_hosts, tmp_path, gpu_count=4,
+    r, out, cfg = run_dag(airflow_home, two_hosts, tmp_path, gpu_count=4,
                        script_args=["--epochs", "50", "--fail-at-epoch", "2", "--fail-host", "node02"])
     log = r.stdout + r.stderr
     assert r.returncode != 0
@@ -84,12 +62,12 @@ def test_a_crashing_worker_fails_the_task_and_cleans_up(airflow_home, two_hosts,
     assert not out.exists()
     with Ledger.from_url(cfg["ledger_url"]) as ledger:
         assert ledger.live_reservations() == []
-    assert _leftovers("hg_train_test.train") == ""
+    assert leftovers("hg_train_test.train") == ""
 
 
 def test_shell_metacharacters_stay_literal(airflow_home, two_hosts, tmp_path):
     target = Path(f"/tmp/pwned-{uuid.uuid4().hex}")
-    r, out, cfg = _run(airflow_home, two_hosts, tmp_path, gpu_count=2,
+    r, out, cfg = run_dag(airflow_home, two_hosts, tmp_path, gpu_count=2,
                        script_args=["--epochs", "1", "--tag", f"; touch {target}"])
     # the training script rejects the unknown argument: the point is that no shell ran it
     assert not target.exists()
@@ -97,36 +75,12 @@ def test_shell_metacharacters_stay_literal(airflow_home, two_hosts, tmp_path):
     assert f"; touch {target}" in log  # it arrived as one literal argument
 
 
-def _start(home, cluster, tmp_path, name, on_line, **config):
-    """Run the DAG in the background, calling on_line(line) for each output line."""
-    import threading
-
-    env_conns, ids = connection_env(cluster)
-    cfg = {"ssh_conn_ids": ids, "script": SCRIPT, "ledger_url": f"sqlite:///{tmp_path / 'ledger.db'}",
-           "captures_dir": str(tmp_path / f"captures-{name}"), "workdir": str(tmp_path), **config}
-    out = tmp_path / f"decision-{name}.json"
-    env = airflow_env(home, DAGS, {**env_conns, "HG_TEST_CONFIG": json.dumps(cfg), "HG_TEST_OUT": str(out)})
-    cmd = [*__import__("airflow_hetero_gpu.testing.airflow_env", fromlist=["x"]).airflow_command(),
-           "dags", "test", "hg_train_test"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-
-    def pump():
-        for line in proc.stdout:
-            lines.append(line)
-            on_line(line)
-
-    thread = threading.Thread(target=pump, daemon=True)
-    thread.start()
-    return proc, thread, lines, out, cfg
-
-
 def test_killing_the_task_stops_every_process_and_releases(airflow_home, two_hosts, tmp_path):
     import signal
     import threading
 
     training = threading.Event()
-    proc, pump, lines, out, cfg = _start(
+    proc, pump, lines, out, cfg = start_dag(
         airflow_home, two_hosts, tmp_path, "kill",
         lambda line: training.set() if re.search(r"epoch 2 loss", line) else None,
         gpu_count=4, script_args=["--epochs", "100000", "--sleep", "0.2"])
@@ -135,7 +89,7 @@ def test_killing_the_task_stops_every_process_and_releases(airflow_home, two_hos
         with Ledger.from_url(cfg["ledger_url"]) as ledger:
             (res,) = ledger.live_reservations()
         job_id = res.job_id
-        assert _leftovers(job_id) != ""  # the workers run, under the job's marker
+        assert leftovers(job_id) != ""  # the workers run, under the job's marker
         proc.send_signal(signal.SIGTERM)  # what Airflow sends when a task is cleared / marked failed
         proc.wait(timeout=120)
         pump.join(10)
@@ -144,7 +98,7 @@ def test_killing_the_task_stops_every_process_and_releases(airflow_home, two_hos
             proc.kill()
     log = "".join(lines)
     assert "task killed: stopping job" in log, log[-4000:]
-    assert _leftovers(job_id) == ""
+    assert leftovers(job_id) == ""
     with Ledger.from_url(cfg["ledger_url"]) as ledger:
         assert ledger.live_reservations() == []
 
@@ -166,7 +120,7 @@ def test_an_evicted_gpu_is_replaced_and_the_job_resumes(airflow_home, two_hosts,
                 ledger.evict(GpuKey(victim.host, victim.index), victim.uuid, ["ecc"])
                 evicted.append(f"{victim.host}:{victim.index}")
 
-    proc, pump, lines, out, cfg = _start(
+    proc, pump, lines, out, cfg = start_dag(
         airflow_home, two_hosts, tmp_path, "evict", on_line, gpu_count=2, ledger_url=ledger_url,
         script_args=["--epochs", "8", "--sleep", "0.5"], checkpoint_dir=str(tmp_path / "ckpt"))
     try:
@@ -214,12 +168,12 @@ def test_a_second_run_waits_deferred_until_the_first_releases(airflow_home, two_
         if "epoch 1 loss" in line:
             marks.setdefault("b_training", time.monotonic())
 
-    proc_a, pump_a, lines_a, out_a, _ = _start(airflow_home, two_hosts, tmp_path, "a", on_a, gpu_count=4,
+    proc_a, pump_a, lines_a, out_a, _ = start_dag(airflow_home, two_hosts, tmp_path, "a", on_a, gpu_count=4,
                                                script_args=["--epochs", "100000", "--sleep", "0.2",
                                                             "--stop-file", str(tmp_path / "stop-a")])
     try:
         assert a_training.wait(240), "".join(lines_a)[-3000:]
-        proc_b, pump_b, lines_b, out_b, _ = _start(
+        proc_b, pump_b, lines_b, out_b, _ = start_dag(
             home_b, two_hosts, tmp_path, "b", on_b, gpu_count=4, script_args=["--epochs", "2"],
             wait_for_capacity=True, deferrable=True, capacity_poll_interval=1)
         try:

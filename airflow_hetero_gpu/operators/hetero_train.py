@@ -35,6 +35,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_hetero_gpu.errors import HeteroGpuError
+from airflow_hetero_gpu.ledger.errors import LedgerError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -94,6 +95,10 @@ class HeteroTrainOperator(BaseOperator):
     :param checkpoint_dir: when set, ``--checkpoint-dir DIR`` is appended to the script's arguments
         (the example script resumes from it after a restart).
     :param lease_seconds: lease of the reservation; renewed every third of it while the job runs.
+        When the ledger cannot be reached (a database restart), the job runs on while the lease
+        lasts and is stopped shortly before it would run out (its GPUs could be given away).
+    :param host_timeout: seconds a host of the running job may stay silent (no answer to SSH
+        keepalives, sent every quarter of it) before the job counts as failed there.
     :param launcher: the torchrun argv on the hosts (``["python3", "-m", "torch.distributed.run"]``
         where ``torchrun`` is not on the remote PATH).
     :param rdzv_port: rendezvous port: ``"probe"`` a free port on the first host (default),
@@ -136,6 +141,7 @@ class HeteroTrainOperator(BaseOperator):
         max_restarts: int = 3,
         checkpoint_dir: str | None = None,
         lease_seconds: float = 120.0,
+        host_timeout: float = 60.0,
         launcher: Sequence[str] = ("torchrun",),
         rdzv_port: int | str = "probe",
         job_id: str | None = None,
@@ -167,6 +173,7 @@ class HeteroTrainOperator(BaseOperator):
         self.max_restarts = max_restarts
         self.checkpoint_dir = checkpoint_dir
         self.lease_seconds = lease_seconds
+        self.host_timeout = host_timeout
         self.launcher = launcher
         self.rdzv_port = rdzv_port
         self.job_id = job_id
@@ -212,6 +219,10 @@ class HeteroTrainOperator(BaseOperator):
             raise self._fail(f"env: expected a mapping of names to strings, got {self.env!r}")
         if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
             raise self._fail(f"max_restarts: expected a non-negative integer, got {self.max_restarts!r}")
+        for name, least in (("lease_seconds", 3.0), ("host_timeout", 2.0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= least:
+                raise self._fail(f"{name}: expected a number of seconds >= {least:g}, got {value!r}")
         if self.weights is not None and not isinstance(self.weights, Mapping):
             raise self._fail(f"weights: expected a mapping like {{'topology': 0.6}}, got {self.weights!r}")
 
@@ -442,13 +453,18 @@ class HeteroTrainOperator(BaseOperator):
         def on_line(host: str, rank: int, stream: str, line: str) -> None:
             log.info("[%s rank %d] %s", host, rank, line)
 
-        job = torchrun_job(spec, placements, factory, on_line=on_line, rdzv_port=self.rdzv_port)
+        job = torchrun_job(spec, placements, factory, on_line=on_line, rdzv_port=self.rdzv_port,
+                           host_timeout=float(self.host_timeout),
+                           keepalive_interval=float(self.host_timeout) / 4)
         self._job = job
         self.log.info("job %s: starting on %s", job_id, _fmt_gpus(gpus))
         job.start()
-        renew_every = max(1.0, float(self.lease_seconds) / 3)
+        lease = float(self.lease_seconds)
+        renew_every = max(1.0, lease / 3)
         check_every = min(renew_every, 5.0)
+        # the lease surely lasts until last_renew + lease (the time is taken before each renewal)
         last_renew = time.monotonic()
+        ledger_down_since: float | None = None
         next_gpus = None
         while True:
             try:
@@ -457,10 +473,28 @@ class HeteroTrainOperator(BaseOperator):
             except TimeoutError:
                 pass
             now = time.monotonic()
-            if now - last_renew >= renew_every:
-                self._renew(job_id, job)
-                last_renew = now
-            next_gpus = self._replacement_needed(job_id, gpus)
+            try:
+                if now - last_renew >= renew_every:
+                    self._renew(job_id, job)
+                    last_renew = now
+                next_gpus = self._replacement_needed(job_id, gpus)
+            except LedgerError as err:
+                if ledger_down_since is None:
+                    ledger_down_since = now
+                left = last_renew + lease - time.monotonic()
+                if left <= check_every + 1.0:
+                    job.kill()
+                    raise AirflowException(
+                        f"job {job_id}: the ledger was unreachable for {time.monotonic() - ledger_down_since:.0f} s "
+                        f"and the lease runs out in {max(0.0, left):.0f} s: the workers were stopped so that "
+                        f"their GPUs cannot be given to another job while still in use; last error: {err}") from None
+                self.log.warning("job %s: the ledger is unreachable (%s); the job runs on while its lease lasts "
+                                 "(%.0f s left)", job_id, err, left)
+                continue
+            if ledger_down_since is not None:
+                self.log.info("job %s: the ledger is reachable again after %.0f s; lease renewed", job_id,
+                              now - ledger_down_since)
+                ledger_down_since = None
             if next_gpus is not None:
                 self.log.warning("job %s: its GPU set changed in the ledger; stopping the workers", job_id)
                 job.kill()
@@ -524,19 +558,37 @@ class HeteroTrainOperator(BaseOperator):
             return [(g.host, g.index) for g in res.gpus]
         return None
 
-    def _release(self, job_id: str) -> None:
-        try:
-            if self.ledger.release(job_id):
-                self.log.info("job %s: reservation released", job_id)
-        except Exception:  # the lease frees the GPUs anyway
-            self.log.exception("job %s: releasing the reservation failed; its lease will free the GPUs", job_id)
+    def _release(self, job_id: str, patience: float = 30.0) -> None:
+        """Release the job's GPUs, retrying for ``patience`` s while the ledger is unreachable
+        (its lease frees them anyway when even that fails)."""
+        deadline = time.monotonic() + patience
+        pause = 1.0
+        while True:
+            try:
+                if self.ledger.release(job_id):
+                    self.log.info("job %s: reservation released", job_id)
+                else:
+                    self.log.info("job %s: no reservation left to release (its lease had expired)", job_id)
+                return
+            except LedgerError as err:
+                if time.monotonic() + pause > deadline:
+                    self.log.error("job %s: releasing the reservation failed (%s); its lease will free the GPUs",
+                                   job_id, err)
+                    return
+                self.log.warning("job %s: releasing the reservation failed (%s); trying again in %.0f s",
+                                 job_id, err, pause)
+            except Exception:  # never hide the task's own outcome behind a release problem
+                self.log.exception("job %s: releasing the reservation failed; its lease will free the GPUs", job_id)
+                return
+            time.sleep(pause)
+            pause = min(pause * 2, 8.0)
 
     def on_kill(self) -> None:
         job = self._job
         if job is not None:
             self.log.info("task killed: stopping job %s on every host", job.job_id)
             job.kill()
-            self._release(job.job_id)
+            self._release(job.job_id, patience=5.0)
 
 
 def _failure_message(job_id: str, res) -> str:

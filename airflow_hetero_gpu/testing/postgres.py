@@ -30,6 +30,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -133,8 +134,8 @@ class PostgresServer:
                     "-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off",
                     "-c max_connections=200", "-c shared_buffers=32MB",
                 ])
-                proc = self._run("pg_ctl", "-D", str(self.root / "data"), "-l", str(self.root / "server.log"),
-                                 "-o", options, "-w", "-t", "60", "start", check=False)
+                self._options = options
+                proc = self._pg_ctl_start()
                 if proc.returncode == 0:
                     return self
                 last_error = f"pg_ctl start failed: {proc.stderr.strip()} {self._log_tail()}"
@@ -142,6 +143,19 @@ class PostgresServer:
         except BaseException:
             self.stop()
             raise
+
+    def _pg_ctl_start(self) -> subprocess.CompletedProcess:
+        return self._run("pg_ctl", "-D", str(self.root / "data"), "-l", str(self.root / "server.log"),
+                         "-o", self._options, "-w", "-t", "60", "start", check=False)
+
+    def restart(self, down_seconds: float = 0.0, mode: str = "fast") -> None:
+        """Stop the server (``pg_ctl -m fast``: every client connection is cut), stay down for
+        ``down_seconds``, and start it again on the same port with the same data."""
+        self._run("pg_ctl", "-D", str(self.root / "data"), "-m", mode, "-w", "stop")
+        time.sleep(down_seconds)
+        proc = self._pg_ctl_start()
+        if proc.returncode != 0:
+            raise RuntimeError(f"pg_ctl start failed: {proc.stderr.strip()} {self._log_tail()}")
 
     def stop(self) -> None:
         """Stop the server (immediate shutdown) and delete its directory. Safe to call twice."""

@@ -33,6 +33,7 @@ def _train(task_id: str, **overrides) -> HeteroTrainOperator:
         launcher=cfg.get("launcher", [sys.executable, "-m", "torch.distributed.run"]),
         checkpoint_dir=cfg.get("checkpoint_dir"),
         lease_seconds=cfg.get("lease_seconds", 30),
+        host_timeout=cfg.get("host_timeout", 60),
         wait_for_capacity=cfg.get("wait_for_capacity", False),
         deferrable=cfg.get("deferrable", False),
         capacity_poll_interval=cfg.get("capacity_poll_interval", 2),
@@ -61,3 +62,12 @@ def hg_train_test():
 
 
 hg_train_test()
+
+
+@dag(schedule=None, start_date=pendulum.datetime(2026, 1, 1), catchup=False, tags=["test"])
+def hg_command_test():
+    """The operator in command mode; HG_TEST_COMMAND_CONFIG overrides HG_TEST_CONFIG's arguments."""
+    _train("run", **json.loads(_cfg("COMMAND_CONFIG", "{}")))
+
+
+hg_command_test()

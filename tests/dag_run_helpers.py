@@ -1,0 +1,63 @@
+"""Running the operator's test DAG (tests/dags/hg_operator_test.py) with ``airflow dags test``
+against an emulated cluster: in the foreground, or in the background with a callback per line."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import threading
+from pathlib import Path
+from typing import Callable
+
+import airflow_hetero_gpu.examples.train_tiny as train_tiny
+from airflow_hetero_gpu.testing.airflow_env import airflow_command, airflow_env, connection_env, dags_test
+
+DAGS = Path(__file__).parent / "dags"
+SCRIPT = str(Path(train_tiny.__file__).resolve())
+
+
+def _config(cluster, tmp_path: Path, name: str, config: dict) -> tuple[dict, Path, dict[str, str]]:
+    env_conns, ids = connection_env(cluster)
+    cfg = {"ssh_conn_ids": ids, "script": SCRIPT, "ledger_url": f"sqlite:///{tmp_path / 'ledger.db'}",
+           "captures_dir": str(tmp_path / (f"captures-{name}" if name else "captures")),
+           "workdir": str(tmp_path), **config}
+    out = tmp_path / (f"decision-{name}.json" if name else "decision.json")
+    return cfg, out, env_conns
+
+
+def run_dag(home: Path, cluster, tmp_path: Path, **config):
+    """``airflow dags test hg_train_test`` to the end: (completed process, decision file, config)."""
+    cfg, out, env_conns = _config(cluster, tmp_path, "", config)
+    env = airflow_env(home, DAGS, {**env_conns, "HG_TEST_CONFIG": json.dumps(cfg), "HG_TEST_OUT": str(out)})
+    r = dags_test("hg_train_test", env, timeout=420)
+    return r, out, cfg
+
+
+def start_dag(home: Path, cluster, tmp_path: Path, name: str, on_line: Callable[[str], None], **config):
+    """Run the DAG in the background, calling ``on_line(line)`` for each output line:
+    (process, pump thread, lines so far, decision file, config)."""
+    cfg, out, env_conns = _config(cluster, tmp_path, name, config)
+    env = airflow_env(home, DAGS, {**env_conns, "HG_TEST_CONFIG": json.dumps(cfg), "HG_TEST_OUT": str(out)})
+    proc = subprocess.Popen([*airflow_command(), "dags", "test", "hg_train_test"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+
+    def pump():
+        for line in proc.stdout:
+            lines.append(line)
+            on_line(line)
+
+    thread = threading.Thread(target=pump, daemon=True)
+    thread.start()
+    return proc, thread, lines, out, cfg
+
+
+def losses(text: str) -> list[float]:
+    return [float(m) for m in re.findall(r"epoch \d+ loss ([0-9.]+(?:e-?\d+)?)", text)]
+
+
+def leftovers(job_marker: str) -> str:
+    """Processes on this machine (every emulated host) whose command line names ``job_marker``."""
+    r = subprocess.run(["pgrep", "-af", job_marker], capture_output=True, text=True)
+    return "\n".join(line for line in r.stdout.splitlines() if "pgrep" not in line)

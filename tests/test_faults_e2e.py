@@ -1,0 +1,287 @@
+"""Faults during a run, end to end: `airflow dags test` of the operator's test DAG on the
+emulated cluster (real sshd per host), real torchrun (CPU, gloo) training across two hosts.
+
+After each fault: no GPU held by a dead job (the ledger), no process of the job left on any
+host, and the task's outcome and log say what happened."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from airflow_hetero_gpu.launch.command import WATCHDOG_GRACE_S
+from airflow_hetero_gpu.launch.orphans import KILL_WAIT_S
+from airflow_hetero_gpu.ledger import Ledger
+from airflow_hetero_gpu.testing.airflow_env import airflow_env, migrate
+from airflow_hetero_gpu.testing.demo import small_hosts
+from airflow_hetero_gpu.testing.postgres import PostgresServer, PostgresUnavailable
+from airflow_hetero_gpu.testing.pytest_fixtures import emulated_cluster  # noqa: F401
+from dag_run_helpers import DAGS, leftovers, losses, start_dag
+
+pytest.importorskip("torch", reason="torch (CPU build) is needed to train the example model")
+
+#: how long a host's watchdog may take to end the job once its SSH session is gone
+WATCHDOG_S = WATCHDOG_GRACE_S + KILL_WAIT_S + 10
+LONG_TRAINING = ["--epochs", "100000", "--sleep", "0.2"]
+
+
+@pytest.fixture(scope="module")
+def airflow_home(tmp_path_factory):
+    home = tmp_path_factory.mktemp("airflow")
+    migrate(airflow_env(home, DAGS))
+    return home
+
+
+@pytest.fixture
+def two_hosts(emulated_cluster):  # noqa: F811
+    return emulated_cluster(small_hosts(2, gpus=2))
+
+
+def _when(pattern: str):
+    """An on_line callback and the event it sets at the first line matching ``pattern``."""
+    seen = threading.Event()
+    return (lambda line: seen.set() if re.search(pattern, line) else None), seen
+
+
+def _finish(proc, pump, timeout: float = 300) -> None:
+    try:
+        proc.wait(timeout=timeout)
+        pump.join(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _wait_nothing_left(job_id: str, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while (left := leftovers(job_id)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+def _live(url: str) -> list:
+    with Ledger.from_url(url) as ledger:
+        return ledger.live_reservations()
+
+
+def _job_id_of(url: str) -> str:
+    (res,) = _live(url)
+    return res.job_id
+
+
+def test_sshd_killed_on_a_host_mid_training(airflow_home, two_hosts, tmp_path):
+    """`pkill sshd` on node02 while the job trains on both hosts: the task fails naming node02
+    and the lost connection, node01 is swept, node02's watchdog ends the job there (sshd stays
+    down, so nothing from outside could), and the reservation is released."""
+    on_line, training = _when(r"epoch 2 loss")
+    proc, pump, lines, out, cfg = start_dag(airflow_home, two_hosts, tmp_path, "sshd", on_line,
+                                            gpu_count=4, script_args=LONG_TRAINING)
+    try:
+        assert training.wait(240), "".join(lines)[-4000:]
+        job_id = _job_id_of(cfg["ledger_url"])
+        two_hosts.inject_fault("node02", "sshd_killed")
+    finally:
+        _finish(proc, pump)
+    log = "".join(lines)
+    assert proc.returncode != 0
+    assert re.search(r"worker on node02 \(node rank 1\) (ended without an exit status|no exit status)", log) \
+        or re.search(r"node02[^\n]*no exit status \(connection lost", log), log[-5000:]
+    assert re.search(r"sweep of node02: cannot reconnect", log), log[-5000:]
+    assert f"job {job_id}: reservation released" in log
+    assert _live(cfg["ledger_url"]) == []
+    assert _wait_nothing_left(job_id, WATCHDOG_S) == ""
+    assert not out.exists()
+
+
+def test_a_host_gone_silent_mid_training(airflow_home, two_hosts, tmp_path):
+    """node02's sshd and its sessions are SIGSTOPped (the network goes quiet; nothing is closed,
+    so reads just hang): the keepalives go unanswered and after host_timeout the task fails
+    naming node02; node01 is swept, the GPUs are released, and once node02 speaks again its
+    watchdog finds the session gone and ends the job there."""
+    on_line, training = _when(r"epoch 2 loss")
+    proc, pump, lines, out, cfg = start_dag(airflow_home, two_hosts, tmp_path, "silent", on_line,
+                                            gpu_count=4, host_timeout=6, script_args=LONG_TRAINING)
+    try:
+        assert training.wait(240), "".join(lines)[-4000:]
+        job_id = _job_id_of(cfg["ledger_url"])
+        two_hosts.inject_fault("node02", "network_silent")
+        silenced = time.monotonic()
+        proc.wait(timeout=180)
+        failed_after = time.monotonic() - silenced
+    finally:
+        two_hosts.clear_fault("node02", "network_silent")
+        _finish(proc, pump)
+    log = "".join(lines)
+    assert proc.returncode != 0
+    assert re.search(r"no answer from node02 for \d+ s \(SSH keepalive\)", log), log[-5000:]
+    assert f"job {job_id}: reservation released" in log
+    assert failed_after < 120, failed_after
+    assert _live(cfg["ledger_url"]) == []
+    assert _wait_nothing_left(job_id, WATCHDOG_S) == ""
+
+
+@pytest.fixture
+def private_postgres():
+    try:
+        server = PostgresServer().start()
+    except PostgresUnavailable as err:
+        pytest.skip(str(err))
+    yield server
+    server.stop()
+
+
+def test_ledger_postgres_restarted_mid_training(airflow_home, two_hosts, tmp_path, private_postgres):
+    """The ledger's PostgreSQL is restarted (down 12 s) while the job trains: renewals fail,
+    the job runs on within its lease (30 s), the renewals succeed again, training finishes and
+    the reservation is released."""
+    url = private_postgres.create_database()
+    restarted = threading.Event()
+
+    def on_line(line: str) -> None:
+        if not restarted.is_set() and re.search(r"epoch 3 loss", line):
+            restarted.set()
+            threading.Thread(target=private_postgres.restart, kwargs={"down_seconds": 12}, daemon=True).start()
+
+    proc, pump, lines, out, cfg = start_dag(airflow_home, two_hosts, tmp_path, "pg", on_line, gpu_count=4,
+                                            ledger_url=url, lease_seconds=30,
+                                            script_args=["--epochs", "60", "--sleep", "0.5"])
+    _finish(proc, pump, timeout=400)
+    log = "".join(lines)
+    assert restarted.is_set()
+    assert proc.returncode == 0, log[-6000:]
+    assert re.search(r"the ledger is unreachable \(.*\); the job runs on while its lease lasts", log), log[-6000:]
+    assert re.search(r"the ledger is reachable again after \d+ s; lease renewed", log), log[-6000:]
+    found = losses(log)
+    assert len(found) == 60 and found[-1] < found[0]
+    assert "reservation released" in log
+    assert _live(url) == []
+    assert leftovers("hg_train_test.train") == ""
+
+
+def test_ledger_down_longer_than_the_lease_stops_the_job(airflow_home, two_hosts, tmp_path, private_postgres):
+    """The ledger's PostgreSQL stays down past the lease (9 s): the job is stopped before the
+    lease can run out (its GPUs may be handed to someone else), the task fails saying so, and the
+    release goes through once the database is back."""
+    url = private_postgres.create_database()
+    restarted = threading.Event()
+
+    def on_line(line: str) -> None:
+        if not restarted.is_set() and re.search(r"epoch 2 loss", line):
+            restarted.set()
+            threading.Thread(target=private_postgres.restart, kwargs={"down_seconds": 20}, daemon=True).start()
+
+    proc, pump, lines, out, cfg = start_dag(airflow_home, two_hosts, tmp_path, "pg-long", on_line, gpu_count=4,
+                                            ledger_url=url, lease_seconds=9, script_args=LONG_TRAINING)
+    _finish(proc, pump, timeout=300)
+    log = "".join(lines)
+    assert proc.returncode != 0
+    assert re.search(r"the ledger was unreachable for \d+ s and the lease runs out in \d+ s: the workers were "
+                     r"stopped", log), log[-6000:]
+    # by the time the database is back the lease has passed: nothing is left to release
+    assert re.search(r"no reservation left to release \(its lease had expired\)|reservation released", log), \
+        log[-6000:]
+    assert _live(url) == []
+    assert leftovers("hg_train_test.train") == ""
+
+
+def _kill_dags_test(proc, pump) -> None:
+    proc.send_signal(signal.SIGKILL)
+    _finish(proc, pump, timeout=30)
+
+
+def test_task_sigkilled_mid_training_then_the_next_try(airflow_home, two_hosts, tmp_path):
+    """The task's process is SIGKILLed (no on_kill, no release): each host's watchdog ends the
+    job when its SSH session drops, the lease (9 s) frees the GPUs, and the next try (same job
+    id, as Airflow's retries get) reserves them again and trains."""
+    job_id = f"sigkill-{uuid.uuid4().hex[:8]}"
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    on_line, training = _when(r"epoch 2 loss")
+    proc, pump, lines, out, cfg = start_dag(airflow_home, two_hosts, tmp_path, "kill9", on_line, gpu_count=4,
+                                            ledger_url=url, lease_seconds=9, job_id=job_id,
+                                            script_args=LONG_TRAINING)
+    try:
+        assert training.wait(240), "".join(lines)[-4000:]
+        assert leftovers(job_id)
+    finally:
+        _kill_dags_test(proc, pump)
+    killed = time.monotonic()
+    assert _wait_nothing_left(job_id, WATCHDOG_S) == ""
+    with Ledger.from_url(url) as ledger:
+        (held,) = ledger.live_reservations()  # nobody released it ...
+        assert held.job_id == job_id
+    time.sleep(max(0.0, killed + 9.5 - time.monotonic()))
+    assert _live(url) == []  # ... its lease did
+
+    on_line, _ = _when(r"^$")
+    proc, pump, lines, out, cfg = start_dag(airflow_home, two_hosts, tmp_path, "kill9-next", on_line, gpu_count=4,
+                                            ledger_url=url, lease_seconds=9, job_id=job_id,
+                                            script_args=["--epochs", "3"])
+    _finish(proc, pump)
+    log = "".join(lines)
+    assert proc.returncode == 0, log[-5000:]
+    assert "leftover process" not in log  # the watchdogs had ended everything already
+    assert _live(url) == [] and leftovers(job_id) == ""
+
+
+def test_task_sigkilled_with_its_watchdogs_gone_the_next_try_sweeps_the_orphans(airflow_home, two_hosts,
+                                                                                  tmp_path):
+    """As above, but the hosts' watchdogs die too (their shells are SIGKILLed first), so the
+    training processes run on as orphans after the lease frees the GPUs: the next try (same job
+    id) finds them on every host by their markers, stops them, then trains."""
+    job_id = f"orphans-{uuid.uuid4().hex[:8]}"
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    on_line, training = _when(r"\] training: world size")
+    # a job that prints nothing more once it trains (one that prints dies of the closed stdout)
+    proc, pump, lines, out, cfg = start_dag(airflow_home, two_hosts, tmp_path, "orph", on_line, gpu_count=4,
+                                            ledger_url=url, lease_seconds=9, job_id=job_id,
+                                            script_args=[*LONG_TRAINING, "--log-every", "1000000"])
+    try:
+        assert training.wait(240), "".join(lines)[-4000:]
+        _kill_launch_shells(job_id)
+    finally:
+        _kill_dags_test(proc, pump)
+    time.sleep(10)
+    assert _live(url) == []                 # the lease freed the GPUs
+    assert leftovers(job_id) != ""          # but the job's processes still run: orphans
+
+    on_line, _ = _when(r"^$")
+    proc, pump, lines, out, cfg = start_dag(airflow_home, two_hosts, tmp_path, "orph-next", on_line, gpu_count=4,
+                                            ledger_url=url, lease_seconds=9, job_id=job_id,
+                                            script_args=["--epochs", "3"])
+    _finish(proc, pump)
+    log = "".join(lines)
+    assert proc.returncode == 0, log[-5000:]
+    for host in ("node01", "node02"):
+        assert re.search(rf"stopped \d+ leftover process\(es\) of job {job_id} on {host}", log), log[-5000:]
+    assert _live(url) == [] and leftovers(job_id) == ""
+    shutil.rmtree(Path.home() / ".hetero-gpu" / "run" / job_id, ignore_errors=True)
+
+
+def _kill_launch_shells(job_id: str) -> None:
+    """SIGKILL the job's launch shells and watchdogs on every host: the processes that name the
+    job on their command line but do not carry its marker in their environment."""
+    needle = f"HETERO_GPU_JOB_ID={job_id}".encode()
+    killed = 0
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmdline = fh.read()
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                environ = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if b"hetero-gpu-watchdog" in cmdline and job_id.encode() in cmdline and needle not in environ:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+    assert killed >= 2, "no launch shells found"
