@@ -94,3 +94,160 @@ def dags_test(dag_id: str, env: Mapping[str, str], *, conf: Mapping | None = Non
         stream(line)
     proc.wait(timeout=timeout)
     return subprocess.CompletedProcess(cmd, proc.returncode, "".join(lines), "")
+
+
+class AirflowDeployment:
+    """Airflow's components as separate processes, as a real deployment runs them: api-server
+    (with the task execution API), scheduler (LocalExecutor: each task in a supervised child
+    process that writes the task log file), dag-processor and triggerer, on one SQLite metadata
+    database. Any component can be killed and started again (:meth:`restart`)::
+
+        with AirflowDeployment(home, dags, env) as airflow:
+            run_id = airflow.trigger("my_dag")
+            airflow.wait_for_state("my_dag", run_id, "train", {"deferred"})
+            airflow.restart("triggerer")
+    """
+
+    COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+
+    def __init__(self, home: Path, dags_folder: Path, extra: Mapping[str, str] | None = None):
+        import socket
+
+        self.home = Path(home)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.env = airflow_env(self.home, dags_folder, {
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__PARALLELISM": "4",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{self.port}/execution/",
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(self.port),
+            "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__API_AUTH__JWT_SECRET": os.urandom(16).hex(),
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+            "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "2",
+            "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "10",
+            "AIRFLOW__SCHEDULER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "10",
+            **(extra or {}),
+        })
+        self.procs: dict[str, subprocess.Popen] = {}
+        self._logs: dict[str, object] = {}
+
+    # -- life cycle ----------------------------------------------------------------------------
+    def start(self) -> "AirflowDeployment":
+        migrate(self.env)
+        for name in self.COMPONENTS:
+            self.start_component(name)
+        return self
+
+    def start_component(self, name: str) -> None:
+        log_dir = self.home / "components"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        handle = open(log_dir / f"{name}.log", "ab")
+        self._logs[name] = handle
+        self.procs[name] = subprocess.Popen([*airflow_command(), name], env=self.env, stdout=handle,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
+
+    def stop_component(self, name: str, sig: int | None = None, timeout: float = 30) -> None:
+        """Stop one component and every process it started (SIGTERM, or ``sig``)."""
+        import signal
+
+        proc = self.procs.pop(name, None)
+        if proc is None:
+            return
+        try:
+            os.killpg(proc.pid, sig if sig is not None else signal.SIGTERM)
+            proc.wait(timeout=timeout)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        handle = self._logs.pop(name, None)
+        if handle is not None:
+            handle.close()
+
+    def restart(self, name: str, sig: int | None = None) -> None:
+        self.stop_component(name, sig)
+        self.start_component(name)
+
+    def stop(self) -> None:
+        for name in list(self.procs):
+            self.stop_component(name)
+
+    def __enter__(self) -> "AirflowDeployment":
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def component_log(self, name: str) -> str:
+        path = self.home / "components" / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    # -- the metadata database ----------------------------------------------------------------
+    def query(self, sql: str, *params: object) -> list[tuple]:
+        import sqlite3
+
+        with sqlite3.connect(self.home / "airflow.db", timeout=30) as db:
+            return db.execute(sql, params).fetchall()
+
+    def wait_for(self, predicate, timeout: float, what: str, poll: float = 1.0):
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what}: not within {timeout:g} s")
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"airflow {name} exited ({proc.returncode}): "
+                                       f"{self.component_log(name)[-3000:]}")
+            time.sleep(poll)
+
+    def trigger(self, dag_id: str, run_id: str | None = None, timeout: float = 240) -> str:
+        """Trigger a DAG run once the dag-processor has parsed the DAG; returns its run id."""
+        import uuid
+
+        self.wait_for(lambda: self.query("select 1 from dag where dag_id = ?", dag_id), timeout,
+                      f"DAG {dag_id} parsed")
+        run_id = run_id or f"manual__{uuid.uuid4().hex[:12]}"
+        r = subprocess.run([*airflow_command(), "dags", "trigger", dag_id, "--run-id", run_id],
+                           env=self.env, capture_output=True, text=True, timeout=timeout)
+        if r.returncode != 0:
+            raise RuntimeError(f"airflow dags trigger failed ({r.returncode}): {r.stderr[-2000:]}")
+        return run_id
+
+    def task_state(self, dag_id: str, run_id: str, task_id: str) -> str | None:
+        rows = self.query("select state from task_instance where dag_id = ? and run_id = ? and task_id = ?",
+                          dag_id, run_id, task_id)
+        return rows[0][0] if rows else None
+
+    def run_state(self, dag_id: str, run_id: str) -> str | None:
+        rows = self.query("select state from dag_run where dag_id = ? and run_id = ?", dag_id, run_id)
+        return rows[0][0] if rows else None
+
+    def wait_for_state(self, dag_id: str, run_id: str, task_id: str | None, states: set[str],
+                       timeout: float) -> str:
+        """Wait until the task (or, with ``task_id=None``, the run) is in one of ``states``."""
+        def check():
+            state = (self.run_state(dag_id, run_id) if task_id is None
+                     else self.task_state(dag_id, run_id, task_id))
+            return state if state in states else None
+
+        return self.wait_for(check, timeout, f"{dag_id}/{run_id}/{task_id or 'run'} in {sorted(states)}")
+
+    def task_log(self, dag_id: str, run_id: str, task_id: str) -> str:
+        """Every attempt's task log file of the task, as the task supervisor wrote them."""
+        root = self.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
+        return "".join(p.read_text(errors="replace") for p in sorted(root.rglob("*.log")))

@@ -1,0 +1,109 @@
+"""Faults that need Airflow's components as separate processes, as a real deployment runs them
+(api-server, scheduler with LocalExecutor, dag-processor, triggerer; `airflow dags test` runs
+everything in one process and cannot show these): the triggerer restarted while a task waits
+deferred for capacity, and secrets in ``env`` masked in the task log file the task supervisor
+writes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from airflow_hetero_gpu.core.inventory import load_cluster
+from airflow_hetero_gpu.core.model import PlanRequest
+from airflow_hetero_gpu.ledger import Ledger
+from airflow_hetero_gpu.testing import EmulatedCluster
+from airflow_hetero_gpu.testing.airflow_env import AirflowDeployment, connection_env
+from airflow_hetero_gpu.testing.demo import small_hosts
+from dag_run_helpers import DAGS, SCRIPT, leftovers, losses
+
+pytest.importorskip("torch", reason="torch (CPU build) is needed to train the example model")
+
+SECRET = f"s3cr3t-{uuid.uuid4().hex}"
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fleet")
+    with EmulatedCluster(root / "cluster", small_hosts(2, gpus=2)) as cluster:
+        yield cluster, root
+
+
+@pytest.fixture(scope="module")
+def airflow(fleet):
+    cluster, root = fleet
+    conns, ids = connection_env(cluster)
+    cfg = {"ssh_conn_ids": ids, "script": SCRIPT, "ledger_url": f"sqlite:///{root / 'ledger.db'}",
+           "captures_dir": str(root / "captures"), "workdir": str(root), "gpu_count": 4,
+           "script_args": ["--epochs", "3"], "wait_for_capacity": True, "deferrable": True,
+           "capacity_poll_interval": 1, "capacity_timeout": 600}
+    command_cfg = {"script": None, "gpu_count": 2, "command": ["sh", "-c", 'echo "token=$API_TOKEN"'],
+                   "env": {"API_TOKEN": SECRET}}
+    with AirflowDeployment(root / "airflow", DAGS, {
+        **conns, "HG_TEST_CONFIG": json.dumps(cfg), "HG_TEST_COMMAND_CONFIG": json.dumps(command_cfg),
+    }) as deployment:
+        deployment.cfg = cfg
+        yield deployment
+
+
+def _block_every_gpu(cluster, cfg) -> None:
+    """Another job holds all four GPUs (a reservation made straight in the ledger)."""
+    captures = Path(cfg["captures_dir"]) / "blocker"
+    subprocess.run([sys.executable, "-m", "airflow_hetero_gpu.cli", "collect", "--hosts", cluster.hosts_arg(),
+                    "--identity-file", str(cluster.identity_file), "--known-hosts", str(cluster.known_hosts_path),
+                    "--out", str(captures)], check=True, capture_output=True, timeout=120)
+    with Ledger.from_url(cfg["ledger_url"]) as ledger:
+        result = ledger.reserve("blocker", load_cluster(captures), PlanRequest(gpus=4), lease_seconds=900)
+        assert result.decision is not None and len(result.decision.gpus) == 4
+
+
+def test_triggerer_restarted_during_a_deferred_wait(airflow, fleet):
+    """The task defers while another job holds every GPU; the triggerer is SIGKILLed and started
+    again; the new triggerer takes the trigger over from the database and keeps re-planning;
+    when the GPUs are released the task resumes on a worker, trains and succeeds."""
+    cluster, _ = fleet
+    cfg = airflow.cfg
+    _block_every_gpu(cluster, cfg)
+    run_id = airflow.trigger("hg_train_test")
+    airflow.wait_for_state("hg_train_test", run_id, "train", {"deferred"}, timeout=300)
+    owner = lambda: [r[0] for r in airflow.query("select triggerer_id from trigger")]  # noqa: E731
+    (old,) = airflow.wait_for(lambda: owner() if owner() and owner()[0] else None, timeout=120,
+                              what="trigger assigned to the triggerer")
+
+    airflow.restart("triggerer", signal.SIGKILL)
+    # the new triggerer takes the trigger over once the dead one's heartbeat is stale (10 s here)
+    airflow.wait_for(lambda: owner() and owner()[0] not in (None, old), timeout=180,
+                     what="trigger taken over by the new triggerer")
+    time.sleep(3)  # it re-plans there (every second) and still finds no room
+    assert airflow.task_state("hg_train_test", run_id, "train") == "deferred"
+
+    with Ledger.from_url(cfg["ledger_url"]) as ledger:
+        assert ledger.release("blocker")
+    state = airflow.wait_for_state("hg_train_test", run_id, None, {"success", "failed"}, timeout=420)
+    log = airflow.task_log("hg_train_test", run_id, "train")
+    assert state == "success", log[-6000:] + airflow.component_log("scheduler")[-3000:]
+    assert "deferring until one can" in log
+    found = losses(log)
+    assert len(found) == 3 and found[-1] < found[0], log[-4000:]
+    with Ledger.from_url(cfg["ledger_url"]) as ledger:
+        assert ledger.live_reservations() == []
+    assert leftovers("hg_train_test.train") == ""
+
+
+def test_env_secrets_are_masked_in_the_task_log_file(airflow):
+    """A worker prints an env value given to the operator; the task log file the supervisor
+    writes has it masked."""
+    run_id = airflow.trigger("hg_command_test")
+    state = airflow.wait_for_state("hg_command_test", run_id, None, {"success", "failed"}, timeout=300)
+    log = airflow.task_log("hg_command_test", run_id, "run")
+    assert state == "success", log[-4000:]
+    assert "token=***" in log, log[-4000:]
+    assert SECRET not in log
+    assert SECRET[:12] not in log
