@@ -7,6 +7,7 @@ writes."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -46,8 +47,11 @@ def airflow(fleet):
            "capacity_poll_interval": 1, "capacity_timeout": 600}
     command_cfg = {"script": None, "gpu_count": 2, "command": ["sh", "-c", 'echo "token=$API_TOKEN"'],
                    "env": {"API_TOKEN": SECRET}}
+    retry_cfg = {"wait_for_capacity": False, "deferrable": False, "lease_seconds": 9,
+                 "script_args": ["--epochs", "30", "--sleep", "0.3"]}
     with AirflowDeployment(root / "airflow", DAGS, {
         **conns, "HG_TEST_CONFIG": json.dumps(cfg), "HG_TEST_COMMAND_CONFIG": json.dumps(command_cfg),
+        "HG_TEST_RETRY_CONFIG": json.dumps(retry_cfg),
     }) as deployment:
         deployment.cfg = cfg
         yield deployment
@@ -107,3 +111,43 @@ def test_env_secrets_are_masked_in_the_task_log_file(airflow):
     assert "token=***" in log, log[-4000:]
     assert SECRET not in log
     assert SECRET[:12] not in log
+
+
+def test_task_process_sigkilled_then_airflow_retries_it(airflow, fleet):
+    """The process running the training task is SIGKILLed mid-training (no on_kill, no release):
+    the task supervisor reports the task failed, the hosts' watchdogs end the job when its SSH
+    sessions drop, and Airflow's retry (same job id) gets the GPUs back and trains to the end."""
+    cfg = airflow.cfg
+    run_id = airflow.trigger("hg_retry_test")
+    airflow.wait_for(lambda: "epoch 2 loss" in airflow.task_log("hg_retry_test", run_id, "train"), timeout=300,
+                     what="first try training")
+    (job_id,) = [r.job_id for r in _live(cfg["ledger_url"])]
+    victim = _task_process(airflow)
+    os.kill(victim, signal.SIGKILL)
+    state = airflow.wait_for_state("hg_retry_test", run_id, None, {"success", "failed"}, timeout=420)
+    log = airflow.task_log("hg_retry_test", run_id, "train")
+    assert state == "success", log[-6000:]
+    tries = airflow.query("select try_number from task_instance where dag_id = ? and run_id = ? and task_id = ?",
+                          "hg_retry_test", run_id, "train")
+    assert tries == [(2,)]
+    second = (airflow.home / "logs" / "dag_id=hg_retry_test" / f"run_id={run_id}" / "task_id=train"
+              / "attempt=2.log").read_text()
+    assert f"job {job_id}: reservation released" in second and len(losses(second)) == 30
+    assert _live(cfg["ledger_url"]) == [] and leftovers(job_id) == ""
+
+
+def _live(url: str) -> list:
+    with Ledger.from_url(url) as ledger:
+        return ledger.live_reservations()
+
+
+def _task_process(airflow) -> int:
+    """The pid of the process that runs the task's code: the deepest Airflow process under the
+    scheduler (scheduler -> LocalExecutor worker -> task supervisor -> task)."""
+    from airflow_hetero_gpu.testing import procs
+
+    tree = procs.descendants(airflow.procs["scheduler"].pid)
+    python = {pid: depth for pid, depth in tree.items() if b"python" in procs.command_line(pid)
+              or b"airflow" in procs.command_line(pid)}
+    assert python, "no task process under the scheduler"
+    return max(python, key=lambda pid: python[pid])

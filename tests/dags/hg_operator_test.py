@@ -71,3 +71,16 @@ def hg_command_test():
 
 
 hg_command_test()
+
+
+@dag(schedule=None, start_date=pendulum.datetime(2026, 1, 1), catchup=False, tags=["test"])
+def hg_retry_test():
+    """The training task with a retry; HG_TEST_RETRY_CONFIG overrides HG_TEST_CONFIG's arguments."""
+    import datetime
+
+    overrides = json.loads(_cfg("RETRY_CONFIG", "{}"))
+    _train("train", retries=1, retry_delay=datetime.timedelta(seconds=overrides.pop("retry_delay_s", 1)),
+           **overrides)
+
+
+hg_retry_test()
