@@ -196,6 +196,63 @@ def test_watch_replaces_an_evicted_gpu_of_a_live_reservation(fleet, capfd):
     assert [(e["host"], e["index"], e["reasons"]) for e in done.xcom_value["evictions"]] == [("node01", 1, ["ecc"])]
 
 
+# --- orphans: processes of jobs that hold no reservation -------------------------------------------------
+def _marked_sleep(cluster, host: str, job_id: str) -> None:
+    """A process on ``host`` carrying a job's launch markers, detached from its SSH session (as
+    the processes of a job whose launcher and watchdog both died)."""
+    command = (f"env HETERO_GPU_JOB_ID={job_id} HETERO_GPU_HOST={host} setsid sleep 600 "
+               "</dev/null >/dev/null 2>&1 &")
+    subprocess.run(cluster.ssh_argv(host, command), check=True, timeout=30)
+
+
+def _marked(job_id: str) -> int:
+    needle = f"HETERO_GPU_JOB_ID={job_id}".encode()
+    count = 0
+    for pid in (p for p in Path("/proc").iterdir() if p.name.isdigit()):
+        try:
+            count += needle in (pid / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+    return count
+
+
+def test_watch_stops_processes_of_jobs_without_a_reservation(fleet, capfd):
+    """With sweep_orphans, each check stops on every host the processes of jobs the ledger has
+    no live reservation for, and leaves the processes of live jobs alone; without it (the
+    default), nothing is touched."""
+    import time
+
+    cluster, ids, url = fleet(small_hosts(2, gpus=2))
+    plain = sensor(ids, url, mode_kind="watch", stop_when_idle=False, watch_duration=3600)
+    assert plain.poke({}) is False
+    with Ledger.from_url(url) as led:
+        assert led.reserve("live-job", plain.health_watch.cluster, PlanRequest(2)).decision is not None
+    for host in ("node01", "node02"):
+        _marked_sleep(cluster, host, "dead-job")
+    _marked_sleep(cluster, "node02", "live-job")
+    time.sleep(0.5)
+    assert (_marked("dead-job"), _marked("live-job")) == (2, 1)
+
+    assert plain.poke({}) is False  # sweep_orphans is off by default
+    assert (_marked("dead-job"), _marked("live-job")) == (2, 1) and plain.health_watch.last.orphans == []
+
+    s = sensor(ids, url, mode_kind="watch", stop_when_idle=False, watch_duration=3600, sweep_orphans=True)
+    capfd.readouterr()
+    assert s.poke({}) is False
+    assert (_marked("dead-job"), _marked("live-job")) == (0, 1)
+    assert [(o["host"], o["job_id"], o["processes"], o["left"]) for o in s.health_watch.last.orphans] == [
+        ("node01", "dead-job", 1, 0), ("node02", "dead-job", 1, 0)]
+    text = logged(capfd)
+    assert "stopped 1 orphaned process(es) of job dead-job on node01: it holds no live reservation" in text
+    assert s.health_watch.result()["orphans_stopped"] == s.health_watch.last.orphans
+
+    with Ledger.from_url(url) as led:
+        led.release("live-job")
+    assert s.poke({}) is False  # now the live job's process is an orphan too
+    assert _marked("live-job") == 0
+    assert [(o["host"], o["job_id"]) for o in s.health_watch.last.orphans] == [("node02", "live-job")]
+
+
 # --- the gate: a healthy pool ---------------------------------------------------------------------------
 def test_gate_waits_for_enough_healthy_gpus_of_a_type(fleet):
     hosts = small_hosts(1, gpus=4)

@@ -28,7 +28,13 @@ from airflow_hetero_gpu.launch.command import (
     validate_env_name,
     validate_job_id,
 )
-from airflow_hetero_gpu.launch.orphans import RemoteProcess, SweepResult, find_orphans, kill_orphans
+from airflow_hetero_gpu.launch.orphans import (
+    RemoteProcess,
+    SweepResult,
+    find_orphans,
+    kill_orphans,
+    sweep_unreserved,
+)
 from airflow_hetero_gpu.launch.ports import FREE_PORT_COMMAND, PortProbeError, derive_port, probe_free_port
 from airflow_hetero_gpu.launch.remote import (
     HostResult,
@@ -48,6 +54,6 @@ __all__ = [
     "JobKilled", "JobResult", "JobStartError", "LaunchSpec", "NODE_RANK_ENV", "PGID_MARKER",
     "PortProbeError", "RemoteJob", "RemoteProcess", "SweepResult", "Torchrun", "Worker",
     "build_commands", "build_host_command", "choose_rdzv_port", "derive_port", "find_orphans",
-    "kill_orphans", "placements_from_decision", "probe_free_port", "torchrun_job",
+    "kill_orphans", "sweep_unreserved", "placements_from_decision", "probe_free_port", "torchrun_job",
     "validate_env_name", "validate_job_id",
 ]

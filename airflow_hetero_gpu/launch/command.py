@@ -95,6 +95,16 @@ exit 0
 """.replace("__JOB_ENV__", JOB_ENV).replace("__HOST_ENV__", HOST_ENV).replace(
     "__KILL_TICKS__", str(int(KILL_WAIT_S * 10)))
 
+#: Lists the jobs that have processes on this host: one ``job <id>`` line per job id whose
+#: processes carry this host's name (``$1``) in ``HETERO_GPU_HOST``.
+LIST_JOBS_SCRIPT = r"""
+host=$1
+for f in $(grep -lzxF -e "__HOST_ENV__=$host" /proc/[0-9]*/environ 2>/dev/null); do
+  tr '\000' '\n' < "$f" 2>/dev/null | grep -m1 '^__JOB_ENV__=' | sed 's/^__JOB_ENV__=/job /'
+done | sort -u
+exit 0
+""".replace("__JOB_ENV__", JOB_ENV).replace("__HOST_ENV__", HOST_ENV)
+
 # The process that becomes the job's process group leader. $1 is the pid file, the rest the
 # program. It is a constant: user input reaches it only as quoted positional arguments.
 # It first takes back the job's stderr, which the calling shell handed over as fd 3.

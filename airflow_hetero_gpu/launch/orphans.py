@@ -35,6 +35,7 @@ import paramiko
 from airflow_hetero_gpu.collect.targets import SshTarget
 from airflow_hetero_gpu.launch.command import (  # noqa: F401  (KILL_WAIT_S, SWEEP_SCRIPT: re-exported)
     KILL_WAIT_S,
+    LIST_JOBS_SCRIPT,
     SWEEP_SCRIPT,
     validate_host_name,
     validate_job_id,
@@ -159,7 +160,68 @@ def kill_orphans(job_id: str, targets: Sequence[SshTarget], client_factory: Clie
     return results
 
 
+def jobs_on_host(client: paramiko.SSHClient, host: str, timeout: float = 30.0) -> set[str]:
+    """The ids of the jobs with processes on the host behind ``client`` launched under ``host``."""
+    validate_host_name(host)
+    command = "sh -c " + " ".join(shlex.quote(a) for a in (LIST_JOBS_SCRIPT, "hetero-gpu-jobs", host))
+    _, stdout, _ = client.exec_command(command, timeout=timeout)
+    out = stdout.read().decode("utf-8", "replace")
+    stdout.channel.recv_exit_status()
+    jobs = set()
+    for line in out.splitlines():
+        if line.startswith("job "):
+            try:
+                jobs.add(validate_job_id(line[4:].strip()))
+            except ValueError:  # not a job id this package would have launched
+                continue
+    return jobs
+
+
+@dataclass
+class HostOrphans:
+    """One host's part of :func:`sweep_unreserved`: each orphaned job's sweep, or why none ran."""
+
+    host: str
+    swept: dict[str, SweepResult] = field(default_factory=dict)
+    error: str | None = None
+
+
+def sweep_unreserved(targets: Sequence[SshTarget], client_factory: ClientFactory,
+                     live_jobs: Callable[[], set[str]], *, grace: float = 10.0,
+                     max_parallel: int = 8) -> dict[str, HostOrphans]:
+    """End, on every target host, the processes of each job that holds no live reservation.
+
+    A job launched by the operator always holds its reservation while its processes run (it
+    reserves before it launches and releases after they ended), so processes of any other job id
+    are leftovers: their task died and their watchdog could not end them. ``live_jobs()`` returns
+    the ledger's live job ids; it is asked after each host's listing, so a job that reserved and
+    launched meanwhile is never taken for an orphan.
+    """
+
+    def one(target: SshTarget) -> HostOrphans:
+        out = HostOrphans(target.host_name)
+        try:
+            client = client_factory(target)
+        except Exception as exc:
+            out.error = f"cannot connect to {target}: {exc}"
+            return out
+        try:
+            found = jobs_on_host(client, target.host_name)
+            for job_id in sorted(found - set(live_jobs()) if found else ()):
+                out.swept[job_id] = sweep_host(client, job_id, target.host_name, kill=True, grace=grace)
+        except Exception as exc:  # socket errors, SSHException, timeouts: one line for the report
+            out.error = f"orphan sweep failed on {target.host_name}: {exc or type(exc).__name__}"
+        finally:
+            client.close()
+        return out
+
+    if not targets:
+        return {}
+    with ThreadPoolExecutor(max_workers=max(1, min(max_parallel, len(targets)))) as pool:
+        return {r.host: r for r in pool.map(one, targets)}
+
+
 __all__ = [
-    "KILL_WAIT_S", "RemoteProcess", "SWEEP_SCRIPT", "SweepResult", "find_orphans", "kill_orphans",
-    "parse_sweep_output", "sweep_command", "sweep_host",
+    "HostOrphans", "KILL_WAIT_S", "RemoteProcess", "SWEEP_SCRIPT", "SweepResult", "find_orphans", "jobs_on_host",
+    "kill_orphans", "parse_sweep_output", "sweep_command", "sweep_host", "sweep_unreserved",
 ]

@@ -67,6 +67,9 @@ class GpuHealthSensor(BaseSensorOperator):
     :param thresholds: overrides of cluster.yaml's ``thresholds`` (``max_temperature_c``,
         ``soft_fault_checks``, ``unreachable_checks``, ``readmit_after_healthy_checks``,
         ``check_row_remap``, ``check_hw_slowdown``, ...).
+    :param sweep_orphans: watch: at every check, stop on every host the processes of jobs that
+        hold no live reservation (their task died and their host's watchdog could not end them).
+        Leave it off where jobs are launched outside the ledger with this package's launcher.
     :param deferrable: wait in the triggerer (:class:`GpuHealthTrigger`) instead of a worker.
     :param max_parallel, connect_timeout, command_timeout, retries, read_kernel_log: the SSH
         collection's settings (see ``HeteroGpuHook``).
@@ -94,6 +97,7 @@ class GpuHealthSensor(BaseSensorOperator):
         watch_duration: float | timedelta | None = None,
         stop_when_idle: bool = True,
         thresholds: Mapping[str, Any] | None = None,
+        sweep_orphans: bool = False,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         max_parallel: int = 8,
         connect_timeout: float = 10,
@@ -118,6 +122,7 @@ class GpuHealthSensor(BaseSensorOperator):
         self.watch_duration = watch_duration
         self.stop_when_idle = stop_when_idle
         self.thresholds = thresholds
+        self.sweep_orphans = sweep_orphans
         self.deferrable = deferrable
         self.max_parallel = max_parallel
         self.connect_timeout = connect_timeout
@@ -141,6 +146,7 @@ class GpuHealthSensor(BaseSensorOperator):
             gpu_memory_mib=self.gpu_memory_mib, job_ids=None if self.job_ids is None else list(self.job_ids),
             watch_duration=duration, stop_when_idle=self.stop_when_idle,
             thresholds=None if self.thresholds is None else dict(self.thresholds),
+            sweep_orphans=self.sweep_orphans,
         ).validate()
 
     def _hook_kwargs(self) -> dict[str, Any]:

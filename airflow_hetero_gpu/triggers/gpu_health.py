@@ -70,6 +70,7 @@ class WatchSpec:
     watch_duration: float | None = None  # seconds
     stop_when_idle: bool = True
     thresholds: dict[str, Any] | None = None
+    sweep_orphans: bool = False
 
     def validate(self) -> "WatchSpec":
         if self.mode_kind not in MODE_KINDS:
@@ -83,6 +84,8 @@ class WatchSpec:
         if self.job_ids is not None and (isinstance(self.job_ids, str)
                                          or not all(isinstance(j, str) and j for j in self.job_ids)):
             raise HeteroGpuError(f"job_ids: expected a list of job ids, got {self.job_ids!r}")
+        if not isinstance(self.sweep_orphans, bool):
+            raise HeteroGpuError(f"sweep_orphans: expected True or False, got {self.sweep_orphans!r}")
         if self.thresholds is not None:
             if not isinstance(self.thresholds, Mapping):
                 raise HeteroGpuError(f"thresholds: expected a mapping of threshold overrides, got {self.thresholds!r}")
@@ -177,6 +180,7 @@ class CheckReport:
     replacements: list[dict[str, Any]] = field(default_factory=list)
     changes: list[str] = field(default_factory=list)
     evicted_now: list[dict[str, Any]] = field(default_factory=list)  # the ledger's evictions after the check
+    orphans: list[dict[str, Any]] = field(default_factory=list)  # jobs without a reservation, stopped
 
 
 class HealthWatch:
@@ -202,6 +206,7 @@ class HealthWatch:
         self.evictions: list[dict[str, Any]] = []
         self.readmissions: list[dict[str, Any]] = []
         self.replacements: list[dict[str, Any]] = []
+        self.orphans: list[dict[str, Any]] = []
         self.seen_live = False
         self.last: CheckReport | None = None
         #: The cluster as the last check judged it (health on new Xids only, optional rules).
@@ -214,7 +219,7 @@ class HealthWatch:
     def to_state(self) -> dict[str, Any]:
         return {"checks": self.checks, "started_at": self.started_at, "evictions": self.evictions,
                 "readmissions": self.readmissions, "replacements": self.replacements,
-                "seen_live": self.seen_live, "inventory": self._inventory, "pools": self._pools,
+                "orphans": self.orphans, "seen_live": self.seen_live, "inventory": self._inventory, "pools": self._pools,
                 "stuck": sorted(list(s) for s in self._stuck)}
 
     def from_state(self, state: Mapping[str, Any]) -> "HealthWatch":
@@ -223,6 +228,7 @@ class HealthWatch:
         self.evictions = list(state.get("evictions") or [])
         self.readmissions = list(state.get("readmissions") or [])
         self.replacements = list(state.get("replacements") or [])
+        self.orphans = list(state.get("orphans") or [])
         self.seen_live = bool(state.get("seen_live"))
         self._inventory = state.get("inventory")
         self._pools = list(state.get("pools") or [])
@@ -260,6 +266,9 @@ class HealthWatch:
                 report.replacements = self._replace(ledger, cluster, config)
             live = ledger.live_reservations()
             reserved, evicted = ledger.reserved_map(), ledger.evicted_map()
+        if self.spec.mode_kind == "watch" and self.spec.sweep_orphans:
+            report.orphans = self._sweep_orphans()
+            self.orphans += report.orphans
         report.pools = watch.pool_counts(cluster, reserved, evicted)
         report.unhealthy = [{**_gpu_json(g.key, g.uuid), "reasons": list(g.reasons)}
                             for g in cluster.gpus if not g.healthy]
@@ -279,6 +288,31 @@ class HealthWatch:
             + (f" by pool {report.gate['pool']}" if report.gate["pool"] else ""),
         )
         return report
+
+    def _sweep_orphans(self) -> list[dict[str, Any]]:
+        """Stop, on every host, the processes of jobs that hold no live reservation."""
+        from airflow_hetero_gpu.launch.orphans import sweep_unreserved  # noqa: PLC0415
+
+        def live_jobs() -> set[str]:
+            with Ledger.from_url(self.ledger_url) as ledger:
+                return {r.job_id for r in ledger.live_reservations()}
+
+        try:
+            targets, factory = list(self.hook.ssh_targets().values()), self.hook.client_factory()
+        except HeteroGpuError as err:
+            self.log.warning("orphan sweep skipped: %s", err)
+            return []
+        stopped = []
+        for host, found in sorted(sweep_unreserved(targets, factory, live_jobs).items()):
+            if found.error:
+                self.log.warning("orphan sweep of %s: %s", host, found.error)
+            for job_id, sweep in found.swept.items():
+                self.log.warning("stopped %d orphaned process(es) of job %s on %s: it holds no live reservation%s",
+                                 len(sweep.found), job_id, host,
+                                 f"; {len(sweep.left)} survived SIGKILL" if sweep.left else "")
+                stopped.append({"host": host, "job_id": job_id, "processes": len(sweep.found),
+                                "left": len(sweep.left), "error": sweep.error})
+        return stopped
 
     def _watched(self, live_jobs: Sequence[str]) -> list[str]:
         if self.spec.job_ids is None:
@@ -394,6 +428,7 @@ class HealthWatch:
             "evictions": list(self.evictions),
             "readmissions": list(self.readmissions),
             "replacements": list(self.replacements),
+            "orphans_stopped": list(self.orphans),
             "unhealthy": last.unhealthy if last else [],
             "evicted": last.evicted_now if last else [],
             "pools": last.pools if last else [],
