@@ -130,7 +130,8 @@ def render_plan(result) -> str:
         lines.append(f"decision: pool {d.pool!r} -> {where}")
         lines.append(
             f"          E = {s.total:.4f}  (load balance {s.load_balance:.4f}, fragmentation "
-            f"{s.fragmentation:.4f}, topology {s.topology:.4f}; mean distance {d.mean_distance:.4g})"
+            f"{s.fragmentation:.4f}, topology {s.topology:.4f}, free blocks {_fmt(s.free_blocks, 4)}; "
+            f"mean distance {d.mean_distance:.4g})"
         )
     lines.append("")
     rows = []
@@ -138,8 +139,9 @@ def render_plan(result) -> str:
         sc = p.score
         rows.append((p.pool, p.stage, p.gpus, p.healthy, p.available,
                      _fmt(sc.load_balance if sc else None), _fmt(sc.fragmentation if sc else None),
-                     _fmt(sc.topology if sc else None), _fmt(sc.total if sc else None), p.reason or ""))
-    lines.append(table(["POOL", "STAGE", "GPUS", "HEALTHY", "AVAIL", "LB", "FR", "TS", "E", "REASON"], rows))
+                     _fmt(sc.topology if sc else None), _fmt(sc.free_blocks if sc else None),
+                     _fmt(sc.total if sc else None), p.reason or ""))
+    lines.append(table(["POOL", "STAGE", "GPUS", "HEALTHY", "AVAIL", "LB", "FR", "TS", "FB", "E", "REASON"], rows))
     if result.unhealthy:
         lines.append("")
         lines.append("unhealthy: " + ", ".join(f"{g.host} GPU{g.index} ({'+'.join(g.reasons)})" for g in result.unhealthy))

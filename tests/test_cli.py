@@ -37,7 +37,9 @@ def test_plan_json_has_the_spec_shape(tmp_path):
     assert d["pool"] == "NVIDIA A100-SXM4-80GB" and d["hosts"] == ["a100-1"]
     assert [(g["host"], g["index"]) for g in d["gpus"]] == [("a100-1", 0), ("a100-1", 1)]
     assert set(d["gpus"][0]) == {"host", "index", "uuid", "name"} and d["gpus"][0]["uuid"].startswith("GPU-")
-    assert d["score"] == {"load_balance": 1.0, "fragmentation": 0.0, "topology": 1.0, "total": pytest.approx(0.8)}
+    # a100-1 GPUs 0-1 out of 8 idle break its 4- and 8-block: free blocks 0; E = 0.1 + 0.5 + 0.2 * 0
+    assert d["score"] == {"load_balance": 1.0, "fragmentation": 0.0, "topology": 1.0, "free_blocks": 0.0,
+                          "total": pytest.approx(0.6)}
     assert set(out["pools"][0]) == {"pool", "card_type", "task_types", "gpus", "healthy", "available", "stage",
                                     "reason", "score"}
     assert {p["stage"] for p in out["pools"]} == {"scheduling", "rejected"}
@@ -134,11 +136,14 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, case, args, expect):
 
 
 def test_config_flag_overrides_the_directory_file(tmp_path):
-    caps = make_captures(tmp_path / "c", loads={"a100-1": {0: 0.95}})
+    # the directory's cluster.yaml has SPEC §3's weights: load balance decides for V100 (see
+    # test_planner_scenarios.test_load_balance_decides)
+    caps = make_captures(tmp_path / "c", loads={"a100-1": {0: 0.95}},
+                         cluster_yaml="weights:\n  load_balance: 0.3\n  free_blocks: 0\n")
     cfg = tmp_path / "weights.yaml"
-    # with the load-balance weight at 0 and topology alone deciding, A100 and V100 tie at 0.5:
-    # the smaller pool id (the A100 one) wins
-    cfg.write_text("weights:\n  load_balance: 0\n  fragmentation: 0\n  topology: 0.5\n")
+    # with the load-balance and free-blocks weights at 0 and topology alone deciding, A100 and
+    # V100 tie at 0.5: the smaller pool id (the A100 one) wins
+    cfg.write_text("weights:\n  load_balance: 0\n  fragmentation: 0\n  topology: 0.5\n  free_blocks: 0\n")
     r = run("plan", "--captures", str(caps), "--gpus", "2", "--config", str(cfg), "--json")
     assert json.loads(r.stdout)["decision"]["pool"] == "NVIDIA A100-SXM4-80GB"
     r = run("plan", "--captures", str(caps), "--gpus", "2", "--json")

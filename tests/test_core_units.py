@@ -13,8 +13,10 @@ from airflow_hetero_gpu.core.filters import PRESELECT, PRIMARY
 from airflow_hetero_gpu.core.health import GpuFacts, health_reasons
 from airflow_hetero_gpu.core.model import Gpu, GpuKey, PlanRequest
 from airflow_hetero_gpu.core.planner import cluster_state
-from airflow_hetero_gpu.core.scorers import fragmentation, load_balance, topology_score
+from airflow_hetero_gpu.core.scorers import fragmentation, free_blocks, load_balance, topology_score
+from airflow_hetero_gpu.core.scorers.free_blocks import block_sizes
 from airflow_hetero_gpu.core.selection import Selection
+from airflow_hetero_gpu.core.topology import HostWiring
 from airflow_hetero_gpu.core.view import PoolView
 from airflow_hetero_gpu.errors import ConfigError, RequestError
 
@@ -98,6 +100,65 @@ def test_topology_score(d, ts):
 
 
 @pytest.mark.parametrize(
+    "k, largest, sizes",
+    [(1, 8, [2, 4, 8]), (2, 8, [4, 8]), (3, 8, [4, 8]), (4, 8, [8]), (7, 8, [8]), (8, 8, []), (1, 6, [2, 4]),
+     (1, 1, []), (1, 16, [2, 4, 8, 16])],
+)
+def test_block_sizes(k, largest, sizes):
+    assert block_sizes(k, largest) == sizes
+
+
+def _fb(k, selection, reserved=(), loads=None, sick=()):
+    """FB of ``selection`` on three hosts of one card type (one pool), the largest holding 8:
+    nv: 8 GPUs, every pair NV12: a b-block is worth b (d 1);
+    pcie: 8 GPUs, PIX inside 0-3 and 4-7, PHB across: pairs and quads d 2 (worth b/2), all 8
+      d = (12·2 + 16·4)/28 = 22/7 (worth 8·7/22 = 28/11);
+    box: 2 GPUs, PHB: its pair d 4 (worth 2/4)."""
+    loads = loads or {}
+    pix = {(a, b): "PIX" if (a < 4) == (b < 4) else "PHB" for a in range(8) for b in range(8) if a < b}
+    wiring = {"nv": HostWiring.from_links(range(8), {(a, b): "NV12" for a in range(8) for b in range(8) if a < b}),
+              "pcie": HostWiring.from_links(range(8), pix), "box": HostWiring.from_links(range(2), {(0, 1): "PHB"})}
+    gpus = [Gpu(h, i, f"{h}{i}", "T", 1000.0, 0.0, loads.get((h, i), 0.0), healthy=(h, i) not in sick,
+                reasons=("ecc",) if (h, i) in sick else ())
+            for h, n in (("nv", 8), ("pcie", 8), ("box", 2)) for i in range(n)]
+    c = build_cluster(gpus, wiring)
+    st = cluster_state(c, PlanRequest(k), {GpuKey(*g): "job" for g in reserved})
+    return free_blocks(PoolView(c.pools[0], st, Selection(tuple(selection), 1.0)))
+
+
+NV = [("nv", i) for i in range(8)]
+PCIE = [("pcie", i) for i in range(8)]
+
+
+@pytest.mark.parametrize(
+    "k, selection, reserved, loads, sick, fb",
+    [
+        # one GPU: sizes 2, 4, 8 (sum 14)
+        (1, NV[:1], (), None, (), 0.0),  # idle NVSwitch host: breaks a 2-, 4- and 8-block, 14/14
+        (1, PCIE[:1], (), None, (), 1 - (2 / 2 + 4 / 2 + 28 / 11) / 14),  # 0.603896
+        (1, [("box", 0)], (), None, (), 1 - (2 / 4) / 14),  # 0.964286: only a PHB pair
+        (1, NV[5:6], NV[:5], None, (), 1.0),  # 3 idle -> 2: still one pair, no 4: nothing broken
+        (1, NV[4:5], NV[:4], None, (), 1 - (2 + 4) / 14),  # 4 -> 3: the 4-block and a pair
+        (1, NV[1:2], (), {("nv", 0): 0.5}, (), 1.0),  # GPU0 busy: 7 idle -> 6 breaks nothing
+        (1, NV[1:2], (), None, (("nv", 0),), 1.0),  # GPU0 unhealthy: likewise
+        # two GPUs: sizes 4, 8 (sum 12)
+        (2, NV[:2], (), None, (), 0.0),
+        (2, PCIE[:2], (), None, (), 1 - (4 / 2 + 28 / 11) / 12),  # 0.621212
+        (2, NV[6:8], NV[:4], None, (), 1 - 4 / 12),  # 4 -> 2: the 4-block, no 8-block was left
+        # four GPUs: size 8 only; eight: nothing larger to keep
+        (4, NV[:4], (), None, (), 0.0),
+        (4, PCIE[:4], (), None, (), 1 - (28 / 11) / 8),  # 0.681818
+        (8, NV, (), None, (), 1.0),
+        # spanning: the mean over its hosts (H = 2)
+        (3, NV[6:8] + [("box", 0)], NV[:6], None, (), 1.0),  # 2 idle on nv, 2 on box: no 4-block
+        (3, NV[:1] + [("box", 0), ("box", 1)], (), None, (), 1 - 12 / (2 * 12)),  # nv loses 4 + 8
+    ],
+)
+def test_free_blocks(k, selection, reserved, loads, sick, fb):
+    assert _fb(k, selection, reserved, loads, sick) == pytest.approx(fb, abs=1e-12)
+
+
+@pytest.mark.parametrize(
     "request_, loads, healthy, mem_used, stage_reason",
     [
         (PlanRequest(2), [0, 0, 0], None, None, (None, None)),
@@ -133,6 +194,7 @@ def test_reserved_reason_names_the_job():
         ({"weigths": {}}, "cluster.yaml: weigths: unknown key"),
         ({"weights": {"topo": 1}}, "cluster.yaml: weights.topo: unknown key"),
         ({"weights": {"topology": "high"}}, "cluster.yaml: weights.topology: input should be a number, got 'high'"),
+        ({"weights": {"free_blocks": True}}, "cluster.yaml: weights.free_blocks: input should be a number, got True"),
         ({"thresholds": {"busy_utilization": 2}}, "cluster.yaml: thresholds.busy_utilization: input should be less than or equal to 1"),
         ({"thresholds": {"busy_utilization": 0.5, "full_utilization": 0.4}},
          "cluster.yaml: thresholds: full_utilization (0.4) must not be below busy_utilization (0.5)"),
@@ -182,8 +244,10 @@ def test_request_validation(kwargs, message):
         PlanRequest(**kwargs)
 
 
-def test_default_config_is_the_spec():
+def test_default_config():
+    # SPEC §3's defaults except w1 (0.3 there) and the added free-blocks weight: docs/concepts.md
     c = ClusterConfig()
-    assert (c.weights.load_balance, c.weights.fragmentation, c.weights.topology) == (0.3, -0.2, 0.5)
+    assert (c.weights.load_balance, c.weights.fragmentation, c.weights.topology, c.weights.free_blocks) == (
+        0.1, -0.2, 0.5, 0.2)
     assert (c.thresholds.busy_utilization, c.thresholds.full_utilization, c.thresholds.max_temperature_c) == (0.10, 0.90, 90)
     assert np.isclose(c.thresholds.readmit_after_healthy_checks, 3)

@@ -1,7 +1,9 @@
 """The planner on a hand-made cluster (tests/plan_fixtures.py), against values computed by hand.
 
-Default weights: E = 0.3·LB − 0.2·FR + 0.5·TS (SPEC §3, §7). Every expected number below is
-worked out in the comment beside it.
+The first four cases check the SPEC §7 formula term by term, so they pass SPEC §3's weights
+(E = 0.3·LB − 0.2·FR + 0.5·TS, no free-blocks term); the rest use the defaults,
+E = 0.1·LB − 0.2·FR + 0.5·TS + 0.2·FB (docs/algorithm.md), and two cases show where the
+free-blocks term changes the pool. Every expected number below is worked out beside it.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from airflow_hetero_gpu.core.planner import plan, replacement
 from plan_fixtures import A100, RTX, V100, make_captures
 
 TOL = 1e-9
+SPEC_WEIGHTS = {"load_balance": 0.3, "fragmentation": -0.2, "topology": 0.5, "free_blocks": 0.0}
 
 
-def _plan(tmp_path, request, reserved=None, evicted=None, **captures):
+def _plan(tmp_path, request, reserved=None, evicted=None, weights=None, **captures):
     cluster = load_cluster(make_captures(tmp_path, **captures))
-    return plan(cluster, request, reserved=reserved, evicted=evicted)
+    return plan(cluster, request, reserved=reserved, evicted=evicted, weights=weights)
 
 
 def _pool(result, card):
@@ -32,7 +35,7 @@ def _keys(decision):
 def test_load_balance_decides(tmp_path):
     # a100-1 GPU0 at 95 %: A100 pool (16 GPUs) u_max .95, mean .95/16 -> LB = 1 - (.95 - .059375)
     # FR = 0 (.95 is above full), TS = 1 (NV12 pair). V100: LB 1, FR 0, TS 1 (NV1 pair).
-    r = _plan(tmp_path, PlanRequest(2), loads={"a100-1": {0: 0.95}})
+    r = _plan(tmp_path, PlanRequest(2), loads={"a100-1": {0: 0.95}}, weights=SPEC_WEIGHTS)
     a, v = _pool(r, A100), _pool(r, V100)
     lb_a = 1 - (0.95 - 0.95 / 16)
     assert a.score.load_balance == pytest.approx(lb_a, abs=TOL)
@@ -51,7 +54,7 @@ def test_fragmentation_decides(tmp_path):
         "a100-1": {0: 0.95, 1: 0.95, 2: 0.95, 3: 0.95, 4: 0.95, 5: 0.95, 6: 0.5, 7: 0.5},
         "a100-2": {0: 0.45, 1: 0.45},
     }
-    r = _plan(tmp_path, PlanRequest(2), loads=loads)
+    r = _plan(tmp_path, PlanRequest(2), loads=loads, weights=SPEC_WEIGHTS)
     a, v = _pool(r, A100), _pool(r, V100)
     assert a.score.load_balance == pytest.approx(0.525, abs=TOL)
     assert v.score.load_balance == pytest.approx(0.525, abs=TOL)
@@ -67,7 +70,7 @@ def test_topology_decides(tmp_path):
     # V100 {0,1,2,3}: every pair one NVLink -> d 1, TS 1 -> E .8
     # RTX 4090 one box: pairs 0-1, 2-3 PHB (4), four SYS (6): d = (4+4+24)/6 = 16/3, TS = 3/16
     #   -> E = .3 + .5 · .1875 = .39375. The V100 pool wins although its id sorts last.
-    r = _plan(tmp_path, PlanRequest(4, gpu_type=("RTX 4090", "V100-SXM2-32GB")))
+    r = _plan(tmp_path, PlanRequest(4, gpu_type=("RTX 4090", "V100-SXM2-32GB")), weights=SPEC_WEIGHTS)
     v, g = _pool(r, V100), _pool(r, RTX)
     assert g.score.topology == pytest.approx(3 / 16, abs=TOL)
     assert g.score.total == pytest.approx(0.39375, abs=TOL)
@@ -80,10 +83,43 @@ def test_dgx1_subset_goes_through_a_third_gpu(tmp_path):
     # V100 GPUs 1-4 and 7 busy: available 0, 5, 6. d(0,5) = d(0,6) = 2 (no direct NVLink: via a
     # third GPU), d(5,6) = 1 -> d = 5/3, TS = .6; LB = 1 - (1 - 5/8) = .625 (five at 100 %)
     r = _plan(tmp_path, PlanRequest(3, gpu_type="V100-SXM2-32GB"),
-              loads={"v100": {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0, 7: 1.0}})
+              loads={"v100": {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0, 7: 1.0}}, weights=SPEC_WEIGHTS)
     assert _keys(r.decision) == [("v100", 0), ("v100", 5), ("v100", 6)]
     assert r.decision.mean_distance == pytest.approx(5 / 3, abs=TOL)
     assert r.decision.score.total == pytest.approx(0.3 * 0.625 + 0.5 * 0.6, abs=TOL)
+
+
+def test_free_blocks_keeps_the_idle_dgx1_whole(tmp_path):
+    # The load-balance case above with the default weights (0.1, -0.2, 0.5, 0.2). A 2-GPU job:
+    # block sizes 4 and 8 (sum 12). A100: best fit a100-1 (7 available: GPUs 1-7) -> 1, 2; 7 -> 5
+    #   idle keeps its 4-block and had no 8-block: FB 1, E = 0.1 * 0.109375 + 0.5 + 0.2 = 0.7109375
+    # V100: v100 0-1 out of 8 idle breaks a 4-block (NVLink quad, d 1: worth 4) and the 8-block
+    #   (DGX-1 cube mesh d 40/28: worth 8 * 0.7 = 5.6): FB = 1 - 9.6/12 = 0.2, E = 0.1 + 0.5 + 0.04
+    # So the job joins the partly used A100 host, where SPEC §3's weights broke the idle DGX-1.
+    r = _plan(tmp_path, PlanRequest(2), loads={"a100-1": {0: 0.95}})
+    a, v = _pool(r, A100), _pool(r, V100)
+    assert (a.score.free_blocks, v.score.free_blocks) == (pytest.approx(1.0, abs=TOL), pytest.approx(0.2, abs=TOL))
+    assert a.score.total == pytest.approx(0.7109375, abs=TOL)
+    assert v.score.total == pytest.approx(0.64, abs=TOL)
+    assert r.decision.pool == A100 and _keys(r.decision) == [("a100-1", 1), ("a100-1", 2)]
+
+
+def test_free_blocks_keeps_a_free_nvlink_quad(tmp_path):
+    # The fragmentation case above with the default weights. V100's free GPUs 4-7 are one NVLink
+    # quad: taking 2 breaks it (worth 4 of 12): FB = 2/3, E = 0.1 * 0.525 + 0.5 + 0.2 * 2/3 = 0.685833
+    # A100: only a100-2 GPUs 2-7 are available (6 idle -> 4: its 4-block stays): FB 1,
+    #   E = 0.0525 - 0.2 * 0.25 + 0.5 + 0.2 = 0.7025 -> A100, a100-2 GPUs 2, 3
+    loads = {
+        "v100": {0: 0.95, 1: 0.95, 2: 0.95, 3: 0.95},
+        "a100-1": {0: 0.95, 1: 0.95, 2: 0.95, 3: 0.95, 4: 0.95, 5: 0.95, 6: 0.5, 7: 0.5},
+        "a100-2": {0: 0.45, 1: 0.45},
+    }
+    r = _plan(tmp_path, PlanRequest(2), loads=loads)
+    a, v = _pool(r, A100), _pool(r, V100)
+    assert v.score.free_blocks == pytest.approx(2 / 3, abs=TOL)
+    assert a.score.total == pytest.approx(0.7025, abs=TOL)
+    assert v.score.total == pytest.approx(0.0525 + 0.5 + 0.2 * 2 / 3, abs=TOL)
+    assert r.decision.pool == A100 and _keys(r.decision) == [("a100-2", 2), ("a100-2", 3)]
 
 
 def test_best_fit_prefers_the_host_with_fewer_free_gpus(tmp_path):
@@ -118,7 +154,8 @@ def test_an_unhealthy_gpu_changes_the_answer(tmp_path, captures, reason):
         assert all(v == ("unreachable",) for v in sick.values())
     else:
         assert sick == {("a100-1", 3): (reason,)}
-    # the pool lost one (or eight) healthy GPUs, LB/FR unchanged (all idle)
+    # the pool lost one (or eight) healthy GPUs, LB/FR unchanged (all idle); 8 GPUs: no larger
+    # block to keep, FB 1: E = 0.1 + 0.5 + 0.2
     assert r.decision.score.total == pytest.approx(0.8, abs=TOL)
 
 
@@ -149,6 +186,9 @@ def test_spanning_two_hosts_under_the_spine(tmp_path):
     assert _keys(r.decision) == [("rtx-1", 0), ("rtx-1", 1), ("rtx-1", 2), ("rtx-1", 3), ("rtx-2", 0), ("rtx-2", 1)]
     assert r.decision.hosts == ["rtx-1", "rtx-2"]
     assert r.decision.score.topology == pytest.approx(15 / 196, abs=TOL)
+    # LB 1, FR 0; FB 1 (a spanning job finds no host with more than k idle GPUs, so no block of
+    # more than k to break): E = 0.1 + 0.5 TS + 0.2
+    assert r.decision.score.free_blocks == pytest.approx(1.0, abs=TOL)
     assert r.decision.score.total == pytest.approx(0.3 + 0.5 * 15 / 196, abs=TOL)
 
 

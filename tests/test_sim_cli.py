@@ -31,7 +31,7 @@ def _args(files, *extra):
 
 def test_report_and_plots(files, capsys):
     out = files / "out"
-    assert main(_args(files, "--out", str(out), "--sweep", "w1=0,0.3;w2=-0.2;w3=0.5")) == 0
+    assert main(_args(files, "--out", str(out), "--sweep", "w1=0,0.1;w2=-0.2;w3=0.5;w4=0.2")) == 0
     text = capsys.readouterr().out
     assert "policy" in text and "topology-only" in text and "seed against the other policies" in text
     report = json.loads((out / "report.json").read_text())
@@ -41,8 +41,8 @@ def test_report_and_plots(files, capsys):
     assert report["trace"]["jobs"] == 30 and report["trace"]["constrained_jobs"] == 5
     assert report["cluster"]["gpus"] == 22
     assert [r["weights"] for r in report["sweep"]] == [
-        {"load_balance": 0.0, "fragmentation": -0.2, "topology": 0.5},
-        {"load_balance": 0.3, "fragmentation": -0.2, "topology": 0.5},
+        {"load_balance": 0.0, "fragmentation": -0.2, "topology": 0.5, "free_blocks": 0.2},
+        {"load_balance": 0.1, "fragmentation": -0.2, "topology": 0.5, "free_blocks": 0.2},
     ]
     # the default-weights point of the sweep is the seed run itself
     seed = report["policies"][0]["metrics"]
@@ -103,3 +103,16 @@ def test_compare(case, table, dominated, within):
     assert c["pareto"]["dominated_by"] == dominated
     assert c["within_5_percent"]["metrics"] == within
     assert c["goal_holds"] == (not dominated and all(within.values()))
+
+
+def test_weights_option_takes_three_or_four_values():
+    import argparse
+
+    from airflow_hetero_gpu.sim.cli import _weights
+
+    assert _weights("0.3,-0.2,0.5") == {"load_balance": 0.3, "fragmentation": -0.2, "topology": 0.5}
+    assert _weights("0.1,-0.2,0.5,0.2") == {"load_balance": 0.1, "fragmentation": -0.2, "topology": 0.5,
+                                           "free_blocks": 0.2}
+    for bad in ("1,2", "1,2,3,4,5", "a,b,c"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _weights(bad)

@@ -95,6 +95,9 @@ class Cluster:
         for pi, p in enumerate(self.pools):
             self.pool_of[p.positions] = pi
         self.pool_by_id = {p.id: p for p in self.pools}
+        # host h owns positions host_start[h] .. host_start[h + 1] - 1 (GPUs are sorted by host)
+        self.host_start = np.searchsorted(self.host_of, np.arange(len(self.hosts) + 1))
+        self.max_host_gpus = int(np.diff(self.host_start).max(initial=0))
 
     # --- lookups -----------------------------------------------------------------------------
     def gpu(self, key: tuple[str, int]) -> Gpu:

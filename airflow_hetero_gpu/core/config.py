@@ -35,11 +35,16 @@ class _Strict(BaseModel):
 
 
 class Weights(_Strict):
-    """The seed's w1, w2, w3. Fragmentation is bad, so its default weight is negative."""
+    """The evaluation weights: the seed's w1, w2, w3 and w4 for the free-blocks term.
 
-    load_balance: Number = 0.3
+    Fragmentation is bad, so its weight is negative. The defaults differ from SPEC §3's
+    (0.3, -0.2, 0.5) in w1 and add w4; docs/concepts.md and docs/simulation.md say why.
+    """
+
+    load_balance: Number = 0.1
     fragmentation: Number = -0.2
     topology: Number = 0.5
+    free_blocks: Number = 0.2
 
 
 class Thresholds(_Strict):

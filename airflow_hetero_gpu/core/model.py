@@ -124,10 +124,11 @@ class PlanRequest:
 
 @dataclass(frozen=True)
 class Score:
-    """The seed's evaluation of a pool: E = w1·LB + w2·FR + w3·TS (SPEC §7).
+    """The evaluation of a pool: E = w1·LB + w2·FR + w3·TS + w4·FB (SPEC §7 plus free blocks).
 
     ``terms`` holds every scorer's value by name (``load_balance``, ``fragmentation``,
-    ``topology``, and any scorer added to the registry); ``total`` is the weighted sum.
+    ``topology``, ``free_blocks``, and any scorer added to the registry); ``total`` is the
+    weighted sum.
     """
 
     terms: dict[str, float]
@@ -144,6 +145,10 @@ class Score:
     @property
     def topology(self) -> float:
         return self.terms["topology"]
+
+    @property
+    def free_blocks(self) -> float | None:
+        return self.terms.get("free_blocks")
 
     def to_json(self) -> dict:
         return {**self.terms, "total": self.total}

@@ -37,10 +37,11 @@ def _weights(text: str) -> dict[str, float]:
     try:
         values = [float(p) for p in parts]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected W1,W2,W3 (numbers), got {text!r}") from None
-    if len(values) != 3:
-        raise argparse.ArgumentTypeError(f"expected three weights W1,W2,W3, got {text!r}")
-    return dict(zip(("load_balance", "fragmentation", "topology"), values))
+        raise argparse.ArgumentTypeError(f"expected W1,W2,W3[,W4] (numbers), got {text!r}") from None
+    if len(values) not in (3, 4):
+        raise argparse.ArgumentTypeError(f"expected three or four weights W1,W2,W3[,W4], got {text!r}")
+    # three: SPEC §7's w1, w2, w3 with w4 (free blocks) at its default
+    return dict(zip(("load_balance", "fragmentation", "topology", "free_blocks"), values))
 
 
 def register(subparsers) -> None:
@@ -56,12 +57,12 @@ def register(subparsers) -> None:
                    help="node list (sn,gpu,model[,topo]); default for Alibaba traces: their GPU node list")
     p.add_argument("--alibaba-dir", metavar="DIR", help="folder of the Alibaba CSVs (see docs/simulation.md)")
     p.add_argument("--policies", default=DEFAULT_POLICIES, metavar="P1,P2,...",
-                   help=f"policies to compare (default: {DEFAULT_POLICIES}; also seed+fgd, "
-                        "the seed's evaluation plus a fragmentation term, experimental)")
-    p.add_argument("--weights", type=_weights, metavar="W1,W2,W3",
-                   help="evaluation weights of the seed policies (default: SPEC §7's 0.3,-0.2,0.5)")
+                   help=f"policies to compare (default: {DEFAULT_POLICIES})")
+    p.add_argument("--weights", type=_weights, metavar="W1,W2,W3[,W4]",
+                   help="evaluation weights of the seed (load balance, fragmentation, topology, free "
+                        "blocks; default: cluster.yaml's defaults 0.1,-0.2,0.5,0.2; W4 left out: 0.2)")
     p.add_argument("--sweep", nargs="?", const="", default=None, metavar="GRID",
-                   help="also run the seed over a weight grid; GRID like 'w1=0,0.3;w2=-0.2;w3=0.5,1' "
+                   help="also run the seed over a weight grid; GRID like 'w1=0,0.3;w2=-0.2;w3=0.5,1;w4=0,0.2' "
                         "(default grid without GRID)")
     p.add_argument("--fractional", choices=("round-up", "drop"), default="round-up",
                    help="one-GPU pods asking for a GPU share: round up to a whole GPU (default) or drop")

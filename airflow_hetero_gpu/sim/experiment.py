@@ -23,11 +23,13 @@ from airflow_hetero_gpu.sim.metrics import allocation_series, summarize
 from airflow_hetero_gpu.sim.policies import make_policy
 from airflow_hetero_gpu.sim.trace import Job
 
-WEIGHT_NAMES = ("load_balance", "fragmentation", "topology")
+WEIGHT_NAMES = ("load_balance", "fragmentation", "topology", "free_blocks")
+WEIGHT_ALIASES = {"w1": "load_balance", "w2": "fragmentation", "w3": "topology", "w4": "free_blocks"}
 DEFAULT_GRID = {
-    "load_balance": (-0.3, 0.0, 0.1, 0.3, 0.6),
+    "load_balance": (0.0, 0.1, 0.3),
     "fragmentation": (-0.2,),
-    "topology": (0.25, 0.5, 1.0),
+    "topology": (0.5, 1.0),
+    "free_blocks": (0.0, 0.1, 0.2, 0.4),
 }
 
 
@@ -118,10 +120,11 @@ def run_many(setup: Setup, specs: Sequence[RunSpec], workers: int | None = None)
 
 # --- the weight sweep --------------------------------------------------------------------------
 def parse_grid(text: str | None) -> dict[str, tuple[float, ...]]:
-    """``w1=0,0.3;w2=-0.2;w3=0.5,1`` (or the weight names) -> the grid; empty text: the default."""
+    """``w1=0,0.3;w2=-0.2;w3=0.5,1;w4=0,0.2`` (or the weight names) -> the grid; empty text: the
+    default. A weight the text does not name keeps the default grid's values."""
     if not text:
         return dict(DEFAULT_GRID)
-    alias = {"w1": "load_balance", "w2": "fragmentation", "w3": "topology"}
+    alias = WEIGHT_ALIASES
     grid = dict(DEFAULT_GRID)
     for part in text.split(";"):
         if not part.strip():
@@ -129,7 +132,7 @@ def parse_grid(text: str | None) -> dict[str, tuple[float, ...]]:
         name, _, values = part.partition("=")
         name = alias.get(name.strip(), name.strip())
         if name not in WEIGHT_NAMES or not values.strip():
-            raise HeteroGpuError(f"--sweep: expected NAME=V1,V2,... with NAME one of w1, w2, w3, got {part.strip()!r}")
+            raise HeteroGpuError(f"--sweep: expected NAME=V1,V2,... with NAME one of w1, w2, w3, w4, got {part.strip()!r}")
         try:
             grid[name] = tuple(float(v) for v in values.split(","))
         except ValueError:
@@ -142,14 +145,18 @@ def grid_points(grid: Mapping[str, Sequence[float]]) -> list[dict[str, float]]:
 
 
 def direction(weights: Mapping[str, float]) -> tuple[float, ...]:
-    """What decides a simulated seed run: (w1, w3) scaled to a largest magnitude of 1.
+    """What decides a simulated seed run: (w1, w3, w4) scaled to a largest magnitude of 1.
 
     plan() only compares E values, so scaling all weights by a positive factor changes no
     decision; and in this simulator every GPU is idle (load 0) or held (load 1), so FR, which
     counts GPUs loaded strictly between the busy and full thresholds, is 0 in every pool and w2
     multiplies 0 (tests/test_sim_policies.py checks both). Points with one direction share a run.
+    A weight left out counts as its default (``core.config.Weights``).
     """
-    w = np.array([float(weights["load_balance"]), float(weights["topology"])])
+    from airflow_hetero_gpu.core.config import Weights
+
+    full = Weights().model_dump() | dict(weights)
+    w = np.array([float(full["load_balance"]), float(full["topology"]), float(full["free_blocks"])])
     m = np.abs(w).max()
     return tuple(np.round(w / m, 12)) if m > 0 else (0.0, 0.0)
 
@@ -169,4 +176,7 @@ def sweep_specs(points: Sequence[Mapping[str, float]]) -> tuple[list[RunSpec], l
 
 
 def weights_label(w: Mapping[str, float]) -> str:
-    return "w=({:g}, {:g}, {:g})".format(*(w[n] for n in WEIGHT_NAMES))
+    from airflow_hetero_gpu.core.config import Weights
+
+    full = Weights().model_dump() | dict(w)
+    return "w=({:g}, {:g}, {:g}, {:g})".format(*(full[n] for n in WEIGHT_NAMES))

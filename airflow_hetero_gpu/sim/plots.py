@@ -98,16 +98,25 @@ def plot_pareto(report: Mapping, path: Path) -> None:
 
 
 def plot_sweep(report: Mapping, path: Path) -> bool:
-    """Heat maps over (w1, w3) at the grid's most common w2; False when there is no sweep."""
+    """Heat maps over w1 and w4 (w3 when w4 does not vary), the other weights held at the
+    default's value (else their most common one); False when there is no sweep."""
     rows = report.get("sweep") or []
     if not rows:
         return False
     plt = _plt()
-    w2s = [r["weights"]["fragmentation"] for r in rows]
-    w2 = max(set(w2s), key=w2s.count)
-    rows = [r for r in rows if r["weights"]["fragmentation"] == w2]
+    from airflow_hetero_gpu.core.config import Weights
+
+    default = Weights().model_dump()
+    x_name = "free_blocks" if len({r["weights"]["free_blocks"] for r in rows}) > 1 else "topology"
+    held = {}
+    for name in ("fragmentation", "topology", "free_blocks"):
+        if name == x_name:
+            continue
+        values = [r["weights"][name] for r in rows]
+        held[name] = default[name] if default[name] in values else max(set(values), key=values.count)
+        rows = [r for r in rows if r["weights"][name] == held[name]]
     w1 = sorted({r["weights"]["load_balance"] for r in rows})
-    w3 = sorted({r["weights"]["topology"] for r in rows})
+    w3 = sorted({r["weights"][x_name] for r in rows})
     panels = (("distance_mean", "mean d(S), multi-GPU"), ("wait_mean_s", "mean queueing delay (s)"),
               ("spanning_jobs", "jobs spanning hosts"))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8))
@@ -116,7 +125,7 @@ def plot_sweep(report: Mapping, path: Path) -> bool:
         for r in rows:
             v = r["metrics"].get(metric)
             if v is not None:
-                grid[w1.index(r["weights"]["load_balance"]), w3.index(r["weights"]["topology"])] = v
+                grid[w1.index(r["weights"]["load_balance"]), w3.index(r["weights"][x_name])] = v
         im = ax.imshow(grid, origin="lower", aspect="auto", cmap="viridis_r")
         lo, hi = np.nanmin(grid), np.nanmax(grid)
         for i in range(len(w1)):
@@ -127,11 +136,13 @@ def plot_sweep(report: Mapping, path: Path) -> bool:
                             color="white" if dark else "black")
         ax.set_xticks(range(len(w3)), [f"{v:g}" for v in w3])
         ax.set_yticks(range(len(w1)), [f"{v:g}" for v in w1])
-        ax.set_xlabel("w3 (topology)")
+        ax.set_xlabel("w4 (free blocks)" if x_name == "free_blocks" else "w3 (topology)")
         ax.set_ylabel("w1 (load balance)")
         ax.set_title(title, fontsize=10)
         fig.colorbar(im, ax=ax, shrink=0.8)
-    fig.suptitle(f"seed weight sweep (w2 = {w2:g}; lower is better)")
+    short = {"fragmentation": "w2", "topology": "w3", "free_blocks": "w4"}
+    fixed = ", ".join(f"{short[n]} = {v:g}" for n, v in held.items())
+    fig.suptitle(f"seed weight sweep ({fixed}; lower is better)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

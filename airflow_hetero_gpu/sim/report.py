@@ -144,11 +144,11 @@ def policy_rows(report: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
 
 def sweep_rows(report: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
     cols = ("wait_mean_s", "wait_p95_s", "unallocated_while_waiting", "distance_mean", "one_host_share", "spanning_jobs")
-    headers = ["w1 LB", "w2 FR", "w3 TS", *(HEADINGS[m] for m in cols), "goal"]
+    headers = ["w1 LB", "w2 FR", "w3 TS", "w4 FB", *(HEADINGS[m] for m in cols), "goal"]
     rows = []
     for row in report.get("sweep", []):
         w = row["weights"]
-        rows.append([f"{w['load_balance']:g}", f"{w['fragmentation']:g}", f"{w['topology']:g}",
+        rows.append([*(f"{w[n]:g}" for n in WEIGHT_NAMES),
                      *(_cell(row["metrics"].get(m), m) for m in cols), "yes" if row["goal_holds"] else "no"])
     return headers, rows
 

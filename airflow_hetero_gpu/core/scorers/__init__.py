@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 from airflow_hetero_gpu.core.scorers.fragmentation import fragmentation
+from airflow_hetero_gpu.core.scorers.free_blocks import free_blocks
 from airflow_hetero_gpu.core.scorers.load_balance import load_balance
 from airflow_hetero_gpu.core.scorers.topology import topology_score
 from airflow_hetero_gpu.core.view import PoolView
@@ -20,6 +21,7 @@ SCORERS: dict[str, Scorer] = {
     "load_balance": load_balance,
     "fragmentation": fragmentation,
     "topology": topology_score,
+    "free_blocks": free_blocks,
 }
 
-__all__ = ["SCORERS", "Scorer", "fragmentation", "load_balance", "topology_score"]
+__all__ = ["SCORERS", "Scorer", "fragmentation", "free_blocks", "load_balance", "topology_score"]

@@ -10,7 +10,7 @@ from typing import Callable, Mapping
 from airflow_hetero_gpu.errors import HeteroGpuError
 from airflow_hetero_gpu.sim.policies.base import BasePolicy, Policy
 from airflow_hetero_gpu.sim.policies.fgd import Fgd
-from airflow_hetero_gpu.sim.policies.seed import SeedPolicy, SeedWithFragmentation
+from airflow_hetero_gpu.sim.policies.seed import SeedPolicy
 from airflow_hetero_gpu.sim.policies.simple import BestFit, FirstFit, RandomFit
 from airflow_hetero_gpu.sim.policies.topology import TopologyOnly
 
@@ -21,7 +21,6 @@ POLICIES: dict[str, Callable[..., BasePolicy]] = {
     "best-fit": BestFit,
     "topology-only": TopologyOnly,
     "fgd": Fgd,
-    "seed+fgd": SeedWithFragmentation,  # experimental: the seed's E plus an FGD term
 }
 POLICY_NAMES = tuple(POLICIES)
 
@@ -34,8 +33,6 @@ def make_policy(name: str, *, seed: int = 0, weights: Mapping[str, float] | None
         return RandomFit(seed)
     if name == "seed":
         return SeedPolicy(weights)
-    if name == "seed+fgd":
-        return SeedWithFragmentation(weights)
     return POLICIES[name]()
 
 
