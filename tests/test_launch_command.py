@@ -207,8 +207,16 @@ NASTY = [
 
 
 def run_locally(command: str, home: Path, cwd: Path) -> subprocess.CompletedProcess:
+    """Run a host command here, its stdin held open as the launcher's SSH channel holds it (end
+    of file there sets off the job's watchdog)."""
     env = {"HOME": str(home), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-    return subprocess.run(command, shell=True, env=env, cwd=cwd, capture_output=True, text=True, timeout=30)
+    read_end, write_end = os.pipe()
+    try:
+        return subprocess.run(command, shell=True, env=env, cwd=cwd, stdin=read_end, capture_output=True,
+                              text=True, timeout=30)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
 
 
 @pytest.fixture
@@ -287,7 +295,8 @@ def test_pid_file_goes_when_the_job_is_killed_after_its_reader_is_gone(tmp_path:
     spec = LaunchSpec("job-k", Command(("sh", "-c", "echo started >&2; exec sleep 60")))
     command = build_host_command(spec, [HostShare("h0", "127.0.0.1")], 0, 1)
     env = {"HOME": str(tmp_path), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-    proc = subprocess.Popen(command, shell=True, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(command, shell=True, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
     try:
         pgid = parse_pgid_line(proc.stdout.readline().decode())
         assert proc.stderr.readline() == b"started\n"     # the job's stderr is the real one
@@ -298,6 +307,31 @@ def test_pid_file_goes_when_the_job_is_killed_after_its_reader_is_gone(tmp_path:
         os.killpg(pgid, signal.SIGTERM)
         assert proc.wait(timeout=10) == 128 + signal.SIGTERM
         assert not pid_file.exists() and not pid_file.parent.exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_the_watchdog_ends_the_job_when_stdin_ends(tmp_path: Path):
+    """End of file on the command's stdin (the SSH session is gone) makes the watchdog end the
+    job on this host: SIGTERM to its processes, found by their markers; the pid file goes."""
+    import time
+
+    spec = LaunchSpec("job-w", Command(("sh", "-c", "echo started; exec sleep 60")))
+    command = build_host_command(spec, [HostShare("h0", "127.0.0.1")], 0, 1)
+    env = {"HOME": str(tmp_path), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    proc = subprocess.Popen(command, shell=True, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        parse_pgid_line(proc.stdout.readline().decode())
+        assert proc.stdout.readline() == b"started\n"
+        time.sleep(1)
+        assert proc.poll() is None  # stdin open: the job runs
+        began = time.monotonic()
+        proc.stdin.close()
+        assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+        assert time.monotonic() - began < 10
+        assert not (tmp_path / ".hetero-gpu" / "run" / "job-w").exists()
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import sys
 import uuid
@@ -172,7 +173,12 @@ def test_hostile_command_argv_stays_literal_under_sh(tmp_path):
     spec = LaunchSpec("t-sh-" + uuid.uuid4().hex[:8], Command(("sh", "-c", 'printf "%s\\0" "$@"', "sh", *values)),
                       env={"EVIL": values[0]}, workdir=str(tmp_path))
     command = build_host_command(spec, [HostShare("node01", "127.0.0.1", (0,))], 0, 29400)
-    done = subprocess.run(["/bin/sh", "-c", command], capture_output=True, timeout=30)
+    read_end, write_end = os.pipe()  # stdin held open, as the SSH channel's is (else the watchdog acts)
+    try:
+        done = subprocess.run(["/bin/sh", "-c", command], stdin=read_end, capture_output=True, timeout=30)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
     assert done.returncode == 0, done.stderr
     stdout = done.stdout.decode()
     assert stdout.split("\n", 1)[1].split("\0")[:-1] == values
