@@ -212,6 +212,7 @@ def test_task_sigkilled_mid_training_then_the_next_try(airflow_home, two_hosts, 
         assert leftovers(job_id)
     finally:
         _kill_dags_test(proc, pump)
+    first = "".join(lines)
     killed = time.monotonic()
     assert _wait_nothing_left(job_id, WATCHDOG_S) == ""
     with Ledger.from_url(url) as ledger:
@@ -226,6 +227,8 @@ def test_task_sigkilled_mid_training_then_the_next_try(airflow_home, two_hosts, 
                                             script_args=["--epochs", "3"])
     _finish(proc, pump)
     log = "".join(lines)
+    (tmp_path / "first-try.log").write_text(first)
+    (tmp_path / "next-try.log").write_text(log)
     assert proc.returncode == 0, log[-5000:]
     assert "leftover process" not in log  # the watchdogs had ended everything already
     assert _live(url) == [] and leftovers(job_id) == ""

@@ -151,13 +151,14 @@ def test_script_layout():
     assert lines[2] == "cd /srv/run || exit 125"
     assert lines[3] == "export CUDA_VISIBLE_DEVICES=1,3 OMP_NUM_THREADS=1"
     assert lines[4] == "exec 3>&2 2>/dev/null 4<&0"
-    assert lines[5].startswith("setsid -w env HETERO_GPU_JOB_ID=job-7 HETERO_GPU_HOST=rtx-b "
-                               "HETERO_GPU_NODE_RANK=1 sh -c ")
-    assert '"$run_dir"/rtx-b.pgid torchrun --nnodes 2' in lines[5]
-    assert lines[5].endswith(" </dev/null 4<&- &") and lines[6] == "job=$!"
-    # the watchdog (the sweep script spans lines) runs the sweep for this job and host
-    assert lines[7].startswith("{ while read -r _ <&4; do :; done; sh -c ")
-    assert script.count("' hetero-gpu-watchdog job-7 rtx-b kill 100 >/dev/null 2>&1; } 3>&- &\n") == 1
+    assert lines[5] == "launch=$$.$(date +%s%N)"
+    assert lines[6].startswith("setsid -w env HETERO_GPU_JOB_ID=job-7 HETERO_GPU_HOST=rtx-b "
+                               'HETERO_GPU_NODE_RANK=1 HETERO_GPU_LAUNCH="$launch" sh -c ')
+    assert '"$run_dir"/rtx-b.pgid torchrun --nnodes 2' in lines[6]
+    assert lines[6].endswith(" </dev/null 4<&- &") and lines[7] == "job=$!"
+    # the watchdog (the sweep script spans lines) sweeps this launch of the job on this host
+    assert lines[8].startswith("{ while read -r _ <&4; do :; done; trap '' TERM; sh -c ")
+    assert script.count("' hetero-gpu-watchdog job-7 rtx-b kill 100 \"$launch\" >/dev/null 2>&1; } 3>&- &\n") == 1
     tail = script[script.index("watchdog=$!"):].splitlines()
     assert tail == ["watchdog=$!", "exec 4<&-", 'wait "$job"', "status=$?", 'kill "$watchdog" 2>/dev/null',
                     'rm -f "$run_dir"/rtx-b.pgid', 'rmdir "$run_dir"', 'exit "$status"']
@@ -335,6 +336,29 @@ def test_the_watchdog_ends_the_job_when_stdin_ends(tmp_path: Path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_watchdog_never_ends_a_later_launch_of_the_same_job(tmp_path: Path):
+    """Two launches of one job id on one host (a retry started while the first try's watchdog
+    is still sweeping): each watchdog sweeps only its own launch."""
+    spec = LaunchSpec("job-twice", Command(("sh", "-c", "echo started; exec sleep 60")))
+    command = build_host_command(spec, [HostShare("h0", "127.0.0.1")], 0, 1)
+    env = {"HOME": str(tmp_path), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    first, second = (subprocess.Popen(command, shell=True, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.DEVNULL) for _ in range(2))
+    try:
+        for proc in (first, second):
+            parse_pgid_line(proc.stdout.readline().decode())
+            assert proc.stdout.readline() == b"started\n"
+        first.stdin.close()
+        assert first.wait(timeout=20) == 128 + signal.SIGTERM
+        assert second.poll() is None
+        second.stdin.close()
+        assert second.wait(timeout=20) == 128 + signal.SIGTERM
+    finally:
+        for proc in (first, second):
+            if proc.poll() is None:
+                proc.kill()
 
 
 def test_leader_recreates_a_run_directory_removed_by_another_host(tmp_path):

@@ -7,8 +7,8 @@ Every host of a job runs the same shape of command: a POSIX ``sh -c`` script tha
 3. exports ``CUDA_VISIBLE_DEVICES`` (the GPUs chosen on that host, comma-joined; empty hides
    every GPU) and the user's environment,
 4. ``setsid -w env <job markers> sh -c <leader>``: a new session and process group whose
-   processes all carry ``HETERO_GPU_JOB_ID``, ``HETERO_GPU_HOST`` and ``HETERO_GPU_NODE_RANK``
-   (the orphan sweep finds the job's processes by them); the leader prints
+   processes all carry ``HETERO_GPU_JOB_ID``, ``HETERO_GPU_HOST``, ``HETERO_GPU_NODE_RANK`` and
+   ``HETERO_GPU_LAUNCH`` (this launch; the orphan sweep finds the job's processes by them); the leader prints
    ``HETERO_GPU_PGID=<pgid>`` as its first line, writes the same number to
    ``<run dir>/<host>.pgid`` and ``exec``s the program: torchrun (:class:`Torchrun`) or any
    argv (:class:`Command`). The job's stdin is ``/dev/null``. The script waits for the
@@ -16,8 +16,9 @@ Every host of a job runs the same shape of command: a POSIX ``sh -c`` script tha
    program's status;
 5. meanwhile a **watchdog** reads the SSH channel's stdin, which the launcher never closes: end
    of file there means the session is gone (launcher killed, connection dropped, sshd killed),
-   and the watchdog then ends the job on this host with :data:`SWEEP_SCRIPT` (SIGTERM,
-   :data:`WATCHDOG_GRACE_S`, SIGKILL). A job never outlives the SSH session that started it.
+   and the watchdog then ends this launch of the job on this host with :data:`SWEEP_SCRIPT`
+   (SIGTERM, :data:`WATCHDOG_GRACE_S`, SIGKILL). A job never outlives the SSH session that
+   started it, and a watchdog never touches a later launch of the same job id.
 
 Quoting rules: every value that comes from a user (script, arguments, environment values,
 working directory, job id, host name, launcher argv) goes through :func:`shlex.quote`, and the
@@ -38,6 +39,9 @@ from typing import Mapping, Sequence, Union
 JOB_ENV = "HETERO_GPU_JOB_ID"
 HOST_ENV = "HETERO_GPU_HOST"
 NODE_RANK_ENV = "HETERO_GPU_NODE_RANK"
+#: One launch of a job on one host (``<shell pid>.<start time in ns>``): what that launch's
+#: watchdog sweeps, so that it can never hit a later launch of the same job id (a retry).
+LAUNCH_ENV = "HETERO_GPU_LAUNCH"
 #: The first stdout line of every host's command: ``HETERO_GPU_PGID=<process group id>``.
 PGID_MARKER = "HETERO_GPU_PGID="
 #: Where each host keeps a job's pid files, relative to the remote user's home directory.
@@ -51,19 +55,26 @@ _JOB_ID = re.compile(r"[A-Za-z0-9._-]+")
 _HOST = re.compile(r"[A-Za-z0-9._:-]+")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MARKERS = frozenset({JOB_ENV, HOST_ENV, NODE_RANK_ENV})
-_RESERVED_ENV = _MARKERS | {"CUDA_VISIBLE_DEVICES"}
+_RESERVED_NAMES = {LAUNCH_ENV}
+_RESERVED_ENV = _MARKERS | _RESERVED_NAMES | {"CUDA_VISIBLE_DEVICES"}
 _MAX_JOB_ID = 128
 
 #: Seconds the sweep waits after SIGKILL before it reports survivors.
 KILL_WAIT_S = 5.0
 
 SWEEP_SCRIPT = r"""
-job=$1 host=$2 mode=$3 ticks=$4
+job=$1 host=$2 mode=$3 ticks=$4 launch=${5:-}
 self=$(cat /proc/$$/stat) && self=${self##*") "} && set -- $self && mypgid=$3
 find_job() {
   files=$(grep -lzxF -e "__JOB_ENV__=$job" /proc/[0-9]*/environ 2>/dev/null)
   [ -n "$files" ] || return 0
-  for f in $(grep -lzxF -e "__HOST_ENV__=$host" $files 2>/dev/null); do
+  files=$(grep -lzxF -e "__HOST_ENV__=$host" $files 2>/dev/null)
+  [ -n "$files" ] || return 0
+  if [ -n "$launch" ]; then
+    files=$(grep -lzxF -e "__LAUNCH_ENV__=$launch" $files 2>/dev/null)
+    [ -n "$files" ] || return 0
+  fi
+  for f in $files; do
     d=${f%/environ}
     pid=${d#/proc/}
     [ "$pid" = "$$" ] && continue
@@ -93,7 +104,7 @@ wait_gone __KILL_TICKS__
 find_job | sed 's/^/left /'
 exit 0
 """.replace("__JOB_ENV__", JOB_ENV).replace("__HOST_ENV__", HOST_ENV).replace(
-    "__KILL_TICKS__", str(int(KILL_WAIT_S * 10)))
+    "__LAUNCH_ENV__", LAUNCH_ENV).replace("__KILL_TICKS__", str(int(KILL_WAIT_S * 10)))
 
 #: Lists the jobs that have processes on this host: one ``job <id>`` line per job id whose
 #: processes carry this host's name (``$1``) in ``HETERO_GPU_HOST``.
@@ -329,17 +340,21 @@ def build_script(spec: LaunchSpec, shares: Sequence[HostShare], rank: int, rdzv_
     # shell before it removes the pid file. The job gets the real stderr back through fd 3.
     # fd 4 keeps the SSH channel's stdin for the watchdog below; the job reads /dev/null.
     lines.append("exec 3>&2 2>/dev/null 4<&0")
+    lines.append('launch=$$.$(date +%s%N)')
     lines.append(
-        "setsid -w env " + " ".join(f"{n}={q(v)}" for n, v in markers)
+        "setsid -w env " + " ".join(f"{n}={q(v)}" for n, v in markers) + f' {LAUNCH_ENV}="$launch"'
         + f" sh -c {q(_LEADER)} {q('hetero-gpu-' + spec.job_id)} {pid_file} {argv} </dev/null 4<&- &"
     )
     lines.append("job=$!")
     # The watchdog: the launcher never closes the channel's stdin, so end of file there means
     # the SSH session is gone (the launcher was killed, the connection dropped, sshd died).
-    # The job must not outlive its launcher: sweep it by its markers (SIGTERM, grace, SIGKILL).
+    # The job must not outlive its launcher: sweep this launch by its markers (SIGTERM, grace,
+    # SIGKILL). Once sweeping it ignores SIGTERM: the script below stops the watchdog when the
+    # job's leader ends, which may be before torchrun's workers (sessions of their own) did.
     sweep = " ".join(q(a) for a in (SWEEP_SCRIPT, "hetero-gpu-watchdog", spec.job_id, shares[rank].host,
                                     "kill", str(int(WATCHDOG_GRACE_S * 10))))
-    lines.append("{ while read -r _ <&4; do :; done; sh -c " + sweep + " >/dev/null 2>&1; } 3>&- &")
+    lines.append("{ while read -r _ <&4; do :; done; trap '' TERM; sh -c " + sweep
+                 + ' "$launch" >/dev/null 2>&1; } 3>&- &')
     lines += ["watchdog=$!", "exec 4<&-", 'wait "$job"', "status=$?", 'kill "$watchdog" 2>/dev/null']
     # The pid file lives as long as the process group it names.
     lines += [f"rm -f {pid_file}", 'rmdir "$run_dir"', 'exit "$status"']
