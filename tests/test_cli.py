@@ -155,3 +155,17 @@ def test_sample_capture_directory_is_shipped():
     r = run("plan", "--captures", str(SAMPLE), "--gpus", "4", "--task-type", "finetune")
     assert r.returncode == 0
     assert "decision: pool 'finetune+llm-pretrain@NVIDIA A100-SXM4-80GB' -> a100-1 GPU 3,4,5,6" in r.stdout
+
+
+def test_the_worked_example_of_docs_algorithm_md():
+    # docs/algorithm.md computes the sample's 4-GPU plan by hand and shows the command's output
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "algorithm.md").read_text()
+    shown = doc.split("The command prints exactly these numbers:\n\n```\n", 1)[1].split("\n```", 1)[0]
+    r = run("plan", "--captures", str(SAMPLE), "--gpus", "4")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.rstrip("\n") == shown
+    # and its one-GPU paragraph: the RTX 4090 pool wins, its FB and E as computed there
+    r = run("plan", "--captures", str(SAMPLE), "--gpus", "1")
+    assert "decision: pool 'cv+finetune@NVIDIA GeForce RTX 4090' -> rtx-1 GPU 0" in r.stdout
+    assert "E = 0.7778  (load balance 0.9563, fragmentation 0.0000, topology 1.0000, free blocks 0.9107;" in r.stdout
+    assert "evaluation 0.704933 below cv+finetune@NVIDIA GeForce RTX 4090's 0.777768" in r.stdout

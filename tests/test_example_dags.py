@@ -73,7 +73,9 @@ def test_demo_runs_the_retraining_dag_end_to_end():
                        capture_output=True, text=True, timeout=600)
     out = r.stdout
     assert r.returncode == 0, (out + r.stderr)[-6000:]
-    assert "decision: pool 'Tesla V100-SXM2-32GB' -> dgx1-v100 GPU 0,1,2,3" in out
+    # the H200 box (7 healthy GPUs) rather than the idle DGX-1 V100: the free-blocks term keeps
+    # the one host an 8-GPU job could still get whole (docs/quickstart.md)
+    assert "decision: pool 'finetune+llm-pretrain@NVIDIA H200' -> hgx-h200 GPU 0,1,2,3" in out
     for pool in ("finetune+llm-pretrain@NVIDIA A100-SXM4-80GB", "cv+finetune@NVIDIA GeForce RTX 4090",
                  "finetune+llm-pretrain@NVIDIA H200"):
         assert pool in out  # every pool's stage, reason and score terms are shown
