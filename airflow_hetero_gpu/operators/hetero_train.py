@@ -82,7 +82,8 @@ class HeteroTrainOperator(BaseOperator):
     :param topology_conf: Slurm ``topology.conf`` path (switch tiers between hosts).
     :param ledger_conn_id: Airflow connection of the ledger database (see ``LedgerHook``).
     :param ledger_url: or its SQLAlchemy URL; neither: SQLite under ``$AIRFLOW_HOME``.
-    :param weights: override of the evaluation weights (``load_balance``, ``fragmentation``, ``topology``).
+    :param weights: override of the evaluation weights (``load_balance``, ``fragmentation``, ``topology``,
+        ``free_blocks``).
     :param wait_for_capacity: when no pool fits now, wait for one instead of failing.
     :param capacity_timeout: seconds to wait for capacity.
     :param capacity_poll_interval: seconds between two re-plans while waiting.
