@@ -179,6 +179,7 @@ class HeteroTrainOperator(BaseOperator):
         self.rdzv_port = rdzv_port
         self.job_id = job_id
         self._job = None
+        self._lease_from = time.monotonic()
         self._ledger_obj: Ledger | None = None
         self._waiting_for: set[tuple[str, int]] = set()
 
@@ -310,6 +311,8 @@ class HeteroTrainOperator(BaseOperator):
         from airflow_hetero_gpu.ledger import LedgerError, LedgerUrlError, ReservationConflict
 
         try:
+            # the lease surely lasts lease_seconds from here (time taken before the call)
+            self._lease_from = time.monotonic()
             result = self.ledger.reserve(job_id, cluster, request, lease_seconds=self.lease_seconds,
                                          identity=self._identity(context), config=self._config(cluster))
         except (ReservationConflict, LedgerUrlError) as err:  # a mistake: retrying cannot help
@@ -463,8 +466,8 @@ class HeteroTrainOperator(BaseOperator):
         lease = float(self.lease_seconds)
         renew_every = max(1.0, lease / 3)
         check_every = min(renew_every, 5.0)
-        # the lease surely lasts until last_renew + lease (the time is taken before each renewal)
-        last_renew = time.monotonic()
+        # the lease surely lasts until _lease_from + lease: its time is taken before the call
+        # that reserved (or renewed) it, never after
         ledger_down_since: float | None = None
         next_gpus = None
         while True:
@@ -475,14 +478,14 @@ class HeteroTrainOperator(BaseOperator):
                 pass
             now = time.monotonic()
             try:
-                if now - last_renew >= renew_every:
+                if now - self._lease_from >= renew_every:
                     self._renew(job_id, job)
-                    last_renew = now
+                    self._lease_from = now
                 next_gpus = self._replacement_needed(job_id, gpus)
             except LedgerError as err:
                 if ledger_down_since is None:
                     ledger_down_since = now
-                left = last_renew + lease - time.monotonic()
+                left = self._lease_from + lease - time.monotonic()
                 if left <= check_every + 1.0:
                     job.kill()
                     raise AirflowException(
