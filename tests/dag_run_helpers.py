@@ -1,5 +1,8 @@
 """Running the operator's test DAG (tests/dags/hg_operator_test.py) with ``airflow dags test``
-against an emulated cluster: in the foreground, or in the background with a callback per line."""
+against an emulated cluster: in the foreground, or in the background with a callback per line.
+
+The fixtures ``airflow_home`` (one migrated AIRFLOW_HOME per test module) and ``two_hosts`` (two
+emulated hosts of two GPUs) are imported by the test modules that use them."""
 
 from __future__ import annotations
 
@@ -10,11 +13,26 @@ import threading
 from pathlib import Path
 from typing import Callable
 
+import pytest
+
 import airflow_hetero_gpu.examples.train_tiny as train_tiny
-from airflow_hetero_gpu.testing.airflow_env import airflow_command, airflow_env, connection_env, dags_test
+from airflow_hetero_gpu.testing.airflow_env import airflow_command, airflow_env, connection_env, dags_test, migrate
+from airflow_hetero_gpu.testing.demo import small_hosts
 
 DAGS = Path(__file__).parent / "dags"
 SCRIPT = str(Path(train_tiny.__file__).resolve())
+
+
+@pytest.fixture(scope="module")
+def airflow_home(tmp_path_factory):
+    home = tmp_path_factory.mktemp("airflow")
+    migrate(airflow_env(home, DAGS))
+    return home
+
+
+@pytest.fixture
+def two_hosts(emulated_cluster):
+    return emulated_cluster(small_hosts(2, gpus=2))
 
 
 def _config(cluster, tmp_path: Path, name: str, config: dict) -> tuple[dict, Path, dict[str, str]]:
@@ -51,6 +69,16 @@ def start_dag(home: Path, cluster, tmp_path: Path, name: str, on_line: Callable[
     thread = threading.Thread(target=pump, daemon=True)
     thread.start()
     return proc, thread, lines, out, cfg
+
+
+def finish(proc, pump, timeout: float = 300) -> None:
+    """Wait for a :func:`start_dag` run and its output pump; kill the run if it overstays."""
+    try:
+        proc.wait(timeout=timeout)
+        pump.join(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 def losses(text: str) -> list[float]:

@@ -6,7 +6,6 @@ host, and the task's outcome and log say what happened."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import signal
@@ -17,14 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from airflow_hetero_gpu.launch.command import WATCHDOG_GRACE_S
+from airflow_hetero_gpu.launch.command import JOB_ENV, WATCHDOG_GRACE_S
 from airflow_hetero_gpu.launch.orphans import KILL_WAIT_S
 from airflow_hetero_gpu.ledger import Ledger
-from airflow_hetero_gpu.testing.airflow_env import airflow_env, migrate
-from airflow_hetero_gpu.testing.demo import small_hosts
+from airflow_hetero_gpu.testing import procs
 from airflow_hetero_gpu.testing.postgres import PostgresServer, PostgresUnavailable
 from airflow_hetero_gpu.testing.pytest_fixtures import emulated_cluster  # noqa: F401
-from dag_run_helpers import DAGS, leftovers, losses, start_dag
+from dag_run_helpers import airflow_home, finish, leftovers, losses, start_dag, two_hosts  # noqa: F401
 
 pytest.importorskip("torch", reason="torch (CPU build) is needed to train the example model")
 
@@ -33,31 +31,10 @@ WATCHDOG_S = WATCHDOG_GRACE_S + KILL_WAIT_S + 10
 LONG_TRAINING = ["--epochs", "100000", "--sleep", "0.2"]
 
 
-@pytest.fixture(scope="module")
-def airflow_home(tmp_path_factory):
-    home = tmp_path_factory.mktemp("airflow")
-    migrate(airflow_env(home, DAGS))
-    return home
-
-
-@pytest.fixture
-def two_hosts(emulated_cluster):  # noqa: F811
-    return emulated_cluster(small_hosts(2, gpus=2))
-
-
 def _when(pattern: str):
     """An on_line callback and the event it sets at the first line matching ``pattern``."""
     seen = threading.Event()
     return (lambda line: seen.set() if re.search(pattern, line) else None), seen
-
-
-def _finish(proc, pump, timeout: float = 300) -> None:
-    try:
-        proc.wait(timeout=timeout)
-        pump.join(10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
 
 
 def _wait_nothing_left(job_id: str, timeout: float) -> str:
@@ -89,7 +66,7 @@ def test_sshd_killed_on_a_host_mid_training(airflow_home, two_hosts, tmp_path):
         job_id = _job_id_of(cfg["ledger_url"])
         two_hosts.inject_fault("node02", "sshd_killed")
     finally:
-        _finish(proc, pump)
+        finish(proc, pump)
     log = "".join(lines)
     assert proc.returncode != 0
     assert re.search(r"worker on node02 \(node rank 1\) (ended without an exit status|no exit status)", log) \
@@ -118,7 +95,7 @@ def test_a_host_gone_silent_mid_training(airflow_home, two_hosts, tmp_path):
         failed_after = time.monotonic() - silenced
     finally:
         two_hosts.clear_fault("node02", "network_silent")
-        _finish(proc, pump)
+        finish(proc, pump)
     log = "".join(lines)
     assert proc.returncode != 0
     assert re.search(r"no answer from node02 for \d+ s \(SSH keepalive\)", log), log[-5000:]
@@ -138,22 +115,29 @@ def private_postgres():
     server.stop()
 
 
+def _restart_at(server: PostgresServer, pattern: str, down_seconds: float):
+    """An on_line callback that restarts ``server`` (down ``down_seconds``) in the background at
+    the first line matching ``pattern``, and the event it sets then."""
+    restarted = threading.Event()
+
+    def on_line(line: str) -> None:
+        if not restarted.is_set() and re.search(pattern, line):
+            restarted.set()
+            threading.Thread(target=server.restart, kwargs={"down_seconds": down_seconds}, daemon=True).start()
+
+    return on_line, restarted
+
+
 def test_ledger_postgres_restarted_mid_training(airflow_home, two_hosts, tmp_path, private_postgres):
     """The ledger's PostgreSQL is restarted (down 12 s) while the job trains: renewals fail,
     the job runs on within its lease (30 s), the renewals succeed again, training finishes and
     the reservation is released."""
     url = private_postgres.create_database()
-    restarted = threading.Event()
-
-    def on_line(line: str) -> None:
-        if not restarted.is_set() and re.search(r"epoch 3 loss", line):
-            restarted.set()
-            threading.Thread(target=private_postgres.restart, kwargs={"down_seconds": 12}, daemon=True).start()
-
+    on_line, restarted = _restart_at(private_postgres, r"epoch 3 loss", down_seconds=12)
     proc, pump, lines, out, cfg = start_dag(airflow_home, two_hosts, tmp_path, "pg", on_line, gpu_count=4,
                                             ledger_url=url, lease_seconds=30,
                                             script_args=["--epochs", "60", "--sleep", "0.5"])
-    _finish(proc, pump, timeout=400)
+    finish(proc, pump, timeout=400)
     log = "".join(lines)
     assert restarted.is_set()
     assert proc.returncode == 0, log[-6000:]
@@ -171,16 +155,10 @@ def test_ledger_down_longer_than_the_lease_stops_the_job(airflow_home, two_hosts
     lease can run out (its GPUs may be handed to someone else), the task fails saying so, and the
     release goes through once the database is back."""
     url = private_postgres.create_database()
-    restarted = threading.Event()
-
-    def on_line(line: str) -> None:
-        if not restarted.is_set() and re.search(r"epoch 2 loss", line):
-            restarted.set()
-            threading.Thread(target=private_postgres.restart, kwargs={"down_seconds": 20}, daemon=True).start()
-
+    on_line, _ = _restart_at(private_postgres, r"epoch 2 loss", down_seconds=20)
     proc, pump, lines, out, cfg = start_dag(airflow_home, two_hosts, tmp_path, "pg-long", on_line, gpu_count=4,
                                             ledger_url=url, lease_seconds=9, script_args=LONG_TRAINING)
-    _finish(proc, pump, timeout=300)
+    finish(proc, pump, timeout=300)
     log = "".join(lines)
     assert proc.returncode != 0
     assert re.search(r"the ledger was unreachable for \d+ s and the lease runs out in \d+ s: the workers were "
@@ -194,7 +172,7 @@ def test_ledger_down_longer_than_the_lease_stops_the_job(airflow_home, two_hosts
 
 def _kill_dags_test(proc, pump) -> None:
     proc.send_signal(signal.SIGKILL)
-    _finish(proc, pump, timeout=30)
+    finish(proc, pump, timeout=30)
 
 
 def test_task_sigkilled_mid_training_then_the_next_try(airflow_home, two_hosts, tmp_path):
@@ -225,7 +203,7 @@ def test_task_sigkilled_mid_training_then_the_next_try(airflow_home, two_hosts, 
     proc, pump, lines, out, cfg = start_dag(airflow_home, two_hosts, tmp_path, "kill9-next", on_line, gpu_count=4,
                                             ledger_url=url, lease_seconds=9, job_id=job_id,
                                             script_args=["--epochs", "3"])
-    _finish(proc, pump)
+    finish(proc, pump)
     log = "".join(lines)
     (tmp_path / "first-try.log").write_text(first)
     (tmp_path / "next-try.log").write_text(log)
@@ -259,7 +237,7 @@ def test_task_sigkilled_with_its_watchdogs_gone_the_next_try_sweeps_the_orphans(
     proc, pump, lines, out, cfg = start_dag(airflow_home, two_hosts, tmp_path, "orph-next", on_line, gpu_count=4,
                                             ledger_url=url, lease_seconds=9, job_id=job_id,
                                             script_args=["--epochs", "3"])
-    _finish(proc, pump)
+    finish(proc, pump)
     log = "".join(lines)
     assert proc.returncode == 0, log[-5000:]
     for host in ("node01", "node02"):
@@ -271,20 +249,9 @@ def test_task_sigkilled_with_its_watchdogs_gone_the_next_try_sweeps_the_orphans(
 def _kill_launch_shells(job_id: str) -> None:
     """SIGKILL the job's launch shells and watchdogs on every host: the processes that name the
     job on their command line but do not carry its marker in their environment."""
-    needle = f"HETERO_GPU_JOB_ID={job_id}".encode()
-    killed = 0
-    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                cmdline = fh.read()
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                environ = fh.read().split(b"\0")
-        except OSError:
-            continue
-        if b"hetero-gpu-watchdog" in cmdline and job_id.encode() in cmdline and needle not in environ:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-            except ProcessLookupError:
-                pass
-    assert killed >= 2, "no launch shells found"
+    marked = set(procs.with_env(JOB_ENV, job_id))
+    shells = [pid for pid in procs.all_pids() if pid not in marked
+              and b"hetero-gpu-watchdog" in (cmdline := procs.command_line(pid)) and job_id.encode() in cmdline]
+    assert len(shells) >= 2, "no launch shells found"
+    for pid in shells:
+        procs.signal_quietly(pid, signal.SIGKILL)

@@ -207,10 +207,21 @@ NASTY = [
 ]
 
 
+def local_env(home: Path) -> dict[str, str]:
+    return {"HOME": str(home), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+
+
+def start_locally(command: str, home: Path, stderr=subprocess.PIPE) -> subprocess.Popen:
+    """Start a host command here with pipes; its stdin stays open until the test closes it (end
+    of file there sets off the job's watchdog, as when the SSH session is gone)."""
+    return subprocess.Popen(command, shell=True, env=local_env(home), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=stderr)
+
+
 def run_locally(command: str, home: Path, cwd: Path) -> subprocess.CompletedProcess:
     """Run a host command here, its stdin held open as the launcher's SSH channel holds it (end
     of file there sets off the job's watchdog)."""
-    env = {"HOME": str(home), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    env = local_env(home)
     read_end, write_end = os.pipe()
     try:
         return subprocess.run(command, shell=True, env=env, cwd=cwd, stdin=read_end, capture_output=True,
@@ -295,9 +306,7 @@ def test_pid_file_goes_when_the_job_is_killed_after_its_reader_is_gone(tmp_path:
     shell must not die of SIGPIPE reporting it, and removes the pid file."""
     spec = LaunchSpec("job-k", Command(("sh", "-c", "echo started >&2; exec sleep 60")))
     command = build_host_command(spec, [HostShare("h0", "127.0.0.1")], 0, 1)
-    env = {"HOME": str(tmp_path), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-    proc = subprocess.Popen(command, shell=True, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = start_locally(command, tmp_path)
     try:
         pgid = parse_pgid_line(proc.stdout.readline().decode())
         assert proc.stderr.readline() == b"started\n"     # the job's stderr is the real one
@@ -320,9 +329,7 @@ def test_the_watchdog_ends_the_job_when_stdin_ends(tmp_path: Path):
 
     spec = LaunchSpec("job-w", Command(("sh", "-c", "echo started; exec sleep 60")))
     command = build_host_command(spec, [HostShare("h0", "127.0.0.1")], 0, 1)
-    env = {"HOME": str(tmp_path), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-    proc = subprocess.Popen(command, shell=True, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = start_locally(command, tmp_path)
     try:
         parse_pgid_line(proc.stdout.readline().decode())
         assert proc.stdout.readline() == b"started\n"
@@ -343,9 +350,7 @@ def test_a_watchdog_never_ends_a_later_launch_of_the_same_job(tmp_path: Path):
     is still sweeping): each watchdog sweeps only its own launch."""
     spec = LaunchSpec("job-twice", Command(("sh", "-c", "echo started; exec sleep 60")))
     command = build_host_command(spec, [HostShare("h0", "127.0.0.1")], 0, 1)
-    env = {"HOME": str(tmp_path), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-    first, second = (subprocess.Popen(command, shell=True, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=subprocess.DEVNULL) for _ in range(2))
+    first, second = (start_locally(command, tmp_path, stderr=subprocess.DEVNULL) for _ in range(2))
     try:
         for proc in (first, second):
             parse_pgid_line(proc.stdout.readline().decode())

@@ -43,8 +43,9 @@ from airflow_hetero_gpu.launch import (
     probe_free_port,
     torchrun_job,
 )
-from airflow_hetero_gpu.launch.command import WATCHDOG_GRACE_S, HostShare
+from airflow_hetero_gpu.launch.command import JOB_ENV, WATCHDOG_GRACE_S, HostShare
 from airflow_hetero_gpu.launch.orphans import KILL_WAIT_S
+from airflow_hetero_gpu.testing import procs
 from airflow_hetero_gpu.testing.demo import small_hosts
 from airflow_hetero_gpu.testing.pytest_fixtures import emulated_cluster  # noqa: F401
 
@@ -108,18 +109,7 @@ class Lines:
 
 def marked_pids(job_id: str) -> list[int]:
     """Processes on this machine whose environment carries the job marker."""
-    needle = f"HETERO_GPU_JOB_ID={job_id}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as handle:
-                if needle in handle.read().split(b"\0"):
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
+    return procs.with_env(JOB_ENV, job_id)
 
 
 def pgrep(job_id: str) -> list[int]:

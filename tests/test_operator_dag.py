@@ -12,26 +12,10 @@ import pytest
 
 from airflow_hetero_gpu.ledger import Ledger
 from airflow_hetero_gpu.testing.airflow_env import airflow_env, migrate
-from airflow_hetero_gpu.testing.demo import small_hosts
 from airflow_hetero_gpu.testing.pytest_fixtures import emulated_cluster  # noqa: F401
-from dag_run_helpers import leftovers, losses, run_dag, start_dag
+from dag_run_helpers import DAGS, airflow_home, finish, leftovers, losses, run_dag, start_dag, two_hosts  # noqa: F401
 
 pytest.importorskip("torch", reason="torch (CPU build) is needed to train the example model")
-
-DAGS = Path(__file__).parent / "dags"
-
-
-@pytest.fixture(scope="module")
-def airflow_home(tmp_path_factory):
-    home = tmp_path_factory.mktemp("airflow")
-    migrate(airflow_env(home, DAGS))
-    return home
-
-
-@pytest.fixture
-def two_hosts(emulated_cluster, tmp_path):  # noqa: F811
-    return emulated_cluster(small_hosts(2, gpus=2))
-
 
 def test_trains_across_two_hosts_and_releases(airflow_home, two_hosts, tmp_path):
     r, out, cfg = run_dag(airflow_home, two_hosts, tmp_path, gpu_count=4, script_args=["--epochs", "6"])
@@ -123,12 +107,7 @@ def test_an_evicted_gpu_is_replaced_and_the_job_resumes(airflow_home, two_hosts,
     proc, pump, lines, out, cfg = start_dag(
         airflow_home, two_hosts, tmp_path, "evict", on_line, gpu_count=2, ledger_url=ledger_url,
         script_args=["--epochs", "8", "--sleep", "0.5"], checkpoint_dir=str(tmp_path / "ckpt"))
-    try:
-        proc.wait(timeout=400)
-        pump.join(10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    finish(proc, pump, timeout=400)
     log = "".join(lines)
     assert proc.returncode == 0, log[-6000:]
     assert evicted == ["node01:1"]  # both GPUs of node01 were chosen (best fit on one host)

@@ -18,6 +18,7 @@ from airflow_hetero_gpu.core import watch
 from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
 from airflow_hetero_gpu.ledger import Ledger
 from airflow_hetero_gpu.sensors.gpu_health import GpuHealthSensor
+from airflow_hetero_gpu.testing import procs
 from airflow_hetero_gpu.testing.demo import H200, make_gpus, small_hosts
 from airflow_hetero_gpu.testing.pytest_fixtures import emulated_cluster  # noqa: F401
 from airflow_hetero_gpu.testing.state import gpu_uuid
@@ -206,14 +207,7 @@ def _marked_sleep(cluster, host: str, job_id: str) -> None:
 
 
 def _marked(job_id: str) -> int:
-    needle = f"HETERO_GPU_JOB_ID={job_id}".encode()
-    count = 0
-    for pid in (p for p in Path("/proc").iterdir() if p.name.isdigit()):
-        try:
-            count += needle in (pid / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-    return count
+    return len(procs.with_env("HETERO_GPU_JOB_ID", job_id))
 
 
 def test_watch_stops_processes_of_jobs_without_a_reservation(fleet, capfd):

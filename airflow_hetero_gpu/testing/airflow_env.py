@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
+import sqlite3
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 from typing import Iterable, Mapping
 
@@ -111,8 +116,6 @@ class AirflowDeployment:
     COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 
     def __init__(self, home: Path, dags_folder: Path, extra: Mapping[str, str] | None = None):
-        import socket
-
         self.home = Path(home)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -153,8 +156,6 @@ class AirflowDeployment:
 
     def stop_component(self, name: str, sig: int | None = None, timeout: float = 30) -> None:
         """Stop one component and every process it started (SIGTERM, or ``sig``)."""
-        import signal
-
         proc = self.procs.pop(name, None)
         if proc is None:
             return
@@ -194,14 +195,10 @@ class AirflowDeployment:
 
     # -- the metadata database ----------------------------------------------------------------
     def query(self, sql: str, *params: object) -> list[tuple]:
-        import sqlite3
-
         with sqlite3.connect(self.home / "airflow.db", timeout=30) as db:
             return db.execute(sql, params).fetchall()
 
     def wait_for(self, predicate, timeout: float, what: str, poll: float = 1.0):
-        import time
-
         deadline = time.monotonic() + timeout
         while True:
             value = predicate()
@@ -217,8 +214,6 @@ class AirflowDeployment:
 
     def trigger(self, dag_id: str, run_id: str | None = None, timeout: float = 240) -> str:
         """Trigger a DAG run once the dag-processor has parsed the DAG; returns its run id."""
-        import uuid
-
         self.wait_for(lambda: self.query("select 1 from dag where dag_id = ?", dag_id), timeout,
                       f"DAG {dag_id} parsed")
         run_id = run_id or f"manual__{uuid.uuid4().hex[:12]}"

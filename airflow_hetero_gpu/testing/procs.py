@@ -65,10 +65,10 @@ def signal_quietly(pid: int, sig: int) -> None:
         pass
 
 
-def with_env_marker(marker: str, *, prefix: bool = False) -> list[int]:
-    """Processes whose environment holds ``HETERO_GPU_EMU_MARKER=<marker>`` (or a value starting
-    with ``marker`` when ``prefix``)."""
-    needle = f"HETERO_GPU_EMU_MARKER={marker}".encode()
+def with_env(name: str, value: str, *, prefix: bool = False) -> list[int]:
+    """Processes whose environment holds ``name=value`` (or a value starting with ``value`` when
+    ``prefix``)."""
+    needle = f"{name}={value}".encode()
     found = []
     for pid in all_pids():
         try:
@@ -79,6 +79,11 @@ def with_env_marker(marker: str, *, prefix: bool = False) -> list[int]:
         if any(e.startswith(needle) for e in entries) if prefix else needle in entries:
             found.append(pid)
     return found
+
+
+def with_env_marker(marker: str, *, prefix: bool = False) -> list[int]:
+    """Processes an emulated host started: ``HETERO_GPU_EMU_MARKER=<marker>`` (or a prefix)."""
+    return with_env("HETERO_GPU_EMU_MARKER", marker, prefix=prefix)
 
 
 def kill_all(pids_by_depth: dict[int, int], timeout: float = 3.0) -> list[int]:
