@@ -8,8 +8,8 @@ the standard library (``airflow_hetero_gpu`` need not be installed on the hosts)
 the function itself imports.
 
 Each rank defines the function from its source (its decorators of Airflow removed, its line
-numbers those of the DAG file, so tracebacks point at the DAG file's lines), loads the
-arguments and calls it. Then:
+numbers those of the DAG file, so tracebacks point at the DAG file's lines, its annotations left
+unevaluated), loads the arguments and calls it. Then:
 
 - global rank 0 (``RANK``) writes its return value as JSON, base64-encoded, on stdout in lines
   ``HETERO_GPU_RESULT:<nonce>:<i>/<n>:<chunk>`` (each one ``write``, short enough to be atomic on
@@ -23,6 +23,7 @@ arguments and calls it. Then:
 Only the launcher that generated the nonce takes these lines; other output is the job's log.
 """
 
+import __future__
 import ast
 import base64
 import json
@@ -72,7 +73,9 @@ def define(spec):
     lines = [""] * (spec["lineno"] - 1) + spec["source"].splitlines(True)
     linecache.cache[spec["filename"]] = (sum(map(len, lines)), None, lines, spec["filename"])
     namespace = {"__name__": "__hetero_train__", "__builtins__": __builtins__}
-    exec(compile(tree, spec["filename"], "exec"), namespace)
+    # annotations stay unevaluated (they may name what only the DAG file imports)
+    flags = __future__.annotations.compiler_flag
+    exec(compile(tree, spec["filename"], "exec", flags=flags, dont_inherit=True), namespace)
     return namespace[spec["name"]]
 
 
