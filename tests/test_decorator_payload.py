@@ -175,6 +175,7 @@ def test_tracebacks_point_at_the_dag_files_lines(tmp_path):
                       if "raise ValueError(message)" in line)
     assert f'File "{THIS_FILE}", line {raise_line}, in fails' in r.stderr
     assert "raise ValueError(message)" in r.stderr              # the source line, though not on the host
+    assert r.stderr.startswith("Traceback (most recent call last):\n" f'  File "{THIS_FILE}"')  # no runner frame
     output = RankOutput(nonce)
     feed(output, "node01", r.stderr)
     assert output.errors[0].where == f"{THIS_FILE}:{raise_line} in fails"

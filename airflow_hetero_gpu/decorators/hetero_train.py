@@ -85,7 +85,9 @@ class HeteroTrainDecoratedOperator(DecoratedOperator, HeteroTrainOperator):
             if name == "checkpoint_dir":
                 kwargs[name] = self.checkpoint_dir
             elif name in KNOWN_CONTEXT_KEYS and name in context:
-                kwargs[name] = context[name]
+                value = context[name]
+                # a mapping of Airflow's own (params) travels as a plain dict
+                kwargs[name] = dict(value) if isinstance(value, Mapping) and not isinstance(value, dict) else value
         return list(self.op_args), kwargs
 
     def _prepare(self, context: Context) -> None:

@@ -96,7 +96,10 @@ def _missing_module(exc):
 def report(nonce, phase, exc, filename, rank, host):
     """The traceback on stderr, then the one-line error record."""
     sys.stdout.flush()
-    traceback.print_exception(type(exc), exc, exc.__traceback__)
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_globals is globals():
+        tb = tb.tb_next  # from the function's own frame on: this runner is not the user's code
+    traceback.print_exception(type(exc), exc, tb)
     sys.stderr.flush()
     last = traceback.format_exception_only(type(exc), exc)[-1].strip()
     frames = traceback.extract_tb(exc.__traceback__)
