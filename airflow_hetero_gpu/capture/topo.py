@@ -217,8 +217,25 @@ def _read_body(lines: Iterator[tuple[int, str]], header: _Header, path: str) -> 
     return body
 
 
+#: Parsed matrices by their text: the hosts of one model print the same ``topo -m``, so a fleet
+#: of 1,000 HGX hosts is parsed once, not 1,000 times (matrices are never changed after parsing).
+_PARSED: dict[str, TopoMatrix] = {}
+_PARSED_MAX = 1024
+
+
 def parse_topo(text: str, path: str) -> TopoMatrix:
     """Read the stdout of ``nvidia-smi topo -m``; ``path`` only names the file in errors."""
+    found = _PARSED.get(text)
+    if found is not None:
+        return found
+    matrix = _parse_topo(text, path)
+    if len(_PARSED) >= _PARSED_MAX:
+        _PARSED.clear()
+    _PARSED[text] = matrix
+    return matrix
+
+
+def _parse_topo(text: str, path: str) -> TopoMatrix:
     lines = _numbered_lines(text)
     first = next(((number, line) for number, line in lines if line.strip()), None)
     if first is None:
