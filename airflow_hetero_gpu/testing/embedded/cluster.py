@@ -20,6 +20,7 @@ printed its ready line (an event, with ``start_timeout`` as the safety net).
 from __future__ import annotations
 
 import ipaddress
+from collections import Counter
 import itertools
 import json
 import os
@@ -148,7 +149,7 @@ class EmbeddedCluster(HostStateMethods):
                  python: str | None = None, training_stack: bool = True, processes: int = 1):
         names = [h.name for h in hosts]
         if len(set(names)) != len(names):
-            raise ValueError(f"host names must be unique: {sorted({n for n in names if names.count(n) > 1})}")
+            raise ValueError(f"host names must be unique: {sorted(n for n, c in Counter(names).items() if c > 1)}")
         if not hosts:
             raise ValueError("an emulated cluster needs at least one host")
         if processes < 1:

@@ -21,13 +21,14 @@ reply, as sshd does), which is what a client's keepalive counts as an answer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import socket
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import asyncssh
 
@@ -68,6 +69,30 @@ class Fleet:
     def from_json(cls, data: Mapping[str, Any]) -> "Fleet":
         return cls(data["user"], data["home"], tuple(data["client_keys"]), tuple(data["path_tail"]),
                    tuple(HostEntry(**h) for h in data["hosts"]))
+
+
+@contextlib.contextmanager
+def _corked(chan: Any) -> Iterator[None]:
+    """Hold back the packets written inside (output, EOF, exit status, close) and send them as
+    one TCP segment: the client is woken once instead of once a packet, which is most of what a
+    small command costs either side."""
+    sock = chan.get_extra_info("socket")
+    cork = getattr(socket, "TCP_CORK", None)
+    if not hasattr(sock, "setsockopt") or cork is None:  # asyncio hands out a TransportSocket
+        yield
+        return
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, cork, 1)
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, cork, 0)
+        except OSError:
+            pass
 
 
 class _Server(asyncssh.SSHServer):
@@ -266,10 +291,13 @@ class _Session(asyncssh.SSHServerSession):
             status, out, err = shell.run_script(script, state)
         if self.gone or self.chan.is_closing():
             return
-        self.send(1, out)
-        self.send(2, err)
-        self.chan.write_eof()
-        self.chan.exit(status)
+        with _corked(self.chan):
+            if out:
+                self.send(1, out)
+            if err:
+                self.send(2, err)
+            self.chan.write_eof()
+            self.chan.exit(status)
 
     async def _run_process(self, command: str) -> None:
         loop = asyncio.get_running_loop()
@@ -345,7 +373,7 @@ class EmbeddedHost:
             server_factory=lambda: _Server(self),
             server_host_keys=[self.key], encoding=None, login_timeout=30, keepalive_interval=0,
             allow_pty=False, agent_forwarding=False, x11_forwarding=False, line_editor=False,
-            allow_scp=False, sftp_factory=None,
+            allow_scp=False, sftp_factory=None, gss_host=None,
         )
         self.port = self.acceptor.get_port()
 
