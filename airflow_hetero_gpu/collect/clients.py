@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 import paramiko
-from paramiko.hostkeys import HostKeyEntry, HostKeys
+from paramiko.hostkeys import HostKeyEntry, HostKeys, InvalidHostKey
 
 from airflow_hetero_gpu.collect.targets import SshTarget
 
@@ -98,8 +98,10 @@ class HostKeyStore:
                         continue
                     try:
                         entry = HostKeyEntry.from_line(line, lineno)
-                    except paramiko.SSHException:
-                        continue
+                    except (paramiko.SSHException, InvalidHostKey) as exc:
+                        why = exc.exc if isinstance(exc, InvalidHostKey) else exc
+                        raise ValueError(f"known_hosts {self.path}:{lineno}: not a host key line "
+                                         f"({' '.join(str(why).split())})") from None
                     if entry is None or entry.key is None:
                         continue
                     for name in entry.hostnames:
@@ -110,12 +112,18 @@ class HostKeyStore:
         self._plain, self._hashed, self._signature = plain, hashed, signature
         self.loads += 1
 
-    def keys_for(self, name: str) -> dict[str, paramiko.PKey]:
-        """``{key type: key}`` known for ``name`` (``addr`` or ``[addr]:port``); empty if unknown."""
+    def refresh(self) -> None:
+        """Parse the file now if it is new or changed since the last parse (ValueError, naming the
+        file and line, for a line that is not a host key)."""
         signature = self._stat()
         with self._lock:
             if self.loads == 0 or signature != self._signature:
                 self._load(signature)
+
+    def keys_for(self, name: str) -> dict[str, paramiko.PKey]:
+        """``{key type: key}`` known for ``name`` (``addr`` or ``[addr]:port``); empty if unknown."""
+        self.refresh()
+        with self._lock:
             plain, hashed = self._plain, self._hashed
         found = dict(plain.get(name, {}))
         for entry in hashed:
@@ -141,6 +149,7 @@ def paramiko_client_factory(identity_file: str | os.PathLike[str] | None = None,
     if identity_file is not None and not Path(identity_file).is_file():
         raise ValueError(f"identity file {str(identity_file)!r} does not exist")
     store = HostKeyStore(known_hosts if known_hosts is not None else SYSTEM_KNOWN_HOSTS)
+    store.refresh()  # a broken known_hosts is a one-line error here, not a reason per host
     default_timeout = connect_timeout
 
     def factory(target: SshTarget, connect_timeout: float | None = None) -> paramiko.SSHClient:
