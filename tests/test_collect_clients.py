@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 
+import asyncssh
 import paramiko
 import pytest
 from collect_helpers import set_airflow_connections
@@ -154,3 +155,17 @@ def test_factory_checks_its_files(tmp_path, bad):
             paramiko_client_factory(tmp_path / "nope", present)
         else:
             paramiko_client_factory(present, tmp_path / "nope")
+
+
+def test_the_identity_is_read_once_and_a_bad_one_is_one_line(tmp_path):
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    encrypted = tmp_path / "encrypted"
+    encrypted.write_bytes(asyncssh.generate_private_key("ssh-ed25519").export_private_key(passphrase="secret"))
+    with pytest.raises(ValueError, match=f"^identity file '{encrypted}' is encrypted: give a key without a "
+                                         "passphrase, or leave --identity-file out to use the ssh agent$"):
+        paramiko_client_factory(encrypted, known)
+    garbage = tmp_path / "garbage"
+    garbage.write_text("not a key\n")
+    with pytest.raises(ValueError, match=f"^identity file '{garbage}' is not a private key paramiko can read: "):
+        paramiko_client_factory(garbage, known)

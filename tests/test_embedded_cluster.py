@@ -4,10 +4,13 @@ stdin end-of-file, keepalives, faults and a clean stop."""
 from __future__ import annotations
 
 import inspect
+import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -23,6 +26,8 @@ from airflow_hetero_gpu.testing.cluster import EmulatedCluster
 from airflow_hetero_gpu.testing.demo import FAULTY_GPU, small_hosts
 from airflow_hetero_gpu.testing.embedded import EmbeddedCluster, EmbeddedServerError
 from airflow_hetero_gpu.testing.pytest_fixtures import embedded_cluster  # noqa: F401
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def target(cluster, name: str) -> SshTarget:
@@ -346,3 +351,29 @@ def test_hosts_split_over_several_server_processes(embedded_cluster):
         connect(cluster, "node04")
     assert set(cluster.connections()) == {"node01", "node02", "node03", "node04"}
     assert re.fullmatch(r"\d+\.\d+", f"{cluster.server_cpu_seconds():.2f}")
+
+
+def test_the_command_line_serves_an_embedded_fleet_until_sigterm(tmp_path):
+    root = tmp_path / "cli"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "airflow_hetero_gpu.testing", "start", "--root", str(root),
+                             "--hosts", "scale", "--count", "30", "--embedded"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if line.startswith("ready: "):
+                break
+        assert lines[0].endswith("(30 hosts, one embedded asyncssh server)"), lines
+        assert f"--hosts-file:  {root / 'hosts.txt'}" in lines
+        assert len((root / "hosts.txt").read_text().splitlines()) == 30
+        server = [int(p) for p in subprocess.run(["pgrep", "-f", f"embedded serve {root}"], capture_output=True,
+                                                 text=True).stdout.split()]
+        assert server, "no server process"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert out.strip().endswith("stopped")
+    assert [pid for pid in server if procs.alive(pid)] == []

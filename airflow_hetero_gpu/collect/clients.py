@@ -133,6 +133,26 @@ class HostKeyStore:
         return found
 
 
+def load_identity(path: str | os.PathLike[str]) -> paramiko.PKey:
+    """The private key of ``path``, read once for every connection (with its ``-cert.pub``
+    certificate when there is one, as ``ssh -i`` does). ValueError (one line) when it cannot."""
+    try:
+        key = paramiko.PKey.from_path(str(path))
+    except (paramiko.PasswordRequiredException, TypeError) as exc:
+        # paramiko's own exception, or cryptography's TypeError for an OpenSSH-format key
+        if isinstance(exc, TypeError) and "password" not in str(exc).lower():
+            raise
+        raise ValueError(f"identity file {str(path)!r} is encrypted: give a key without a passphrase, "
+                         "or leave --identity-file out to use the ssh agent") from None
+    except (paramiko.SSHException, OSError, ValueError) as exc:
+        raise ValueError(f"identity file {str(path)!r} is not a private key paramiko can read: "
+                         f"{' '.join(str(exc).split()) or type(exc).__name__}") from None
+    certificate = Path(f"{path}-cert.pub")
+    if certificate.is_file():
+        key.load_certificate(str(certificate))
+    return key
+
+
 def paramiko_client_factory(identity_file: str | os.PathLike[str] | None = None,
                             known_hosts: str | os.PathLike[str] | None = None,
                             connect_timeout: float = 10) -> ClientFactory:
@@ -141,7 +161,8 @@ def paramiko_client_factory(identity_file: str | os.PathLike[str] | None = None,
     Host keys come from ``known_hosts`` (default: the user's ``~/.ssh/known_hosts``), parsed once
     for all the clients the factory makes (again only when the file changes); an unknown or
     changed key is refused (``RejectPolicy``), never added. With ``identity_file`` only that key
-    is offered; without, the agent and the default keys are tried. Sockets get ``TCP_NODELAY``.
+    is offered (read once, here); without, the agent and the default keys are tried. Sockets get
+    ``TCP_NODELAY``.
     The factory's ``host_keys`` attribute is its :class:`HostKeyStore`.
     """
     if known_hosts is not None and not Path(known_hosts).is_file():
@@ -150,6 +171,7 @@ def paramiko_client_factory(identity_file: str | os.PathLike[str] | None = None,
         raise ValueError(f"identity file {str(identity_file)!r} does not exist")
     store = HostKeyStore(known_hosts if known_hosts is not None else SYSTEM_KNOWN_HOSTS)
     store.refresh()  # a broken known_hosts is a one-line error here, not a reason per host
+    pkey = load_identity(identity_file) if identity_file is not None else None
     default_timeout = connect_timeout
 
     def factory(target: SshTarget, connect_timeout: float | None = None) -> paramiko.SSHClient:
@@ -165,9 +187,8 @@ def paramiko_client_factory(identity_file: str | os.PathLike[str] | None = None,
             sock = open_socket(target.address, target.port, timeout)
             client.connect(
                 hostname=target.address, port=target.port, sock=sock,
-                username=target.user or getpass.getuser(),
-                key_filename=str(identity_file) if identity_file is not None else None,
-                look_for_keys=identity_file is None, allow_agent=identity_file is None,
+                username=target.user or getpass.getuser(), pkey=pkey,
+                look_for_keys=pkey is None, allow_agent=pkey is None,
                 timeout=timeout, banner_timeout=timeout, auth_timeout=timeout,
                 channel_timeout=timeout,
             )
@@ -180,5 +201,5 @@ def paramiko_client_factory(identity_file: str | os.PathLike[str] | None = None,
     return factory
 
 
-__all__ = ["ClientFactory", "HostKeyStore", "PARAMIKO_LOG_CHANNEL", "host_key_name", "open_socket",
+__all__ = ["ClientFactory", "HostKeyStore", "PARAMIKO_LOG_CHANNEL", "host_key_name", "load_identity", "open_socket",
            "paramiko_client_factory", "set_nodelay"]
