@@ -279,7 +279,7 @@ class _Session(asyncssh.SSHServerSession):
 
     async def _run_in_process(self, script: shell.Script) -> None:
         try:
-            state = read_state(self.host.entry.state)
+            state = self.host.state()
         except (OSError, ValueError) as exc:
             self.send(2, f"emulated host {self.host.entry.name}: cannot read its state: {exc}\n".encode())
             self.chan.exit(255)
@@ -341,6 +341,16 @@ class EmbeddedHost:
         self.processes: set[asyncio.SubprocessTransport] = set()
         self.tasks: set[asyncio.Task[Any]] = set()
         self._path = ":".join((entry.bin_dir, *fleet.path_tail))
+        self._state: tuple[tuple[int, int, int], dict[str, Any]] | None = None
+
+    def state(self) -> dict[str, Any]:
+        """The host's state as its file holds it now (parsed again only when the file changed:
+        writers replace it by a rename, so a new version is a new inode). Read-only for callers."""
+        st = os.stat(self.entry.state)
+        signature = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if self._state is None or signature != self._state[0]:
+            self._state = (signature, read_state(self.entry.state))
+        return self._state[1]
 
     def spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)

@@ -16,6 +16,7 @@ boundaries and refuses whatever the subset does not cover, so ``grep '|'`` is a 
 
 from __future__ import annotations
 
+import functools
 import io
 import re
 import shlex
@@ -93,10 +94,13 @@ def _scan(line: str) -> list[_Token] | None:
             else:
                 i += 1
         raw = line[start:i]
-        try:
-            (value,) = shlex.split(raw)
-        except ValueError:
-            return None
+        if quoted:
+            try:
+                (value,) = shlex.split(raw)
+            except ValueError:
+                return None
+        else:
+            value = raw
         tokens.append(_Token("word", value, start, i, quoted))
     return tokens
 
@@ -149,8 +153,11 @@ def _simple(tokens: list[_Token]) -> Simple | None:
     return Simple(tuple(argv), streams["stdout"], streams["stderr"])
 
 
+@functools.lru_cache(maxsize=512)
 def parse(line: str) -> Script | None:
-    """The in-process plan of a command line, or None when a real shell must run it."""
+    """The in-process plan of a command line, or None when a real shell must run it.
+
+    Cached: a collection sends the same few lines to every host."""
     tokens = _scan(line)
     if not tokens:
         return None
