@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 
 ERROR_FILE = "error.txt"
 #: Hosts worked on at once unless told otherwise (see docs/collection.md#concurrency).
-DEFAULT_MAX_PARALLEL = 32
+DEFAULT_MAX_PARALLEL = 64
 
 
 # --------------------------------------------------------------------------------------------
