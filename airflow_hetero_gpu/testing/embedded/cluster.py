@@ -127,7 +127,7 @@ class _ServerProcess:
             raise EmbeddedServerError(f"embedded SSH server: {op}: {answer.get('error')}")
         return answer
 
-    def stop(self, timeout: float = 15.0) -> None:
+    def stop(self, timeout: float = 60.0) -> None:
         if self.proc.poll() is None:
             try:
                 assert self.proc.stdin is not None

@@ -31,7 +31,7 @@ import sys
 import time
 from typing import Any, Sequence
 
-from airflow_hetero_gpu.testing.embedded.server import EmbeddedHost, Fleet, load_client_keys
+from airflow_hetero_gpu.testing.embedded.server import EmbeddedHost, Fleet, kill_processes, load_client_keys
 
 #: Faults that act on the server (the others are state faults the fake tools read, or files).
 SERVER_FAULTS = ("host_down", "hang", "sshd_killed", "host_key_changed")
@@ -53,7 +53,9 @@ class FleetServer:
             await asyncio.gather(*(h.listen() for h in hosts[first:first + _BATCH]))
 
     async def close(self) -> None:
-        await asyncio.gather(*(h.close() for h in self.hosts.values()), return_exceptions=True)
+        hosts = list(self.hosts.values())
+        await asyncio.gather(*(h.close(kill=False) for h in hosts), return_exceptions=True)
+        kill_processes(hosts)
 
     def ports(self) -> dict[str, int]:
         return {name: host.port for name, host in self.hosts.items()}

@@ -412,27 +412,37 @@ class EmbeddedHost:
             conn.abort()
         return len(dropped)
 
+    def process_pids(self) -> dict[int, int]:
+        """The processes this host's sessions started (pid -> depth, for ``procs.kill_all``)."""
+        pids = (transport.get_pid() for transport in list(self.processes))
+        return {pid: 1 for pid in pids if pid is not None}
+
     def kill_processes(self) -> None:
         """SIGKILL every process this host started (their groups, then stragglers by marker)."""
-        victims: dict[int, int] = {}
-        for transport in list(self.processes):
-            pid = transport.get_pid()
-            if pid is not None:
-                victims[pid] = 1
-        for pid in procs.with_env_marker(self.entry.marker):
-            victims.setdefault(pid, 2)
-        if victims:
-            procs.kill_all(victims)
+        kill_processes([self])
 
     def rekey(self, changed: bool) -> None:
         self.key = asyncssh.generate_private_key("ssh-ed25519") if changed else self.original_key
 
-    async def close(self) -> None:
+    async def close(self, *, kill: bool = True) -> None:
         await self.stop_listening()
         self.drop_connections()
-        self.kill_processes()
+        if kill:
+            self.kill_processes()
         for task in list(self.tasks):
             task.cancel()
+
+
+def kill_processes(hosts: Sequence[EmbeddedHost]) -> None:
+    """SIGKILL what the hosts' sessions started, with their process groups, and whatever else
+    carries one of their markers (a process that left its session): one scan of /proc for all."""
+    victims: dict[int, int] = {}
+    for host in hosts:
+        victims.update(host.process_pids())
+    for pid in procs.with_env_in("HETERO_GPU_EMU_MARKER", {h.entry.marker for h in hosts}):
+        victims.setdefault(pid, 2)
+    if victims:
+        procs.kill_all(victims)
 
 
 def load_client_keys(lines: Sequence[str]) -> set[bytes]:
@@ -440,4 +450,4 @@ def load_client_keys(lines: Sequence[str]) -> set[bytes]:
     return {asyncssh.import_public_key(line).public_data for line in lines}
 
 
-__all__ = ["EmbeddedHost", "Fleet", "HostEntry", "load_client_keys"]
+__all__ = ["EmbeddedHost", "Fleet", "HostEntry", "kill_processes", "load_client_keys"]
