@@ -2,7 +2,7 @@
 
 ::
 
-    hetero-gpu collect --hosts [NAME=][USER@]HOST[:PORT],... [--identity-file KEY]
+    hetero-gpu collect (--hosts [NAME=][USER@]HOST[:PORT],... | --hosts-file FILE) [--identity-file KEY]
                        [--known-hosts FILE] (--ledger URL | --out DIR | both) [--config FILE]
                        [--topology FILE] [--max-parallel N] [--connect-timeout S]
                        [--command-timeout S] [--retries N] [--no-kernel-log]
@@ -31,8 +31,13 @@ import logging
 from typing import Any, Iterator
 
 from airflow_hetero_gpu.collect.nvml import agent_command
-from airflow_hetero_gpu.collect.ssh import CollectReport, paramiko_client_factory
-from airflow_hetero_gpu.collect.targets import parse_hosts_arg
+from airflow_hetero_gpu.collect.ssh import (
+    DEFAULT_MAX_PARALLEL,
+    CollectReport,
+    OpenFilesLimitError,
+    paramiko_client_factory,
+)
+from airflow_hetero_gpu.collect.targets import parse_hosts_arg, parse_hosts_file
 from airflow_hetero_gpu.cli_output import EXIT_NOTHING_COLLECTED, EXIT_OK
 from airflow_hetero_gpu.cli_types import non_negative_int, positive_int, positive_seconds
 from airflow_hetero_gpu.errors import HeteroGpuError
@@ -45,15 +50,18 @@ def add_host_args(p: argparse.ArgumentParser) -> None:
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--hosts", metavar="[NAME=][USER@]HOST[:PORT],...",
                        help="hosts to reach with plain SSH (host keys verified)")
+    where.add_argument("--hosts-file", metavar="FILE",
+                       help="the same, one [NAME=][USER@]HOST[:PORT] a line (# comments allowed)")
     where.add_argument("--ssh-conn-ids", metavar="CONN[,LABEL=CONN...]",
                        help="Airflow ssh connection ids (needs an Airflow environment)")
-    p.add_argument("--identity-file", metavar="KEY", help="private key to offer (with --hosts)")
+    p.add_argument("--identity-file", metavar="KEY", help="private key to offer (with --hosts/--hosts-file)")
     p.add_argument("--known-hosts", metavar="FILE",
-                   help="known_hosts file to verify host keys against (with --hosts; default ~/.ssh/known_hosts)")
+                   help="known_hosts file to verify host keys against (with --hosts/--hosts-file; "
+                        "default ~/.ssh/known_hosts)")
     p.add_argument("--config", metavar="FILE", help="the fleet's cluster.yaml (stored with the inventory)")
     p.add_argument("--topology", metavar="FILE", help="the fleet's topology.conf (stored with the inventory)")
-    p.add_argument("--max-parallel", type=positive_int, default=8, metavar="N",
-                   help="hosts worked on at once (default 8)")
+    p.add_argument("--max-parallel", type=positive_int, default=DEFAULT_MAX_PARALLEL, metavar="N",
+                   help=f"hosts worked on at once (default {DEFAULT_MAX_PARALLEL})")
     p.add_argument("--connect-timeout", type=positive_seconds, default=10.0, metavar="S",
                    help="seconds to connect and authenticate, per host (default 10)")
     p.add_argument("--command-timeout", type=positive_seconds, default=30.0, metavar="S",
@@ -89,17 +97,17 @@ def collector_from_args(args: argparse.Namespace, out_dir: str | None) -> Any:
                    read_kernel_log=not args.no_kernel_log, use_nvml=args.nvml, nvml_python=args.nvml_python)
     try:
         agent_command(args.nvml_python)
-        if args.hosts is not None:
+        if args.hosts is not None or args.hosts_file is not None:
             from airflow_hetero_gpu.collect.fleet import SshCollector
 
-            targets = parse_hosts_arg(args.hosts)
+            targets = parse_hosts_arg(args.hosts) if args.hosts is not None else parse_hosts_file(args.hosts_file)
             factory = paramiko_client_factory(args.identity_file, args.known_hosts, args.connect_timeout)
             return SshCollector(targets, factory, out_dir=out_dir, config=args.config, topology_conf=args.topology,
                                 **options)
     except ValueError as exc:
         raise HeteroGpuError(str(exc)) from None
     if args.identity_file or args.known_hosts:
-        raise HeteroGpuError("--identity-file and --known-hosts go with --hosts; with --ssh-conn-ids "
+        raise HeteroGpuError("--identity-file and --known-hosts go with --hosts/--hosts-file; with --ssh-conn-ids "
                              "the key and host key come from each connection (key_file, host_key extras)")
     try:
         from airflow_hetero_gpu.hooks.hetero_gpu import HeteroGpuHook, normalize_conn_ids
@@ -157,6 +165,8 @@ def cmd_collect(args: argparse.Namespace) -> int:
         try:
             with _quiet_logging():
                 report = collector.collect()
+        except OpenFilesLimitError as exc:
+            raise HeteroGpuError(str(exc)) from None
         except OSError as exc:  # --out is a file, not writable, ...
             raise HeteroGpuError(f"--out {args.out}: {exc.strerror or exc}") from None
         if ledger is not None:

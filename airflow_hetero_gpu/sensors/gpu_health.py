@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from airflow.providers.common.compat.sdk import AirflowException, conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
-from airflow_hetero_gpu.settings import history_settings, setting
+from airflow_hetero_gpu.collect.ssh import DEFAULT_MAX_PARALLEL
 from airflow_hetero_gpu.healthcheck import HealthWatch, WatchSpec
+from airflow_hetero_gpu.settings import history_settings, setting
 from airflow_hetero_gpu.triggers.gpu_health import GpuHealthTrigger
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ class GpuHealthSensor(BaseSensorOperator):
         thresholds: Mapping[str, Any] | None = None,
         sweep_orphans: bool = False,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
-        max_parallel: int = 8,
+        max_parallel: int = DEFAULT_MAX_PARALLEL,
         connect_timeout: float = 10,
         command_timeout: float = 30,
         retries: int = 2,
