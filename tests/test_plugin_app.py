@@ -197,7 +197,7 @@ def test_in_a_browser_a_user_sees_pools_topology_reservations_and_the_json(api_s
         a100 = pools["finetune+llm-pretrain@NVIDIA A100-SXM4-80GB"]
         assert (a100["GPUs"], a100["Healthy"], a100["Reserved"]) == ("16", "15", "2")
         assert pools["Tesla V100-SXM2-32GB"]["Evicted"] == "1"
-        picture = frame.locator("svg.hg-topology")
+        picture = frame.locator("#fleet")  # the fleet overview: a tile per host
         assert picture.is_visible()
         box = picture.bounding_box()
         assert box is not None and box["width"] > 300 and box["height"] > 100, box
@@ -245,58 +245,57 @@ def test_in_the_airflow_ui_a_run_link_opens_the_run(api_server, browser):  # noq
 # --- where the facts come from, without a server ------------------------------------------------
 def test_missing_captures_and_ledger_are_reported(tmp_path, monkeypatch):
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
-    from airflow_hetero_gpu.plugins import app, render
+    from airflow_hetero_gpu.plugins import app, render, sources
 
-    cluster, src = app.read_inventory(app.PageSettings())
+    cluster, src = sources.read_inventory(sources.PageSettings())
     assert cluster is None and src["status"] == "missing" and "captures_dir" in src["message"]
-    cluster, src = app.read_inventory(app.PageSettings(captures_dir=str(tmp_path / "none")))
+    cluster, src = sources.read_inventory(sources.PageSettings(captures_dir=str(tmp_path / "none")))
     assert cluster is None and src["status"] == "missing" and "does not exist" in src["message"]
     (tmp_path / "broken" / "hosts" / "h1").mkdir(parents=True)
     (tmp_path / "broken" / "hosts" / "h1" / "query.csv").write_text("index, name\n0, X\n")
-    cluster, src = app.read_inventory(app.PageSettings(captures_dir=str(tmp_path / "broken")))
+    cluster, src = sources.read_inventory(sources.PageSettings(captures_dir=str(tmp_path / "broken")))
     assert cluster is None and src["status"] == "error" and "query.csv" in src["message"]
 
     # the default ledger file does not exist yet: reported, and not created by looking
-    res, evs, src = app.read_ledger(app.PageSettings())
+    res, evs, src = sources.read_ledger(sources.PageSettings())
     assert (res, evs, src["status"]) == ([], [], "missing")
     assert "nothing has been reserved" in src["message"]
     assert not (tmp_path / "hetero_gpu_ledger.db").exists()
-    res, evs, src = app.read_ledger(app.PageSettings(ledger_url="mysql://x/y"))
+    res, evs, src = sources.read_ledger(sources.PageSettings(ledger_url="mysql://x/y"))
     assert src["status"] == "error" and "unsupported database" in src["message"]
 
-    facts, cluster, _ = app.snapshot(None, app.PageSettings())
-    html = render.render_page(facts, None)
+    html = render.render_page(app.snapshot(None, sources.PageSettings()))
     assert "No capture directory configured" in html and "No ledger yet" in html
 
 
 def test_inventory_is_reread_when_a_capture_changes(tmp_path):
     import shutil
 
-    from airflow_hetero_gpu.plugins import app
+    from airflow_hetero_gpu.plugins import sources
 
     caps = tmp_path / "caps"
     shutil.copytree(SAMPLE, caps)
-    settings = app.PageSettings(captures_dir=str(caps))
-    first, _ = app.read_inventory(settings)
-    again, _ = app.read_inventory(settings)
+    settings = sources.PageSettings(captures_dir=str(caps))
+    first, _ = sources.read_inventory(settings)
+    again, _ = sources.read_inventory(settings)
     assert again is first  # unchanged files: the parsed cluster is reused
     csv = caps / "hosts" / "rtx-2" / "query.csv"
     csv.write_text(csv.read_text().replace(", 5 %,", ", 95 %,"))
     os.utime(csv, ns=(time.time_ns() + 10**9,) * 2)
-    changed, src = app.read_inventory(settings)
+    changed, src = sources.read_inventory(settings)
     assert changed is not first
     assert changed.gpu(("rtx-2", 1)).utilization == pytest.approx(0.95)
     assert src["collected_at"] is not None
 
 
 def test_ledger_from_an_airflow_connection(tmp_path, monkeypatch):
-    from airflow_hetero_gpu.plugins import app
+    from airflow_hetero_gpu.plugins import sources
 
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     _make_ledger(url)
     monkeypatch.setenv("AIRFLOW_CONN_GPU_LEDGER", json.dumps({"conn_type": "sqlite", "host": str(tmp_path / "ledger.db")}))
-    res, evs, src = app.read_ledger(app.PageSettings(ledger_conn_id="gpu_ledger"))
+    res, evs, src = sources.read_ledger(sources.PageSettings(ledger_conn_id="gpu_ledger"))
     assert src["status"] == "ok" and src["conn_id"] == "gpu_ledger"
     assert [r.job_id for r in res] == ["retrain-42"] and [e.reasons for e in evs] == [("xid-79",)]
-    res, evs, src = app.read_ledger(app.PageSettings(ledger_conn_id="no_such_connection"))
+    res, evs, src = sources.read_ledger(sources.PageSettings(ledger_conn_id="no_such_connection"))
     assert src["status"] == "error" and "no_such_connection" in src["message"]

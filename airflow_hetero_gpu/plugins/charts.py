@@ -161,6 +161,33 @@ def _gpu_flags(g: Mapping[str, Any], busy: float) -> tuple[bool, bool, bool]:
     return healthy, reserved, healthy and not reserved and load <= busy
 
 
+def _contribution(gpus: Iterable[Mapping[str, Any]], pool_at: Mapping[int, str], busy: float
+                  ) -> dict[str, list[int]]:
+    """Healthy, reserved and available GPUs of one sample, per pool (:func:`_gpu_flags`, inlined:
+    a fleet's history is hundreds of thousands of GPU entries)."""
+    out: dict[str, list[int]] = {}
+    for g in gpus:
+        p = pool_at.get(g.get("index"))
+        if p is None:
+            continue
+        healthy = bool(g.get("healthy", True)) and not g.get("evicted")
+        reserved = bool(g.get("reserved"))
+        available = False
+        if healthy and not reserved:
+            u = g.get("utilization") or 0.0
+            total, used = g.get("memory_total_mib"), g.get("memory_used_mib")
+            if total and used is not None and total > 0 and used / total > u:
+                u = used / total
+            available = u <= busy
+        c = out.get(p)
+        if c is None:
+            c = out[p] = [0, 0, 0]
+        c[0] += healthy
+        c[1] += reserved
+        c[2] += available
+    return out
+
+
 def markers(events: Iterable[Any], axis: Axis, keys: Collection[tuple[str, int]] | None = None) -> list[Marker]:
     """Events inside the window (of ``keys`` when given) as markers on the time axis."""
     out = []
@@ -243,41 +270,39 @@ def pool_charts(pools: Mapping[str, Collection[tuple[str, int]]], samples: Itera
                 axis: Axis, *, busy_utilization: float, now: datetime | None = None) -> list[Chart]:
     """Per pool: healthy, reserved and available GPUs over ``axis`` (the fleet's samples summed,
     each host's sample held until its next), with the pool's events marked."""
-    rows = sorted(samples, key=lambda s: _aware(s.collected_at))
+    rows = sorted(((_aware(s.collected_at), s) for s in samples), key=lambda ts: ts[0])
     end = axis.x(min(axis.until, _aware(now)) if now else axis.until)
-    pool_of = {key: p for p, keys in pools.items() for key in keys}
-    # running totals per pool, and each host's current contribution
+    pools_at: dict[str, dict[int, str]] = {}  # host -> GPU index -> pool
+    for p, keys in pools.items():
+        for host, index in keys:
+            pools_at.setdefault(host, {})[index] = p
+    # running totals per pool, and each host's current contribution to them
     totals = {p: [0, 0, 0] for p in pools}
     contrib: dict[str, dict[str, list[int]]] = {}
     points: dict[str, list[tuple[float, tuple[int, int, int]]]] = {p: [] for p in pools}
     seen: set[str] = set()  # pools with a sample so far
     started = False
-    i = 0
-    while i < len(rows):
-        t = _aware(rows[i].collected_at)
+    i, n_rows = 0, len(rows)
+    while i < n_rows:
+        t = rows[i][0]
         if not started and t >= axis.since:
             started = True  # where the lines start: what the samples before the window said
             for p in seen:
                 points[p].append((axis.x0, tuple(totals[p])))
         touched: set[str] = set()
-        while i < len(rows) and _aware(rows[i].collected_at) == t:
-            s = rows[i]
+        while i < n_rows and rows[i][0] == t:
+            s = rows[i][1]
             i += 1
-            new: dict[str, list[int]] = {}
-            if s.ok:
-                for g in s.gpus:
-                    p = pool_of.get((s.host, int(g.get("index", -1))))
-                    if p is None:
-                        continue
-                    h, r, a = _gpu_flags(g, busy_utilization)
-                    c = new.setdefault(p, [0, 0, 0])
-                    c[0] += h
-                    c[1] += r
-                    c[2] += a
+            new = _contribution(s.gpus, pools_at.get(s.host, {}), busy_utilization) if s.ok else {}
             old = contrib.get(s.host, {})
+            if new == old:
+                continue
             for p in set(old) | set(new):
-                o, n = old.get(p, [0, 0, 0]), new.get(p, [0, 0, 0])
-                totals[p] = [totals[p][k] - o[k] + n[k] for k in range(3)]
+                o, n = old.get(p, (0, 0, 0)), new.get(p, (0, 0, 0))
+                tp = totals[p]
+                tp[0] += n[0] - o[0]
+                tp[1] += n[1] - o[1]
+                tp[2] += n[2] - o[2]
                 touched.add(p)
             contrib[s.host] = new
         seen |= touched

@@ -99,6 +99,11 @@ def duration(seconds: float) -> str:
     return f"{s / 86400:.1f} d"
 
 
+def hours(h: float) -> str:
+    """A window length: ``1 h``, ``6 h``, ``24 h``, ``3 d``, ``7 d``."""
+    return f"{h / 24:g} d" if h > 24 and h % 24 == 0 else f"{h:g} h"
+
+
 def ago(iso: str | datetime | None, now: datetime) -> str:
     """``3 min ago`` / ``in 4 min`` relative to ``now``."""
     t = parse_time(iso)

@@ -12,6 +12,7 @@ never says something the JSON does not.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import combinations
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 from urllib.parse import quote
@@ -176,7 +177,17 @@ class HostView:
     notes: list[str]
     gpus: list[dict[str, Any]]
     switches: list[str]  # lowest tier first
-    links: list[dict[str, Any]]
+    wiring: Any = None  # core.topology.HostWiring
+
+    @property
+    def links(self) -> list[dict[str, Any]]:
+        """Every pair of the host's GPUs with its ``topo -m`` label."""
+        if self.wiring is None:
+            return []
+        have = {g["index"] for g in self.gpus}
+        w = self.wiring
+        return [{"a": a, "b": b, "link": label} for (a, b), label in zip(combinations(w.indices, 2), w.labels)
+                if a in have and b in have]
 
     @property
     def tile_states(self) -> list[str]:
@@ -205,9 +216,21 @@ class PageModel:
     queue: list[dict[str, Any]] | None
     labels: dict[str, str]  # job id -> short label
     cluster: "Cluster | None" = None
-    statuses: dict[tuple[str, int], GpuStatus] = field(default_factory=dict)
     samples: Sequence[Any] = ()
     events: Sequence[Any] = ()
+    _statuses: dict[tuple[str, int], GpuStatus] | None = field(default=None, repr=False)
+
+    @property
+    def statuses(self) -> dict[tuple[str, int], GpuStatus]:
+        """Every GPU's :class:`GpuStatus` (for the wiring picture), made on first use."""
+        if self._statuses is None:
+            self._statuses = {} if self.cluster is None else {
+                (g["host"], g["index"]): GpuStatus(
+                    state=g["state"], load=g["load"], job=g["reserved_by"], reasons=tuple(g["reasons"]),
+                    evicted=None if g["evicted"] is None else tuple(g["evicted"]), available=g["available"],
+                    label=g["job_label"], utilization=g["utilization"])
+                for g in self.gpus}
+        return self._statuses
 
     @property
     def totals(self) -> dict[str, int]:
@@ -300,32 +323,29 @@ def build(
     reserved = {g.key: r.job_id for r in reservations for g in r.gpus}
     evicted = {e.key: tuple(e.reasons) for e in evictions}
     state = occupancy.fleet_state(cluster, reserved, evicted)
-    model.statuses = gpu_statuses(cluster, reserved, evicted, labels=labels)
     model.pools = occupancy.pool_counts(cluster, state=state)
     th = cluster.config.thresholds
     model.thresholds = {"busy_utilization": th.busy_utilization, "full_utilization": th.full_utilization,
                         "max_temperature_c": th.max_temperature_c}
     pool_ids = [p.id for p in cluster.pools]
     pool_of = cluster.pool_of.tolist()
+    names = occupancy.gpu_states(state).tolist()
+    load = state.load.tolist()
+    avail = state.available.tolist()
     by_host: dict[str, list[dict[str, Any]]] = {}
     for i, gpu in enumerate(cluster.gpus):
-        st = model.statuses[gpu.key]
+        key = (gpu.host, gpu.index)
+        job = reserved.get(key)
+        ev = evicted.get(key)
         row = gpu.to_json()
-        row.update(pool=pool_ids[pool_of[i]], load=round(st.load, 4), state=st.state, available=st.available,
-                   reserved_by=st.job, job_label=st.label,
-                   evicted=list(st.evicted) if st.evicted is not None else None)
+        row.update(pool=pool_ids[pool_of[i]], load=round(load[i], 4), state=names[i], available=avail[i],
+                   reserved_by=job, job_label=labels.get(job) if job else None,
+                   evicted=list(ev) if ev is not None else None)
         model.gpus.append(row)
         by_host.setdefault(gpu.host, []).append(row)
+    errors, notes, net = cluster.host_errors, cluster.host_notes, cluster.net
     for host in cluster.hosts:
-        rows = by_host.get(host, [])
-        wiring = cluster.wiring.get(host)
-        present = [g["index"] for g in rows]
-        links = []
-        if wiring is not None:
-            have = set(present)
-            idx = [i for i in wiring.indices if i in have]
-            links = [{"a": a, "b": b, "link": wiring.label(a, b)} for n, a in enumerate(idx) for b in idx[n + 1:]]
-        model.hosts.append(HostView(host, cluster.host_errors.get(host), list(cluster.host_notes.get(host, [])),
-                                    rows, cluster.net.groups_of(host), links))
+        model.hosts.append(HostView(host, errors.get(host), list(notes.get(host, ())), by_host.get(host, []),
+                                    net.groups_of(host), cluster.wiring.get(host)))
     model.switches = _switch_tree(cluster)
     return model

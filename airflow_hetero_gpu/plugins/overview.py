@@ -81,15 +81,14 @@ class Group:
 
 
 def _cell_title(host: str, g: Mapping[str, Any], state: str) -> str:
-    bits = [f"{host} GPU{g['index']}", state]
-    if g.get("reserved_by"):
-        bits.append(f"job {g['reserved_by']}")
-    if g.get("utilization") is not None:
-        bits.append(f"utilization {g['utilization']:.0%}")
-    why = list(g.get("reasons") or ()) + list(g.get("evicted") or ())
-    if why:
-        bits.append(", ".join(dict.fromkeys(why)))
-    return " \u00b7 ".join(bits)
+    title = f"{host} GPU{g['index']} {state}"
+    if g["reserved_by"]:
+        title += f" \u00b7 job {g['reserved_by']}"
+    if g["utilization"] is not None:
+        title += f" \u00b7 utilization {g['utilization']:.0%}"
+    if g["reasons"] or g["evicted"]:
+        title += " \u00b7 " + ", ".join(dict.fromkeys([*g["reasons"], *(g["evicted"] or ())]))
+    return title
 
 
 def _tile(h: HostView, q: Query, pool: str | None = None) -> Tile | None:
@@ -98,14 +97,16 @@ def _tile(h: HostView, q: Query, pool: str | None = None) -> Tile | None:
         return None
     if q.pool and pool is None and not any(g["pool"] == q.pool for g in h.gpus):
         return None
+    narrowing = bool(q.state or q.job or q.pool)
+    down = bool(h.error)
     cells = []
     for g, state in zip(h.gpus, h.tile_states):
         if pool is not None and g["pool"] != pool:
             continue
-        dim = not (q.state_matches(g, bool(h.error)) and q.job_matches(g.get("reserved_by"))
-                   and (not q.pool or g["pool"] == q.pool))
-        cells.append(Cell(g["index"], state, g.get("reserved_by"), _cell_title(h.host, g, state), dim))
-    if (q.state or q.job) and not any(not c.dim for c in cells) and not (q.state == "unreachable" and h.error):
+        dim = narrowing and not (q.state_matches(g, down) and q.job_matches(g["reserved_by"])
+                                 and (not q.pool or g["pool"] == q.pool))
+        cells.append(Cell(g["index"], state, g["reserved_by"], _cell_title(h.host, g, state), dim))
+    if (q.state or q.job) and not any(not c.dim for c in cells) and not (q.state == "unreachable" and down):
         return None  # nothing of this host matches (an unreachable host without GPUs still shows)
     if pool is not None and not cells:
         return None

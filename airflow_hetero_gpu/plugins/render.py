@@ -46,6 +46,7 @@ def environment() -> Environment:
         pct=labels.pct,
         num=labels.num,
         duration=labels.duration,
+        hours=labels.hours,
         short_card=labels.short_card,
         short_pool=labels.short_pool,
     )

@@ -83,8 +83,8 @@ SVG_STYLE = """
 .hg-gpu .hg-gpu-name{font-weight:600}
 .hg-gpu .hg-gpu-job{fill:var(--hg-job,#1d4ed8);font-weight:600}
 .hg-gpu .hg-gpu-why{fill:var(--hg-why,#9b1c1c)}
-.hg-gpu rect.hg-load-bg{fill:#ffffff;stroke:none;opacity:.8}
-.hg-gpu rect.hg-load{fill:#374151;stroke:none}
+.hg-gpu rect.hg-load-bg{fill:var(--hg-bar-bg,#ffffff);stroke:none;opacity:.8}
+.hg-gpu rect.hg-load{fill:var(--hg-bar,#374151);stroke:none}
 .hg-state-available rect.hg-node{fill:var(--hg-available-bg,#d8f3dc);stroke:var(--hg-available,#2d6a4f)}
 .hg-state-busy rect.hg-node{fill:var(--hg-busy-bg,#fff3bf);stroke:var(--hg-busy,#b08900)}
 .hg-state-reserved rect.hg-node{fill:var(--hg-reserved-bg,#dbe7ff);stroke:var(--hg-reserved,#1d4ed8)}
