@@ -247,8 +247,9 @@ def test_missing_captures_and_ledger_are_reported(tmp_path, monkeypatch):
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
     from airflow_hetero_gpu.plugins import app, render, sources
 
-    cluster, src = sources.read_inventory(sources.PageSettings())
-    assert cluster is None and src["status"] == "missing" and "captures_dir" in src["message"]
+    cluster, src = sources.read_inventory(sources.PageSettings())  # no ledger yet, nothing created
+    assert cluster is None and src["status"] == "missing" and "hetero_gpu_health_watch" in src["message"]
+    assert not (tmp_path / "hetero_gpu_ledger.db").exists()
     cluster, src = sources.read_inventory(sources.PageSettings(captures_dir=str(tmp_path / "none")))
     assert cluster is None and src["status"] == "missing" and "does not exist" in src["message"]
     (tmp_path / "broken" / "hosts" / "h1").mkdir(parents=True)
@@ -265,7 +266,7 @@ def test_missing_captures_and_ledger_are_reported(tmp_path, monkeypatch):
     assert src["status"] == "error" and "unsupported database" in src["message"]
 
     html = render.render_page(app.snapshot(None, sources.PageSettings()))
-    assert "No capture directory configured" in html and "No ledger yet" in html
+    assert "No inventory yet: the ledger does not exist" in html and "No ledger yet" in html
 
 
 def test_inventory_is_reread_when_a_capture_changes(tmp_path):

@@ -24,7 +24,7 @@ def host_gpus(cap: HostCapture, config: ClusterConfig) -> list[Gpu]:
         xids_by_bus.setdefault(ev.pci_bus_id, []).append(ev.xid)
     gpus: list[Gpu] = []
     for r in rows:
-        facts = GpuFacts.from_row(r, host_error=host_error,
+        facts = GpuFacts.from_row(r, host_error=host_error, stale=cap.stale is not None,
                                   xids=xids_by_bus.get(r.pci_bus_id, ()) if r.pci_bus_id else ())
         reasons = health_reasons(facts, th)
         util = None if r.utilization_pct is None else r.utilization_pct / 100.0
@@ -51,7 +51,8 @@ def host_gpus(cap: HostCapture, config: ClusterConfig) -> list[Gpu]:
         free = (i for i in range(len(gpus) + len(lost)) if i not in taken)
         name = gpus[0].name if len({g.name for g in gpus}) == 1 else "unknown"
         for dev, idx in zip(lost, free):
-            facts = GpuFacts(host_error=host_error, lost=True, xids=tuple(xids_by_bus.get(dev.pci_bus_id, ())))
+            facts = GpuFacts(host_error=host_error, lost=True, stale=cap.stale is not None,
+                             xids=tuple(xids_by_bus.get(dev.pci_bus_id, ())))
             gpus.append(
                 Gpu(host=cap.host, index=idx, uuid=f"lost-{dev.pci_bus_id}", name=name,
                     pci_bus_id=dev.pci_bus_id, healthy=False, reasons=health_reasons(facts, th))
@@ -76,7 +77,8 @@ def cluster_from_captures(captures: CaptureSet, config: ClusterConfig | None = N
     else:
         net = network_tiers(captures.switches)
     cluster = build_cluster(gpus, wiring, net, config, errors)
-    cluster.host_notes = {n: list(c.notes) for n, c in captures.hosts.items() if c.notes}
+    cluster.host_notes = {n: list(c.notes) + ([c.stale] if c.stale else [])
+                          for n, c in captures.hosts.items() if c.notes or c.stale}
     return cluster
 
 

@@ -13,6 +13,12 @@ Version history
      evictions.
   3. ``gpu_watch``: what the health watch remembers per GPU between checks (consecutive bad
      checks per soft fault, the last kernel-log Xid line acted on).
+  4. The fleet's inventory: ``inventory_hosts`` (per host, the raw outputs of its last good
+     collection, when and by whom it was collected, its last error, the kernel-log cursor),
+     ``inventory_files`` (``cluster.yaml``, ``topology.conf``), ``collections`` (one row per
+     stored collection), history (``host_samples``, ``gpu_events``), ``job_hosts`` (the hosts
+     every try of a job ran on) and ``watch_runs`` (a rescheduled health sensor's record
+     between pokes).
 
 To add a version: append a step to :data:`STEPS` (never edit a released one) and update the
 table definitions below to the result.
@@ -26,15 +32,18 @@ from typing import Callable
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     Column,
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     MetaData,
     PrimaryKeyConstraint,
     String,
     Table,
+    Text,
     UniqueConstraint,
     func,
     inspect,
@@ -71,7 +80,7 @@ class UtcDateTime(TypeDecorator):
         return value.astimezone(timezone.utc)
 
 
-# --- the current tables (version 3) -------------------------------------------------------------
+# --- the current tables (version 4) -------------------------------------------------------------
 metadata = MetaData()
 
 schema_version = Table(
@@ -135,6 +144,86 @@ gpu_watch = Table(
     Column("checked_at", UtcDateTime, nullable=False),
     PrimaryKeyConstraint("host", "gpu_index", name="pk_gpu_watch"),
 )
+
+
+# version 4
+def _v4_tables(m: MetaData) -> tuple[Table, ...]:
+    """The fleet inventory's tables. Version 4 creates exactly these: a later step that changes one
+    of them must first freeze this definition inside ``_v4``, as ``_v1`` is frozen."""
+    return (
+        Table(
+            "inventory_hosts", m,
+            Column("host", String(NAME), primary_key=True),
+            Column("collected_at", UtcDateTime, nullable=False),  # the last attempt
+            Column("good_at", UtcDateTime, nullable=True),  # the last success (files are from then)
+            Column("collector", String(500), nullable=False),
+            Column("ok", Boolean, nullable=False),
+            Column("error", Text, nullable=True),  # why the last attempt failed
+            Column("files", JSON, nullable=False),  # {"query.csv": text, "topo.txt": text, ...}
+            Column("warnings", JSON, nullable=False),
+            Column("query_source", String(40), nullable=True),
+            Column("xid_cursor", JSON, nullable=True),  # the last kernel-log Xid line acted on
+        ),
+        Table(
+            "inventory_files", m,
+            Column("name", String(100), primary_key=True),  # cluster.yaml, topology.conf
+            Column("text", Text, nullable=False),
+            Column("updated_at", UtcDateTime, nullable=False),
+            Column("collector", String(500), nullable=False),
+        ),
+        Table(
+            "collections", m,
+            Column("id", Integer, primary_key=True, autoincrement=True),
+            Column("started_at", UtcDateTime, nullable=False),
+            Column("finished_at", UtcDateTime, nullable=False, index=True),
+            Column("collector", String(500), nullable=False),
+            Column("hosts", Integer, nullable=False),
+            Column("ok", Integer, nullable=False),
+            Column("failed", Integer, nullable=False),
+        ),
+        Table(
+            "host_samples", m,
+            Column("id", Integer, primary_key=True, autoincrement=True),
+            Column("host", String(NAME), nullable=False),
+            Column("collected_at", UtcDateTime, nullable=False),
+            Column("ok", Boolean, nullable=False),
+            Column("gpus", JSON, nullable=False),  # [{index, uuid, name, utilization, ...}]
+            Index("ix_host_samples_host_time", "host", "collected_at"),
+            Index("ix_host_samples_time", "collected_at"),
+        ),
+        Table(
+            "gpu_events", m,
+            Column("id", Integer, primary_key=True, autoincrement=True),
+            Column("at", UtcDateTime, nullable=False),
+            Column("host", String(NAME), nullable=False),
+            Column("gpu_index", Integer, nullable=False),
+            Column("uuid", String(NAME), nullable=True),
+            Column("kind", String(40), nullable=False),  # evicted, readmitted, uncordoned, replaced
+            Column("reasons", JSON, nullable=False),
+            Column("job_id", String(NAME), nullable=True),
+            Column("detail", JSON, nullable=True),
+            Index("ix_gpu_events_host_time", "host", "at"),
+            Index("ix_gpu_events_time", "at"),
+        ),
+        Table(
+            "job_hosts", m,
+            Column("job_id", String(NAME), nullable=False),
+            Column("host", String(NAME), nullable=False),
+            Column("first_at", UtcDateTime, nullable=False),
+            Column("last_at", UtcDateTime, nullable=False),
+            PrimaryKeyConstraint("job_id", "host", name="pk_job_hosts"),
+        ),
+        Table(
+            "watch_runs", m,
+            Column("run_key", String(1100), primary_key=True),  # dag/task/run/map of a sensor
+            Column("state", JSON, nullable=False),
+            Column("updated_at", UtcDateTime, nullable=False),
+        ),
+    )
+
+
+(inventory_hosts, inventory_files, collections, host_samples, gpu_events, job_hosts,
+ watch_runs) = _v4_tables(metadata)
 
 
 # --- migration steps ---------------------------------------------------------------------------
@@ -219,6 +308,12 @@ def _v3(conn: Connection) -> None:
     m.create_all(conn)
 
 
+def _v4(conn: Connection) -> None:
+    m = MetaData()
+    _v4_tables(m)
+    m.create_all(conn)
+
+
 @dataclass(frozen=True)
 class Step:
     version: int
@@ -230,6 +325,8 @@ STEPS: tuple[Step, ...] = (
     Step(1, "reservations, reservation GPUs, evictions", _v1),
     Step(2, "task identity, request and distance on reservations; readmission counter on evictions", _v2),
     Step(3, "health watch memory per GPU: soft-fault streaks, last Xid line acted on", _v3),
+    Step(4, "the fleet inventory: hosts' raw outputs, cluster files, collections, history, job hosts, "
+            "sensor records", _v4),
 )
 LATEST = STEPS[-1].version
 
