@@ -111,8 +111,9 @@ def create_app() -> FastAPI:
     @app.get("/jobs/{job_id}", response_class=HTMLResponse)
     def job_page(request: Request, job_id: str, user: GetUserDep) -> HTMLResponse:
         settings = sources.PageSettings.from_airflow_config()
-        m = snapshot(user, settings, history_hours=max(charts.WINDOWS))
-        html = render.render_job(m, job_id, **page_kwargs(request, settings))
+        m = snapshot(user, settings, history_hours=max(charts.WINDOWS), history_hosts=[])
+        html = render.render_job(m, job_id, job_hosts=sources.read_job_hosts(settings, job_id),
+                                 **page_kwargs(request, settings))
         return HTMLResponse(html)
 
     @app.get("/history", response_class=HTMLResponse)

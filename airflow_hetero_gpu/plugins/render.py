@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from functools import lru_cache
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 from urllib.parse import quote
 
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -123,7 +123,7 @@ def render_host(model: PageModel, host: str, *, hours: float, base: str = "", ui
     return environment().get_template("host.html").render(ctx)
 
 
-def render_job(model: PageModel, job_id: str, *, job_hosts: Mapping[str, Any] | None = None, base: str = "",
+def render_job(model: PageModel, job_id: str, *, job_hosts: Sequence[str] = (), base: str = "",
                ui_base: str = "", refresh_seconds: int = 0, theme: str | None = None) -> str:
     """One job: its reservation, its GPUs ringed on the picture of its hosts, its replacements."""
     ctx = _common(model, base=base, ui_base=ui_base, refresh_seconds=refresh_seconds, theme=theme)
@@ -137,7 +137,7 @@ def render_job(model: PageModel, job_id: str, *, job_hosts: Mapping[str, Any] | 
         svg = Markup(topology_svg.topology_svg(
             topology_svg.host_subgraph(model.cluster.graph, hosts), model.statuses, highlight=keys,
             highlight_label=f"GPUs of job {job_id}", title=f"GPUs of job {job_id}"))
-    ctx.update(job_id=job_id, res=res, queued=queued, events=events, svg=svg, job_hosts=job_hosts or {},
+    ctx.update(job_id=job_id, res=res, queued=queued, events=events, svg=svg, job_hosts=list(job_hosts),
                q=tables.Query())
     return environment().get_template("job.html").render(ctx)
 

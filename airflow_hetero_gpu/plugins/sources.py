@@ -38,6 +38,7 @@ class PageSettings:
     ledger_conn_id: str | None = None
     refresh_seconds: int = 60
     history_interval: float = 300.0  # [hetero_gpu] history_interval: how far before a window to look
+    history_retention: float = 7 * 86400.0  # [hetero_gpu] history_retention: how long the ledger keeps it
 
     @classmethod
     def from_airflow_config(cls) -> "PageSettings":
@@ -52,12 +53,16 @@ class PageSettings:
         except ValueError:
             log.warning("[%s] refresh_seconds is not an integer; using 60", SECTION)
             refresh = 60
+        from airflow_hetero_gpu.errors import ConfigError
+        from airflow_hetero_gpu.settings import history_settings
+
         try:
-            interval = float(opt("history_interval") or 300)
-        except ValueError:
-            log.warning("[%s] history_interval is not a number; using 300", SECTION)
-            interval = 300.0
-        return cls(opt("captures_dir"), opt("ledger_url"), opt("ledger_conn_id"), max(0, refresh), max(1.0, interval))
+            history = history_settings()
+        except ConfigError as err:
+            log.warning("%s; using the defaults", err)
+            history = {"history_interval": 300.0, "history_retention": 7 * 86400.0}
+        return cls(opt("captures_dir"), opt("ledger_url"), opt("ledger_conn_id"), max(0, refresh),
+                   max(1.0, history["history_interval"]), history["history_retention"])
 
 
 # --- the inventory, re-read only when a capture file changed ----------------------------------
@@ -230,22 +235,26 @@ def read_history(ledger: Any, since: datetime, until: datetime, hosts: list[str]
     src: dict[str, Any] = {"status": "ok", "message": None}
     if ledger is None:
         return [], [], src
-    samples_of = getattr(ledger, "host_samples", None)
-    events_of = getattr(ledger, "gpu_events", None)
-    if samples_of is None or events_of is None:
-        src.update(status="missing", message="This ledger keeps no history (host samples, GPU events).")
-        return [], [], src
     try:
-        samples = samples_of(since - lead, until, hosts=hosts)
-        if hosts is not None and len(hosts) == 1:
-            events = events_of(since, until, host=hosts[0])
-        else:
-            events = events_of(since, until)
-        return list(samples), list(events), src
-    except Exception as err:  # noqa: BLE001
+        samples = ledger.host_samples(since - lead, until, hosts=hosts)
+        events = ledger.gpu_events(since, until, host=hosts[0] if hosts is not None and len(hosts) == 1 else None)
+        return samples, events, src
+    except Exception as err:  # noqa: BLE001 - the page reports it
         log.warning("cluster page: cannot read the history: %s", err)
         src.update(status="error", message=f"Cannot read the history: {err}")
         return [], [], src
+
+
+def read_job_hosts(settings: PageSettings, job_id: str) -> list[str]:
+    """The hosts every try of ``job_id`` ran on, as far as the ledger knows (empty when it cannot say)."""
+    ledger, _src = open_ledger(settings)
+    if ledger is None:
+        return []
+    try:
+        return ledger.job_hosts(job_id)
+    except Exception as err:  # noqa: BLE001 - a job id the ledger refuses has no hosts
+        log.info("cluster page: no hosts for job %r: %s", job_id, err)
+        return []
 
 
 def read_queue(ledger: Any) -> tuple[list | None, dict]:

@@ -21,21 +21,14 @@ from typing import TYPE_CHECKING, Any, Collection, Iterable, Mapping
 
 from airflow_hetero_gpu.plugins.labels import clip as _clip
 from airflow_hetero_gpu.plugins.labels import short_card as _short_card
-from airflow_hetero_gpu.plugins.model import STATE_TEXT, STATES
+from airflow_hetero_gpu.plugins.model import STATE_TEXT
+from airflow_hetero_gpu.plugins.svg_legend import LEGEND_H, LEGEND_ROW, LEGEND_W, MARGIN
+from airflow_hetero_gpu.plugins.svg_legend import legend as _legend
 
 if TYPE_CHECKING:
     import networkx as nx
 
     from airflow_hetero_gpu.plugins.model import GpuStatus
-
-LINK_KINDS = ("nvlink", "pcie-switch", "pcie-host-bridge", "cpu")
-LINK_TEXT = {
-    "nvlink": "NVLink (NV#, width by bond count)",
-    "pcie-switch": "PCIe switch (PIX, PXB)",
-    "pcie-host-bridge": "PCIe host bridge (PHB)",
-    "cpu": "CPU interconnect (NODE, SYS): not drawn",
-}
-
 
 def link_kind(label: str) -> str:
     """How a ``topo -m`` label is drawn: ``nvlink``, ``pcie-switch``, ``pcie-host-bridge`` or ``cpu``."""
@@ -60,9 +53,6 @@ GPU_W, GPU_H = 72, 46
 HOST_PAD, HOST_HEAD = 12, 40
 HOST_GAP = 20
 SWITCH_H, LEVEL_GAP = 26, 58
-MARGIN = 16
-LEGEND_H = 54
-LEGEND_ROW = 22  # one more legend row (the highlight)
 
 SVG_STYLE = """
 .hg-topology text{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;fill:var(--hg-fg,#1f2933)}
@@ -324,39 +314,6 @@ def topology_svg(graph: "nx.Graph", statuses: Mapping[tuple[str, int], GpuStatus
         out.append(_host_svg(graph, boxes[h], statuses, chosen or ()))
     out.append("</svg>")
     return "".join(out)
-
-
-LEGEND_W = max(
-    sum(24 + len(STATE_TEXT[s]) * 6.0 for s in STATES),
-    sum(44 + len(LINK_TEXT[k]) * 6.0 for k in LINK_KINDS),
-)
-
-
-def _legend(highlight_label: str | None = None) -> str:
-    parts = ['<g class="hg-legend" transform="translate(%d,%d)">' % (MARGIN, MARGIN)]
-    x = 0
-    for state in STATES:
-        parts.append(
-            f'<g class="hg-gpu hg-state-{state}"><rect class="hg-node" x="{x}" y="0" width="14" height="12" rx="2"/></g>'
-            f'<text x="{x + 19}" y="10">{escape(STATE_TEXT[state])}</text>'
-        )
-        x += 24 + len(STATE_TEXT[state]) * 6.0
-    x = 0
-    for kind in LINK_KINDS:
-        y = 30
-        if kind == "nvlink":
-            parts.append(f'<line class="hg-link hg-nvlink" x1="{x}" y1="{y}" x2="{x + 26}" y2="{y}" stroke-width="3.5"/>')
-        elif kind != "cpu":
-            parts.append(f'<line class="hg-link hg-{kind}" x1="{x}" y1="{y}" x2="{x + 26}" y2="{y}"/>')
-        parts.append(f'<text x="{x + (32 if kind != "cpu" else 0)}" y="{y + 4}">{escape(LINK_TEXT[kind])}</text>')
-        x += 44 + len(LINK_TEXT[kind]) * 6.0
-    if highlight_label is not None:
-        y = 30 + LEGEND_ROW
-        parts.append(f'<rect class="hg-chosen-ring" x="1" y="{y - 7}" width="14" height="12" rx="3"/>'
-                     f'<line class="hg-link hg-chosen-link" x1="20" y1="{y - 1}" x2="40" y2="{y - 1}" stroke-width="3"/>'
-                     f'<text x="46" y="{y + 3}">{escape(highlight_label)}</text>')
-    parts.append("</g>")
-    return "".join(parts)
 
 
 def _gpu_title(key: tuple[str, int], attrs: Mapping[str, Any], st: GpuStatus | None) -> str:
