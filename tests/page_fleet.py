@@ -6,7 +6,7 @@ seventh host half busy, every 97th with an uncorrectable ECC error on GPU 2, two
 collection failed; racks of 16 hosts under leaf switches, 16 leaves under each spine, one core
 above (``topology.conf``). The files are what the emulated ``nvidia-smi`` prints
 (:func:`airflow_hetero_gpu.testing.captures.write_capture_dir`), so the page reads them with the
-real parsers.
+real parsers. :func:`fleet_records` gives the same collection as the ledger stores it.
 """
 
 from __future__ import annotations
@@ -66,7 +66,24 @@ def topology_conf(count: int) -> str:
 
 def write_fleet(root: Path, count: int = 1000) -> Path:
     specs = fleet_hosts(count)
-    down = {specs[11].name: "ssh: connect to host: Connection timed out",
-            specs[count // 2].name: "nvidia-smi: exit status 15: NVIDIA-SMI has failed"} if count > 20 else {}
+    down = down_hosts(specs)
     return write_capture_dir(root, [s for s in specs if s.name not in down], topology_conf=topology_conf(count),
                              errors=down)
+
+
+def fleet_records(specs, down: dict[str, str] | None = None):
+    """The collection of ``specs`` as the ledger stores it (``down``: host -> why it failed)."""
+    from airflow_hetero_gpu.ledger.inventory import HostRecord
+    from airflow_hetero_gpu.testing.captures import host_files
+
+    down = down or {}
+    return [HostRecord(s.name, False, {}, down[s.name]) if s.name in down else HostRecord(s.name, True, host_files(s))
+            for s in specs]
+
+
+def down_hosts(specs) -> dict[str, str]:
+    """Two hosts of a large fleet whose collection fails (as :func:`write_fleet` writes them)."""
+    if len(specs) <= 20:
+        return {}
+    return {specs[11].name: "ssh: connect to host: Connection timed out",
+            specs[len(specs) // 2].name: "nvidia-smi: exit status 15: NVIDIA-SMI has failed"}

@@ -215,17 +215,22 @@ def open_ledger(settings: PageSettings) -> tuple[Any, dict]:
         return None, src
 
 
+def _ledger_state(ledger: Any, src: dict[str, Any]) -> tuple[list, list]:
+    try:
+        return ledger.live_reservations(), ledger.evictions()
+    except Exception as err:  # noqa: BLE001 - a broken ledger is reported on the page
+        log.warning("cluster page: cannot read the ledger: %s", err)
+        src.update(status="error", message=f"Cannot read the ledger: {err}")
+        return [], []
+
+
 def read_ledger(settings: PageSettings) -> tuple[list, list, dict]:
     """Live reservations, evictions and what the page says about the ledger."""
     ledger, src = open_ledger(settings)
     if ledger is None:
         return [], [], src
-    try:
-        return ledger.live_reservations(), ledger.evictions(), src
-    except Exception as err:  # noqa: BLE001 - a broken ledger is reported on the page
-        log.warning("cluster page: cannot read the ledger: %s", err)
-        src.update(status="error", message=f"Cannot read the ledger: {err}")
-        return [], [], src
+    reservations, evictions = _ledger_state(ledger, src)
+    return reservations, evictions, src
 
 
 def read_history(ledger: Any, since: datetime, until: datetime, hosts: list[str] | None = None, *,
@@ -287,11 +292,8 @@ def read_inputs(user: Any, settings: PageSettings | None = None, *, history_hour
     reservations: list = []
     evictions: list = []
     if ledger is not None:
-        try:
-            reservations, evictions = ledger.live_reservations(), ledger.evictions()
-        except Exception as err:  # noqa: BLE001
-            log.warning("cluster page: cannot read the ledger: %s", err)
-            led_src.update(status="error", message=f"Cannot read the ledger: {err}")
+        reservations, evictions = _ledger_state(ledger, led_src)
+        if led_src["status"] == "error":
             ledger = None
     samples: list = []
     events: list = []
