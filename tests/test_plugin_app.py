@@ -266,7 +266,7 @@ def test_missing_captures_and_ledger_are_reported(tmp_path, monkeypatch):
     assert src["status"] == "error" and "unsupported database" in src["message"]
 
     html = render.render_page(app.snapshot(None, sources.PageSettings()))
-    assert "No inventory yet: the ledger does not exist" in html and "No ledger yet" in html
+    assert "hetero_gpu_health_watch DAG (it starts paused)" in html and "No ledger yet" in html
 
 
 def test_inventory_is_reread_when_a_capture_changes(tmp_path):
