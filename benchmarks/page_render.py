@@ -16,7 +16,7 @@ cluster until a capture changes), each timed ``--repeat`` times after one warm-u
   GPU in one table, on the same fleet in the same run.
 
 Printed: median wall time and median CPU time (the CPU time is steadier on a shared machine),
-the HTML size, and the ratio of the medians against the old page.
+the HTML size, and the ratios of the medians against the old page.
 
     python benchmarks/page_render.py [--hosts 1000] [--repeat 7]
 """
@@ -192,10 +192,10 @@ def main() -> None:
         wall, cpu, out = timed(fn, args.repeat)
         results[name] = (statistics.median(wall), statistics.median(cpu), len(out))
     base = results.get(f"old page ({BASELINE_COMMIT})")
-    print(f"{'':22} {'wall p50 ms':>12} {'cpu p50 ms':>11} {'size KiB':>9} {'vs old page':>12}")
+    print(f"{'':22} {'wall p50 ms':>12} {'cpu p50 ms':>11} {'size KiB':>9} {'wall/old':>9} {'cpu/old':>8}")
     for name, (w, c, size) in results.items():
-        ratio = f"{w / base[0]:.2f}" if base else "-"
-        print(f"{name:22} {w * 1e3:>12.0f} {c * 1e3:>11.0f} {size / 1024:>9.0f} {ratio:>12}")
+        ratios = (f"{w / base[0]:.2f}", f"{c / base[1]:.2f}") if base else ("-", "-")
+        print(f"{name:22} {w * 1e3:>12.0f} {c * 1e3:>11.0f} {size / 1024:>9.0f} {ratios[0]:>9} {ratios[1]:>8}")
 
 
 if __name__ == "__main__":

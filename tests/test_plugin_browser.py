@@ -96,15 +96,25 @@ def fleet(tmp_path_factory):
         yield srv, facts
 
 
+@pytest.fixture(scope="module")
+def viewer(fleet, browser):  # noqa: F811
+    """One logged-in browser context for the module (a page per test)."""
+    page = login(browser, fleet[0], "viewer")
+    page.close()
+    yield page.context
+    page.context.close()
+
+
 def _shots(tmp_path: Path) -> Path:
     out = Path(os.environ.get("HETERO_GPU_SCREENSHOTS") or tmp_path)
     out.mkdir(parents=True, exist_ok=True)
     return out
 
 
-def _open(browser, server, size, path="/plugin/hetero-gpu", user="viewer"):  # noqa: F811
-    """The Airflow UI at ``path`` in a logged-in page of ``size``; (page, the cluster page's frame)."""
-    page = login(browser, server, user)
+def _open(context, server, size, path="/plugin/hetero-gpu"):
+    """The Airflow UI at ``path`` in a new page of ``size`` of the logged-in ``context``;
+    (page, the cluster page's frame)."""
+    page = context.new_page()
     page.set_viewport_size({"width": size[0], "height": size[1]})
     page.goto(server.url(path))
     page.frame_locator("iframe").locator("h1").wait_for()
@@ -127,9 +137,9 @@ def _column(frame, table: str, name: str) -> dict:
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_state_and_lease_columns_are_visible_without_sideways_scrolling(fleet, browser, size, tmp_path):  # noqa: F811
+def test_state_and_lease_columns_are_visible_without_sideways_scrolling(fleet, viewer, size, tmp_path):
     server, facts = fleet
-    page, frame = _open(browser, server, size)
+    page, frame = _open(viewer, server, size)
     try:
         for table, name in (("hg-gpus", "State"), ("hg-reservations", "Lease"), ("hg-gpus", "Job"),
                             ("hg-gpus", "Util"), ("hg-reservations", "Job")):
@@ -145,25 +155,25 @@ def test_state_and_lease_columns_are_visible_without_sideways_scrolling(fleet, b
         frame.locator("#reservations").evaluate("e => e.scrollIntoView()")
         page.screenshot(path=str(_shots(tmp_path) / f"cluster-page-{size[0]}.png"))
     finally:
-        page.context.close()
+        page.close()
 
 
-def test_table_headers_stick_to_the_top_while_scrolling(fleet, browser):  # noqa: F811
+def test_table_headers_stick_to_the_top_while_scrolling(fleet, viewer):
     server, _ = fleet
-    page, frame = _open(browser, server, SIZES[1])
+    page, frame = _open(viewer, server, SIZES[1])
     try:
         frame.locator("table.hg-gpus tbody tr").nth(60).evaluate("e => e.scrollIntoView()")
         top = frame.evaluate("""() => ({th: document.querySelector('table.hg-gpus thead th').getBoundingClientRect().top,
                                         table: document.querySelector('table.hg-gpus').getBoundingClientRect().top})""")
         assert top["table"] < -500 and abs(top["th"]) <= 1, top
     finally:
-        page.context.close()
+        page.close()
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_a_thousand_hosts_fit_the_width_with_legible_labels(fleet, browser, size, tmp_path):  # noqa: F811
+def test_a_thousand_hosts_fit_the_width_with_legible_labels(fleet, viewer, size, tmp_path):
     server, _ = fleet
-    page, frame = _open(browser, server, size)
+    page, frame = _open(viewer, server, size)
     try:
         m = frame.evaluate("""() => {
             const names = [...document.querySelectorAll('#fleet .hg-tile-name')];
@@ -182,7 +192,7 @@ def test_a_thousand_hosts_fit_the_width_with_legible_labels(fleet, browser, size
         if size == SIZES[0]:
             page.screenshot(path=str(_shots(tmp_path) / "cluster-overview-1000.png"))
     finally:
-        page.context.close()
+        page.close()
 
 
 def _rows(table) -> list[dict[str, str]]:
@@ -209,7 +219,8 @@ def _appearance(page, choice: str) -> None:
 
 def test_the_page_follows_airflows_theme(fleet, browser, tmp_path):  # noqa: F811
     server, _ = fleet
-    page, frame = _open(browser, server, SIZES[0])
+    context = login(browser, server, "viewer").context  # its own: the appearance is kept in the context
+    page, frame = _open(context, server, SIZES[0])
     try:
         light, airflow = _backgrounds(page, frame)
         assert min(light) > 230 and max(abs(a - b) for a, b in zip(light, airflow)) <= 3, (light, airflow)
@@ -233,11 +244,11 @@ def test_the_page_follows_airflows_theme(fleet, browser, tmp_path):  # noqa: F81
         page.context.close()
 
 
-def test_the_hosts_timeline_marks_its_eviction_and_readmission(fleet, browser, tmp_path):  # noqa: F811
+def test_the_hosts_timeline_marks_its_eviction_and_readmission(fleet, viewer, tmp_path):
     server, facts = fleet
     host, times = facts["watched"], facts["times"]
     assert facts["events"] == [("evicted", times[1]), ("readmitted", times[5])]
-    page, frame = _open(browser, server, SIZES[0])
+    page, frame = _open(viewer, server, SIZES[0])
     try:
         frame.locator(f'#fleet a.hg-tile[data-host="{host}"]').click()  # the tile opens the host's page
         frame.wait_for_url(f"**/hetero-gpu/hosts/{host}")
@@ -261,15 +272,19 @@ def test_the_hosts_timeline_marks_its_eviction_and_readmission(fleet, browser, t
         assert frame.locator("svg#hg-h-util path[data-series]").count() == 8
         rows = table_rows(frame.locator("table.hg-events"))
         assert [(r["Event"], r["GPU"]) for r in rows] == [("readmitted", "3"), ("evicted", "3")]
+        frame.get_by_role("link", name="1 h", exact=True).click()  # the last hour: the same two events
+        frame.wait_for_url("**hours=1**")
+        assert frame.locator("svg#hg-h-counts g.hg-event").evaluate_all("gs => gs.map(g => g.dataset.kind)") == [
+            "evicted", "readmitted"]
         frame.locator("#history").evaluate("e => e.scrollIntoView()")
         page.screenshot(path=str(_shots(tmp_path) / "host-history.png"))
     finally:
-        page.context.close()
+        page.close()
 
 
-def test_filter_and_sort_without_a_script_framework(fleet, browser):  # noqa: F811
+def test_filter_and_sort_without_a_script_framework(fleet, viewer):
     server, facts = fleet
-    page, frame = _open(browser, server, SIZES[0])
+    page, frame = _open(viewer, server, SIZES[0])
     try:
         frame.locator('select[name="state"]').select_option("reserved")
         frame.get_by_role("button", name="Filter").click()
@@ -283,12 +298,13 @@ def test_filter_and_sort_without_a_script_framework(fleet, browser):  # noqa: F8
         hosts = [r["Host"] for r in _rows(frame.locator("table.hg-gpus"))]
         assert hosts == sorted(hosts, reverse=True) and "state=reserved" in frame.url
     finally:
-        page.context.close()
+        page.close()
 
 
-def test_the_json_link_opens_in_a_new_tab_and_the_page_keeps_its_policy(fleet, browser):  # noqa: F811
+def test_the_json_link_opens_in_a_new_tab_and_the_page_keeps_its_policy(fleet, viewer):
     server, _ = fleet
-    page = login(browser, server, "viewer")
+    page = viewer.new_page()
+    tab = None
     refused = []
     page.on("console", lambda msg: refused.append(msg.text) if "Content Security Policy" in msg.text else None)
     try:
@@ -305,7 +321,9 @@ def test_the_json_link_opens_in_a_new_tab_and_the_page_keeps_its_policy(fleet, b
         assert "/plugin/hetero-gpu" in page.url  # the UI stays on the page's view
         assert refused == []
     finally:
-        page.context.close()
+        if tab is not None:
+            tab.close()
+        page.close()
     with server.client("viewer") as client:
         for path in ("/hetero-gpu/", "/hetero-gpu/api/cluster", f"/hetero-gpu/hosts/{fleet[1]['watched']}"):
             r = client.get(path)

@@ -33,7 +33,7 @@ TILE_TEXT = {
     "busy": "busy (load above threshold)",
     "reserved": "reserved",
     "out": "evicted or unhealthy",
-    "unreachable": "host unreachable",
+    "unreachable": "hosts unreachable",
 }
 #: What the state filter accepts; each matches the GPUs the pools table counts under that name.
 FILTER_STATES = ("available", "busy", "reserved", "evicted", "unhealthy", "unreachable")

@@ -43,7 +43,7 @@ class Tile:
         counts: dict[str, int] = {}
         for c in self.cells:
             counts[c.state] = counts.get(c.state, 0) + 1
-        text = ", ".join(f"{counts[s]} {TILE_TEXT[s]}" for s in TILE_STATES if counts.get(s))
+        text = ", ".join(f"{counts[s]} {TILE_TEXT[s]}" for s in TILE_STATES if counts.get(s) and s != "unreachable")
         head = f"{self.host}: {plural(len(self.cells), 'GPU')}" + (f" ({text})" if text else "")
         return head + (f" \u00b7 collection failed: {self.error}" if self.error else "")
 
