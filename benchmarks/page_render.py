@@ -11,6 +11,10 @@ cluster until a capture changes), each timed ``--repeat`` times after one warm-u
 * ``host page``: one host with its wiring and 6 h of history (72 samples, 2 events);
 * ``history, 6 h``: the pools' history page over 72 samples of every host;
 * ``JSON``: ``/api/cluster`` (the model as JSON text);
+* ``inventory from the ledger``: what the page pays once per stored collection (it keeps the
+  parsed cluster until the next one): the 1,000 emulated hosts of the page's browser tests
+  (``tests/page_fleet.py``: the emulated nvidia-smi's outputs) read from a SQLite ledger and
+  parsed into the cluster (``--inventory`` only);
 * baseline ``old page``: the renderer this page replaced (``plugins/render.py`` of commit
   ``BASELINE_COMMIT``, read from git): its facts, the whole wiring picture in one row and every
   GPU in one table, on the same fleet in the same run.
@@ -18,7 +22,7 @@ cluster until a capture changes), each timed ``--repeat`` times after one warm-u
 Printed: median wall time and median CPU time (the CPU time is steadier on a shared machine),
 the HTML size, and the ratios of the medians against the old page.
 
-    python benchmarks/page_render.py [--hosts 1000] [--repeat 7]
+    python benchmarks/page_render.py [--hosts 1000] [--repeat 7] [--inventory]
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import types
 from dataclasses import dataclass
@@ -40,6 +45,7 @@ from typing import Any, Callable
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(1, str(HERE.parent / "tests"))  # page_fleet: the browser tests' emulated fleet
 
 from plan_latency import synthetic_cluster  # noqa: E402
 
@@ -129,6 +135,22 @@ def old_renderer() -> types.ModuleType | None:
     return mod
 
 
+def inventory_case(hosts: int, tmp: Path) -> Callable[[], Any]:
+    """Read and parse the ledger's inventory of ``hosts`` emulated hosts (stored once, untimed)."""
+    from page_fleet import down_hosts, fleet_hosts, fleet_records, topology_conf
+
+    from airflow_hetero_gpu.collect.freshness import FreshInventory
+    from airflow_hetero_gpu.ledger import Ledger
+
+    url = f"sqlite:///{tmp / 'ledger.db'}"
+    specs = fleet_hosts(hosts)
+    with Ledger.from_url(url) as led:
+        led.store_collection(fleet_records(specs, down_hosts(specs)), collector="benchmark",
+                             fleet_files={"topology.conf": topology_conf(hosts)})
+    ledger = Ledger.open_existing(url)
+    return lambda: FreshInventory(ledger.inventory(), float("inf")).cluster()
+
+
 def timed(fn: Callable[[], Any], repeat: int) -> tuple[list[float], list[float], Any]:
     out = fn()  # warm-up: templates compiled, the cluster's graph built (both kept by a server)
     wall, cpu = [], []
@@ -145,6 +167,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hosts", type=int, default=1000)
     ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--inventory", action="store_true", help="also time reading the inventory from a ledger")
     args = ap.parse_args()
     rng = random.Random(11)
     t0 = time.perf_counter()
@@ -191,11 +214,17 @@ def main() -> None:
     for name, fn in cases:
         wall, cpu, out = timed(fn, args.repeat)
         results[name] = (statistics.median(wall), statistics.median(cpu), len(out))
+    if args.inventory:
+        with tempfile.TemporaryDirectory(prefix="page-render-") as tmp:
+            wall, cpu, cluster_read = timed(inventory_case(args.hosts, Path(tmp)), max(1, args.repeat // 2))
+            results["inventory from the ledger"] = (statistics.median(wall), statistics.median(cpu), 0)
+            print(f"inventory: {len(cluster_read.hosts)} hosts, {len(cluster_read.gpus)} GPUs parsed from the ledger")
     base = results.get(f"old page ({BASELINE_COMMIT})")
-    print(f"{'':22} {'wall p50 ms':>12} {'cpu p50 ms':>11} {'size KiB':>9} {'wall/old':>9} {'cpu/old':>8}")
+    print(f"{'':26} {'wall p50 ms':>12} {'cpu p50 ms':>11} {'size KiB':>9} {'wall/old':>9} {'cpu/old':>8}")
     for name, (w, c, size) in results.items():
         ratios = (f"{w / base[0]:.2f}", f"{c / base[1]:.2f}") if base else ("-", "-")
-        print(f"{name:22} {w * 1e3:>12.0f} {c * 1e3:>11.0f} {size / 1024:>9.0f} {ratios[0]:>9} {ratios[1]:>8}")
+        size_kib = f"{size / 1024:.0f}" if size else "-"
+        print(f"{name:26} {w * 1e3:>12.0f} {c * 1e3:>11.0f} {size_kib:>9} {ratios[0]:>9} {ratios[1]:>8}")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ read from a real ledger (SQLite) after a sequence of health checks."""
 from __future__ import annotations
 
 import base64
+import json
 import hashlib
 import re
 import xml.etree.ElementTree as ET
@@ -350,3 +351,15 @@ def test_job_view_shows_its_gpus_run_restarts_and_replacements(tmp_path):
     assert f'Every try so far: <a href="/hetero-gpu/hosts/{held[0].host}">' in html
     unknown = render.render_job(m, "no-such-job")
     assert "No live reservation for job no-such-job" in unknown
+
+
+def test_the_cli_the_health_watch_and_the_page_count_pools_alike(sample, capsys):
+    """One computation (core/occupancy) behind `hetero-gpu pools`, the watch's pool metrics and the page."""
+    from airflow_hetero_gpu.cli import main
+
+    assert main(["pools", "--captures", str(SAMPLE), "--json"]) == 0
+    cli = {p["pool"]: p for p in json.loads(capsys.readouterr().out)}
+    page = {p["pool"]: p for p in model.build(sample, now=NOW).to_json()["pools"]}
+    assert cli == page
+    for row in watch.pool_counts(sample):
+        assert row == {k: page[row["pool"]][k] for k in ("pool", "gpus", "healthy", "evicted", "available")}
