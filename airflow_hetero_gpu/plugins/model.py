@@ -224,12 +224,10 @@ class PageModel:
     def statuses(self) -> dict[tuple[str, int], GpuStatus]:
         """Every GPU's :class:`GpuStatus` (for the wiring picture), made on first use."""
         if self._statuses is None:
-            self._statuses = {} if self.cluster is None else {
-                (g["host"], g["index"]): GpuStatus(
-                    state=g["state"], load=g["load"], job=g["reserved_by"], reasons=tuple(g["reasons"]),
-                    evicted=None if g["evicted"] is None else tuple(g["evicted"]), available=g["available"],
-                    label=g["job_label"], utilization=g["utilization"])
-                for g in self.gpus}
+            reserved = {(g["host"], g["index"]): g["reserved_by"] for g in self.gpus if g["reserved_by"]}
+            evicted = {(g["host"], g["index"]): g["evicted"] for g in self.gpus if g["evicted"] is not None}
+            self._statuses = {} if self.cluster is None else gpu_statuses(self.cluster, reserved, evicted,
+                                                                          labels=self.labels)
         return self._statuses
 
     @property
