@@ -80,8 +80,8 @@ class Group:
                 + (f" ({pct(counts['available'] / gpus)})" if gpus else ""))
 
 
-def _cell_title(host: str, g: Mapping[str, Any], state: str) -> str:
-    title = f"{host} GPU{g['index']} {state}"
+def _cell_title(host: str, g: Mapping[str, Any], down: bool) -> str:
+    title = f"{host} GPU{g['index']} {'(host unreachable) ' if down else ''}{g['state']}"
     if g["reserved_by"]:
         title += f" \u00b7 job {g['reserved_by']}"
     if g["utilization"] is not None:
@@ -105,7 +105,7 @@ def _tile(h: HostView, q: Query, pool: str | None = None) -> Tile | None:
             continue
         dim = narrowing and not (q.state_matches(g, down) and q.job_matches(g["reserved_by"])
                                  and (not q.pool or g["pool"] == q.pool))
-        cells.append(Cell(g["index"], state, g["reserved_by"], _cell_title(h.host, g, state), dim))
+        cells.append(Cell(g["index"], state, g["reserved_by"], _cell_title(h.host, g, down), dim))
     if (q.state or q.job) and not any(not c.dim for c in cells) and not (q.state == "unreachable" and down):
         return None  # nothing of this host matches (an unreachable host without GPUs still shows)
     if pool is not None and not cells:
