@@ -86,27 +86,18 @@ def _print_host_problems(cluster) -> None:
 
 # --- pools ------------------------------------------------------------------------------------
 def cmd_pools(args) -> int:
-    from airflow_hetero_gpu.core.model import PlanRequest
-    from airflow_hetero_gpu.core.planner import cluster_state
+    from airflow_hetero_gpu.core.occupancy import pool_counts
 
     cluster = _load(args)
     reserved, evicted = _ledger_state(args)
-    state = cluster_state(cluster, PlanRequest(1), reserved, evicted)
-    out = []
-    for p in cluster.pools:
-        pos = p.positions
-        hosts = sorted({cluster.gpus[int(i)].host for i in pos})
-        out.append({
-            "pool": p.id, "card_type": p.card_type, "task_types": list(p.task_types),
-            "gpus": len(pos), "healthy": int(state.healthy[pos].sum()),
-            "available": int(state.available[pos].sum()), "hosts": hosts,
-        })
+    out = [c.to_json() for c in pool_counts(cluster, reserved, evicted)]
     if args.json:
         print(json.dumps(out, indent=2))
         return EXIT_OK
-    print(table(["POOL", "CARD TYPE", "TASK TYPES", "GPUS", "HEALTHY", "AVAILABLE", "HOSTS"],
+    print(table(["POOL", "CARD TYPE", "TASK TYPES", "GPUS", "HEALTHY", "AVAILABLE", "RESERVED", "EVICTED",
+                 "UNHEALTHY", "HOSTS"],
                 [(o["pool"], o["card_type"], ",".join(o["task_types"]), o["gpus"], o["healthy"],
-                  o["available"], ",".join(o["hosts"])) for o in out]))
+                  o["available"], o["reserved"], o["evicted"], o["unhealthy"], ",".join(o["hosts"])) for o in out]))
     _print_host_problems(cluster)
     return EXIT_OK
 

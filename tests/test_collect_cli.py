@@ -16,7 +16,7 @@ from airflow_hetero_gpu.core.model import PlanRequest
 from airflow_hetero_gpu.core.planner import plan
 from airflow_hetero_gpu.hooks.hetero_gpu import HeteroGpuHook
 from airflow_hetero_gpu.testing.demo import small_hosts
-from airflow_hetero_gpu.testing.pytest_fixtures import emulated_cluster  # noqa: F401
+from cluster_fixtures import emulated_cluster  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 

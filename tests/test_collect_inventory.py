@@ -19,7 +19,7 @@ from airflow_hetero_gpu.collect.targets import parse_hosts_arg
 from airflow_hetero_gpu.core.inventory import load_cluster
 from airflow_hetero_gpu.testing import nvsmi
 from airflow_hetero_gpu.testing.demo import small_hosts
-from airflow_hetero_gpu.testing.pytest_fixtures import emulated_cluster  # noqa: F401
+from cluster_fixtures import emulated_cluster  # noqa: F401
 
 DRIVER_GONE = ("nvidia-smi exit 9: NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
                "driver. Make sure that the latest NVIDIA driver is installed and running.")

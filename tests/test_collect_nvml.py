@@ -45,7 +45,7 @@ from airflow_hetero_gpu.core.config import ClusterConfig
 from airflow_hetero_gpu.core.inventory import host_gpus, load_cluster
 from airflow_hetero_gpu.testing import nvsmi
 from airflow_hetero_gpu.testing.demo import demo_hosts, small_hosts
-from airflow_hetero_gpu.testing.pytest_fixtures import emulated_cluster  # noqa: F401
+from cluster_fixtures import emulated_cluster  # noqa: F401
 from airflow_hetero_gpu.testing.state import HostSpec
 
 REPO = Path(__file__).resolve().parents[1]

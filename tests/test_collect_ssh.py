@@ -24,7 +24,7 @@ from airflow_hetero_gpu.collect.ssh import (
 from airflow_hetero_gpu.collect.targets import SshTarget, parse_hosts_arg
 from airflow_hetero_gpu.testing import nvsmi
 from airflow_hetero_gpu.testing.demo import small_hosts
-from airflow_hetero_gpu.testing.pytest_fixtures import emulated_cluster  # noqa: F401
+from cluster_fixtures import emulated_cluster  # noqa: F401
 from airflow_hetero_gpu.testing.sshd import generate_key
 
 DRIVER_GONE = ("nvidia-smi exit 9: NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "

@@ -17,7 +17,7 @@ import pytest
 from airflow_hetero_gpu.testing import procs
 from airflow_hetero_gpu.testing.cluster import EmulatedCluster
 from airflow_hetero_gpu.testing.demo import FAULTY_GPU, small_hosts
-from airflow_hetero_gpu.testing.pytest_fixtures import emulated_cluster  # noqa: F401
+from cluster_fixtures import emulated_cluster  # noqa: F401
 from airflow_hetero_gpu.testing.sshd import Sshd, SshdError, find_sshd, free_port, generate_key
 
 pytestmark = pytest.mark.skipif(find_sshd() is None, reason="OpenSSH server (sshd) not installed")

@@ -21,7 +21,7 @@ from airflow_hetero_gpu.launch.orphans import KILL_WAIT_S
 from airflow_hetero_gpu.ledger import Ledger
 from airflow_hetero_gpu.testing import procs
 from airflow_hetero_gpu.testing.postgres import PostgresServer, PostgresUnavailable
-from airflow_hetero_gpu.testing.pytest_fixtures import emulated_cluster  # noqa: F401
+from cluster_fixtures import emulated_cluster  # noqa: F401
 from dag_run_helpers import airflow_home, finish, leftovers, losses, start_dag, two_hosts  # noqa: F401
 
 pytest.importorskip("torch", reason="torch (CPU build) is needed to train the example model")

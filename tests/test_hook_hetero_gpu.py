@@ -19,7 +19,7 @@ from airflow_hetero_gpu.core.planner import plan
 from airflow_hetero_gpu.errors import ConfigError
 from airflow_hetero_gpu.hooks.hetero_gpu import DATAFRAME_COLUMNS, HeteroGpuHook, normalize_conn_ids
 from airflow_hetero_gpu.testing.demo import H200, make_gpus, small_hosts
-from airflow_hetero_gpu.testing.pytest_fixtures import emulated_cluster  # noqa: F401
+from cluster_fixtures import emulated_cluster  # noqa: F401
 from airflow_hetero_gpu.testing.state import HostSpec
 
 HOOK_LOGGER = "airflow_hetero_gpu.hooks.hetero_gpu"

@@ -47,7 +47,7 @@ from airflow_hetero_gpu.launch.command import JOB_ENV, WATCHDOG_GRACE_S, HostSha
 from airflow_hetero_gpu.launch.orphans import KILL_WAIT_S
 from airflow_hetero_gpu.testing import procs
 from airflow_hetero_gpu.testing.demo import small_hosts
-from airflow_hetero_gpu.testing.pytest_fixtures import emulated_cluster  # noqa: F401
+from cluster_fixtures import emulated_cluster  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = str(script_path("train_tiny.py"))

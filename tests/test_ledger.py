@@ -15,7 +15,7 @@ from airflow_hetero_gpu.core.topology import HostWiring
 from airflow_hetero_gpu.ledger import Ledger, LedgerError, NoLiveReservation, ReservationConflict, TaskIdentity
 from airflow_hetero_gpu.ledger.schema import evictions, reservation_gpus, reservations
 from airflow_hetero_gpu.ledger.url import parse_url
-from airflow_hetero_gpu.testing.postgres import ledger_db_url  # noqa: F401  (fixture)
+from postgres_fixtures import ledger_db_url  # noqa: F401  (fixture)
 
 A100 = "NVIDIA A100-SXM4-80GB"
 RTX = "NVIDIA GeForce RTX 4090"

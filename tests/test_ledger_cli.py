@@ -15,7 +15,7 @@ from airflow_hetero_gpu.core.topology import HostWiring
 from airflow_hetero_gpu.errors import HeteroGpuError
 from airflow_hetero_gpu.ledger import Ledger, LedgerUrlError, default_url, parse_url
 from airflow_hetero_gpu.ledger.cli import parse_gpu_target, reserve_for_cli
-from airflow_hetero_gpu.testing.postgres import ledger_db_url  # noqa: F401  (fixture)
+from postgres_fixtures import ledger_db_url  # noqa: F401  (fixture)
 
 
 def make_cluster():

@@ -21,7 +21,7 @@ from airflow_hetero_gpu.core.topology import HostWiring
 from airflow_hetero_gpu.ledger import Ledger
 from airflow_hetero_gpu.ledger.schema import reservation_gpus, reservations
 from airflow_hetero_gpu.ledger.url import parse_url
-from airflow_hetero_gpu.testing.postgres import ledger_db_url  # noqa: F401  (fixture)
+from postgres_fixtures import ledger_db_url  # noqa: F401  (fixture)
 
 HOSTS, PER_HOST = 4, 8
 TOTAL = HOSTS * PER_HOST

@@ -29,7 +29,7 @@ from airflow_hetero_gpu.core.topology import HostWiring
 from airflow_hetero_gpu.ledger import Ledger, LedgerError
 from airflow_hetero_gpu.ledger import schema
 from airflow_hetero_gpu.ledger.url import parse_url
-from airflow_hetero_gpu.testing.postgres import ledger_db_url  # noqa: F401  (fixture)
+from postgres_fixtures import ledger_db_url  # noqa: F401  (fixture)
 
 A100 = "NVIDIA A100-SXM4-80GB"
 

@@ -12,7 +12,7 @@ import pytest
 
 from airflow_hetero_gpu.ledger import Ledger
 from airflow_hetero_gpu.testing.airflow_env import airflow_env, migrate
-from airflow_hetero_gpu.testing.pytest_fixtures import emulated_cluster  # noqa: F401
+from cluster_fixtures import emulated_cluster  # noqa: F401
 from dag_run_helpers import DAGS, airflow_home, finish, leftovers, losses, run_dag, start_dag, two_hosts  # noqa: F401
 
 pytest.importorskip("torch", reason="torch (CPU build) is needed to train the example model")

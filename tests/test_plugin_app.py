@@ -1,33 +1,30 @@
-"""The GPU cluster page in a real Airflow api-server: auth, the page, the JSON, the nav entry.
+"""The GPU cluster page in a real Airflow api-server: auth, the page, the JSON, the nav entry,
+and what a user sees in a real browser.
 
-One api-server (simple auth manager, users ``admin`` and ``viewer`` with known passwords) runs
-for the module on a free loopback port, with a temporary AIRFLOW_HOME, the sample captures as
-``[hetero_gpu] captures_dir`` and a SQLite ledger holding one reservation and one eviction.
-The plugin comes from the ``airflow.plugins`` entry point when the package is installed with
-one, else from a one-line module in the plugins folder.
+One api-server (``browser_fixtures.ApiServer``: simple auth manager, users ``admin`` and
+``viewer`` with known passwords) runs for the module on a free loopback port, with a temporary
+AIRFLOW_HOME, the sample captures as ``[hetero_gpu] captures_dir`` and a SQLite ledger holding
+one reservation and one eviction.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-from importlib.metadata import distributions
 from pathlib import Path
 
 import pytest
+
+from browser_fixtures import ApiServer, browser, login, table_rows  # noqa: F401  (browser: a fixture)
 
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "airflow_hetero_gpu" / "samples" / "cluster"
-AIRFLOW = Path(sys.executable).with_name("airflow")
-PASSWORDS = {"admin": "admin-pw-for-tests", "viewer": "viewer-pw-for-tests"}
 RUN_ID = "manual__2025-06-01T11:00:00+00:00"
 PAGE, API, SVG = "/hetero-gpu/", "/hetero-gpu/api/cluster", "/hetero-gpu/topology.svg"
 
@@ -52,34 +49,6 @@ def test_plugin_module_is_light():
     assert set(ours) <= {"airflow_hetero_gpu", "airflow_hetero_gpu.plugins", "airflow_hetero_gpu.plugins.cluster_page"}
 
 
-def _installed_entry_point() -> bool:
-    """Whether Airflow will load the plugin from an ``airflow.plugins`` entry point.
-
-    Every distribution is looked at, as Airflow does (``importlib.metadata.entry_points`` keeps only
-    the first distribution of a name, which may be a stale ``.egg-info`` beside the sources).
-    """
-    return any(
-        ep.group == "airflow.plugins" and ep.value.startswith("airflow_hetero_gpu.")
-        for dist in distributions() for ep in dist.entry_points
-    )
-
-
-def _installed_outside_sources() -> bool:
-    """Whether an installed distribution (not the .egg-info in the source tree) provides the plugin."""
-    for dist in distributions():
-        if any(ep.group == "airflow.plugins" and ep.value.startswith("airflow_hetero_gpu.") for ep in dist.entry_points):
-            where = Path(str(getattr(dist, "_path", ""))).resolve()
-            if not (where.suffix == ".egg-info" and where.parent == ROOT):
-                return True
-    return False
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _make_ledger(url: str) -> None:
     from airflow_hetero_gpu.core.inventory import load_cluster
     from airflow_hetero_gpu.core.model import PlanRequest
@@ -96,90 +65,34 @@ def _make_ledger(url: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    if not AIRFLOW.exists():
-        pytest.skip(f"the airflow command is not installed beside {sys.executable}")
+def api_server(tmp_path_factory):
+    """The api-server of this module: sample captures, a SQLite ledger with one reservation and
+    one eviction, the page refreshed on every request."""
     home = tmp_path_factory.mktemp("airflow_home")
-    (home / "plugins").mkdir()
-    if not _installed_entry_point():
-        (home / "plugins" / "hetero_gpu_page.py").write_text(
-            "from airflow_hetero_gpu.plugins.cluster_page import HeteroGpuPlugin  # noqa: F401\n"
-        )
-    (home / "passwords.json").write_text(json.dumps(PASSWORDS))
     ledger_url = f"sqlite:///{home / 'ledger.db'}"
     _make_ledger(ledger_url)
-    port = _free_port()
-    env = {
-        **os.environ,
-        "AIRFLOW_HOME": str(home),
-        # the sources only when the package is not installed: an editable install leaves an
-        # .egg-info beside them, which Airflow would count as a second copy of the plugin
-        "PYTHONPATH": os.pathsep.join(
-            ([] if _installed_outside_sources() else [str(ROOT)]) + [os.environ.get("PYTHONPATH", "")]),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(home / "plugins"),
-        "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,viewer:viewer",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
-        "AIRFLOW__API_AUTH__JWT_SECRET": "page-test-secret-" + os.urandom(8).hex(),
+    with ApiServer(home, env={
         "AIRFLOW__HETERO_GPU__CAPTURES_DIR": str(SAMPLE),
         "AIRFLOW__HETERO_GPU__LEDGER_URL": ledger_url,
         "AIRFLOW__HETERO_GPU__REFRESH_SECONDS": "0",
-    }
-    env.pop("AIRFLOW__HETERO_GPU__LEDGER_CONN_ID", None)
-    migrate = subprocess.run([str(AIRFLOW), "db", "migrate"], env=env, capture_output=True, text=True, timeout=180)
-    assert migrate.returncode == 0, migrate.stderr[-3000:]
-    log = open(home / "api-server.log", "w+")
-    proc = subprocess.Popen(
-        [str(AIRFLOW), "api-server", "--host", "127.0.0.1", "--port", str(port), "--apps", "core", "--workers", "1"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=home,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                log.seek(0)
-                pytest.fail(f"api-server exited with {proc.returncode}:\n{log.read()[-4000:]}")
-            try:
-                if httpx.get(f"{base}/api/v2/monitor/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                log.seek(0)
-                pytest.fail(f"api-server did not answer within 120 s:\n{log.read()[-4000:]}")
-            time.sleep(0.5)
-        with httpx.Client(base_url=base, timeout=60) as client:
-            yield client
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        log.close()
-
-
-def _token(client, user: str) -> str:
-    r = client.post("/auth/token", json={"username": user, "password": PASSWORDS[user]})
-    assert r.status_code == 201, r.text
-    return r.json()["access_token"]
+    }) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
-def admin(server):
-    return {"Authorization": f"Bearer {_token(server, 'admin')}"}
+def server(api_server):
+    with api_server.client() as client:
+        yield client
 
 
 @pytest.fixture(scope="module")
-def viewer(server):
-    return {"Authorization": f"Bearer {_token(server, 'viewer')}"}
+def admin(api_server):
+    return {"Authorization": f"Bearer {api_server.token('admin')}"}
+
+
+@pytest.fixture(scope="module")
+def viewer(api_server):
+    return {"Authorization": f"Bearer {api_server.token('viewer')}"}
 
 
 @pytest.mark.slow
@@ -257,89 +170,133 @@ def test_nav_entry_in_the_plugins_api(server, admin):
     assert not [e for e in errors.get("import_errors", []) if "hetero" in json.dumps(e)], errors
 
 
+def _open_cluster_page(page):
+    """From the Airflow UI's navigation: Browse, then GPU cluster; returns the page's frame."""
+    page.get_by_role("button", name="Browse").click()
+    page.get_by_role("menuitem", name="GPU cluster").click()
+    page.wait_for_url("**/plugin/hetero-gpu")
+    return page.frame_locator("iframe")
+
+
 @pytest.mark.slow
-def test_in_the_airflow_ui_a_run_link_opens_the_run(server, admin):
-    """The nav entry shows the page in a sandboxed iframe that may not navigate the top window
-    itself; the page's run links still open the run in the UI. Needs Playwright and Chromium."""
-    sync_api = pytest.importorskip("playwright.sync_api")
-    chromium = next((p for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser") if Path(p).exists()), None)
-    if chromium is None:
-        pytest.skip("no Chromium at /usr/bin/chromium")
-    base = str(server.base_url).rstrip("/")
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium,
-                                     args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+def test_in_a_browser_a_user_sees_pools_topology_reservations_and_the_json(api_server, browser):  # noqa: F811
+    """A viewer logs in through the login form, opens the page from the navigation and sees the
+    three pools with their counts, the topology picture with every host, the reservation with its
+    DAG, and a JSON link that gives the same facts to the logged-in browser."""
+    page = login(browser, api_server, "viewer")
+    try:
+        frame = _open_cluster_page(page)
+        frame.get_by_role("heading", name="GPU cluster").wait_for()
+        body = frame.locator("body")
+        assert "32 GPUs in 3 pools" in body.inner_text()
+        pools_table = frame.locator("xpath=//h2[normalize-space()='Pools']/following::table[1]")
+        assert pools_table.is_visible()
+        pools = {row["Pool"]: row for row in table_rows(pools_table)}
+        assert set(pools) == {"finetune+llm-pretrain@NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-32GB",
+                              "cv+finetune@NVIDIA GeForce RTX 4090"}
+        a100 = pools["finetune+llm-pretrain@NVIDIA A100-SXM4-80GB"]
+        assert (a100["GPUs"], a100["Healthy"], a100["Reserved"]) == ("16", "15", "2")
+        assert pools["Tesla V100-SXM2-32GB"]["Evicted"] == "1"
+        picture = frame.locator("#fleet")  # the fleet overview: a tile per host
+        assert picture.is_visible()
+        box = picture.bounding_box()
+        assert box is not None and box["width"] > 300 and box["height"] > 100, box
+        hosts = picture.locator("[data-host]")
+        assert sorted(set(hosts.evaluate_all("els => els.map(e => e.dataset.host)"))) == [
+            "a100-1", "a100-2", "rtx-1", "rtx-2", "v100"]
+        assert picture.locator('[data-job="retrain-42"]').count() == 2  # the two reserved GPUs
+        reservations = frame.locator("xpath=//h2[normalize-space()='Live reservations']/following::table[1]")
+        assert reservations.is_visible()
+        (held,) = table_rows(reservations)
+        assert "retrain-42" in held.values() and "train_llm" in held.values(), held
+        json_link = frame.get_by_role("link", name="JSON", exact=True)
+        href = json_link.get_attribute("href")
+        facts = page.context.request.get(api_server.url(href)).json()  # the browser's own cookie
+        assert {p["pool"] for p in facts["pools"]} == {
+            "finetune+llm-pretrain@NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-32GB",
+            "cv+finetune@NVIDIA GeForce RTX 4090"}
+        assert [r["job_id"] for r in facts["reservations"]] == ["retrain-42"]
+        # a context that never logged in gets no facts from the same link
+        anonymous = browser.new_context()
         try:
-            context = browser.new_context()
-            context.add_cookies([{"name": "_token", "value": admin["Authorization"].split()[1], "url": base}])
-            page = context.new_page()
-            page.goto(f"{base}/plugin/hetero-gpu")
-            frame = page.frame_locator("iframe")
-            link = frame.locator("table.hg-reservations a[data-ui-link]").first
-            link.wait_for(timeout=60000)
-            link.click()
-            page.wait_for_url("**/dags/train_llm/runs/**", timeout=30000)
-            assert page.url.endswith("/dags/train_llm/runs/manual__2025-06-01T11%3A00%3A00%2B00%3A00")
+            assert anonymous.request.get(api_server.url(href)).status in (401, 403)
         finally:
-            browser.close()
+            anonymous.close()
+    finally:
+        page.context.close()
+
+
+@pytest.mark.slow
+def test_in_the_airflow_ui_a_run_link_opens_the_run(api_server, browser):  # noqa: F811
+    """The nav entry shows the page in a sandboxed iframe that may not navigate the top window
+    itself; the page's run links still open the run in the UI."""
+    page = login(browser, api_server, "admin")
+    try:
+        frame = _open_cluster_page(page)
+        link = frame.locator("table.hg-reservations a[data-ui-link]").first
+        link.wait_for()
+        link.click()
+        page.wait_for_url("**/dags/train_llm/runs/**")
+        assert page.url.endswith("/dags/train_llm/runs/manual__2025-06-01T11%3A00%3A00%2B00%3A00")
+    finally:
+        page.context.close()
 
 
 # --- where the facts come from, without a server ------------------------------------------------
 def test_missing_captures_and_ledger_are_reported(tmp_path, monkeypatch):
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
-    from airflow_hetero_gpu.plugins import app, render
+    from airflow_hetero_gpu.plugins import app, render, sources
 
-    cluster, src = app.read_inventory(app.PageSettings())  # no ledger yet, nothing created
+    cluster, src = sources.read_inventory(sources.PageSettings())  # no ledger yet, nothing created
     assert cluster is None and src["status"] == "missing" and "hetero_gpu_health_watch" in src["message"]
     assert not (tmp_path / "hetero_gpu_ledger.db").exists()
-    cluster, src = app.read_inventory(app.PageSettings(captures_dir=str(tmp_path / "none")))
+    cluster, src = sources.read_inventory(sources.PageSettings(captures_dir=str(tmp_path / "none")))
     assert cluster is None and src["status"] == "missing" and "does not exist" in src["message"]
     (tmp_path / "broken" / "hosts" / "h1").mkdir(parents=True)
     (tmp_path / "broken" / "hosts" / "h1" / "query.csv").write_text("index, name\n0, X\n")
-    cluster, src = app.read_inventory(app.PageSettings(captures_dir=str(tmp_path / "broken")))
+    cluster, src = sources.read_inventory(sources.PageSettings(captures_dir=str(tmp_path / "broken")))
     assert cluster is None and src["status"] == "error" and "query.csv" in src["message"]
 
     # the default ledger file does not exist yet: reported, and not created by looking
-    res, evs, src = app.read_ledger(app.PageSettings())
+    res, evs, src = sources.read_ledger(sources.PageSettings())
     assert (res, evs, src["status"]) == ([], [], "missing")
     assert "nothing has been reserved" in src["message"]
     assert not (tmp_path / "hetero_gpu_ledger.db").exists()
-    res, evs, src = app.read_ledger(app.PageSettings(ledger_url="mysql://x/y"))
+    res, evs, src = sources.read_ledger(sources.PageSettings(ledger_url="mysql://x/y"))
     assert src["status"] == "error" and "unsupported database" in src["message"]
 
-    facts, cluster, _ = app.snapshot(None, app.PageSettings())
-    html = render.render_page(facts, None)
+    html = render.render_page(app.snapshot(None, sources.PageSettings()))
     assert "hetero_gpu_health_watch DAG (it starts paused)" in html and "No ledger yet" in html
 
 
 def test_inventory_is_reread_when_a_capture_changes(tmp_path):
     import shutil
 
-    from airflow_hetero_gpu.plugins import app
+    from airflow_hetero_gpu.plugins import sources
 
     caps = tmp_path / "caps"
     shutil.copytree(SAMPLE, caps)
-    settings = app.PageSettings(captures_dir=str(caps))
-    first, _ = app.read_inventory(settings)
-    again, _ = app.read_inventory(settings)
+    settings = sources.PageSettings(captures_dir=str(caps))
+    first, _ = sources.read_inventory(settings)
+    again, _ = sources.read_inventory(settings)
     assert again is first  # unchanged files: the parsed cluster is reused
     csv = caps / "hosts" / "rtx-2" / "query.csv"
     csv.write_text(csv.read_text().replace(", 5 %,", ", 95 %,"))
     os.utime(csv, ns=(time.time_ns() + 10**9,) * 2)
-    changed, src = app.read_inventory(settings)
+    changed, src = sources.read_inventory(settings)
     assert changed is not first
     assert changed.gpu(("rtx-2", 1)).utilization == pytest.approx(0.95)
     assert src["collected_at"] is not None
 
 
 def test_ledger_from_an_airflow_connection(tmp_path, monkeypatch):
-    from airflow_hetero_gpu.plugins import app
+    from airflow_hetero_gpu.plugins import sources
 
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     _make_ledger(url)
     monkeypatch.setenv("AIRFLOW_CONN_GPU_LEDGER", json.dumps({"conn_type": "sqlite", "host": str(tmp_path / "ledger.db")}))
-    res, evs, src = app.read_ledger(app.PageSettings(ledger_conn_id="gpu_ledger"))
+    res, evs, src = sources.read_ledger(sources.PageSettings(ledger_conn_id="gpu_ledger"))
     assert src["status"] == "ok" and src["conn_id"] == "gpu_ledger"
     assert [r.job_id for r in res] == ["retrain-42"] and [e.reasons for e in evs] == [("xid-79",)]
-    res, evs, src = app.read_ledger(app.PageSettings(ledger_conn_id="no_such_connection"))
+    res, evs, src = sources.read_ledger(sources.PageSettings(ledger_conn_id="no_such_connection"))
     assert src["status"] == "error" and "no_such_connection" in src["message"]

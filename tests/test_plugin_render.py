@@ -1,4 +1,4 @@
-"""The cluster page's facts, topology SVG and HTML, rendered without Airflow."""
+"""The cluster page's model, topology SVG and HTML, rendered without Airflow."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from airflow_hetero_gpu.core.inventory import load_cluster
 from airflow_hetero_gpu.core.model import Gpu
 from airflow_hetero_gpu.core.topology import HostWiring, NetworkTiers
 from airflow_hetero_gpu.ledger.records import Eviction, Reservation, ReservedGpu, TaskIdentity
-from airflow_hetero_gpu.plugins import render
+from airflow_hetero_gpu.plugins import labels, model, render
+from airflow_hetero_gpu.plugins import topology_svg as topo
 
 SAMPLE = Path(__file__).resolve().parents[1] / "airflow_hetero_gpu" / "samples" / "cluster"
 NS = "{http://www.w3.org/2000/svg}"
@@ -50,10 +51,10 @@ def ledger_state():
 
 
 def svg_of(cluster, reservations=(), evictions=()):
-    statuses = render.gpu_statuses(
+    statuses = model.gpu_statuses(
         cluster, {g.key: r.job_id for r in reservations for g in r.gpus}, {e.key: e.reasons for e in evictions}
     )
-    text = render.topology_svg(cluster.graph, statuses)
+    text = topo.topology_svg(cluster.graph, statuses)
     return text, ET.fromstring(text)
 
 
@@ -72,12 +73,12 @@ def lines(root, cls):
      ("PHB", "pcie-host-bridge"), ("NODE", "cpu"), ("SYS", "cpu"), ("SOC", "cpu"), ("", "cpu")],
 )
 def test_link_kind(label, kind):
-    assert render.link_kind(label) == kind
+    assert topo.link_kind(label) == kind
 
 
 @pytest.mark.parametrize("label, bonds", [("NV1", 1), ("NV12", 12), ("NV18", 18), ("NV", 1)])
 def test_nvlink_bonds(label, bonds):
-    assert render.nvlink_bonds(label) == bonds
+    assert topo.nvlink_bonds(label) == bonds
 
 
 # --- the SVG -------------------------------------------------------------------------------------
@@ -157,7 +158,11 @@ def test_reserved_gpus_are_labelled_with_the_job(sample, ledger_state):
         assert g.get("data-job") == "retrain-42"
         assert "retrain-42" in [t.text for t in g.iter(f"{NS}text")]
         assert "reserved by retrain-42" in g.find(f"{NS}title").text
-        assert "100%" in g.find(f"{NS}text").text  # a reserved GPU counts as fully loaded
+        # the label is the utilization nvidia-smi reported (0 % on these idle GPUs), not the
+        # planner's load, which counts a reserved GPU as fully loaded
+        assert g.find(f"{NS}text").text == f"GPU{g.get('data-gpu').split(':')[1]} 0%"
+        assert g.get("data-util") == "0" and g.get("data-load") == "1"
+        assert "utilization 0%" in g.find(f"{NS}title").text and "planner load 100%" in g.find(f"{NS}title").text
 
 
 def test_busy_gpus_and_load(sample):
@@ -196,8 +201,7 @@ def test_text_is_escaped_in_svg_and_html(sample):
     assert "<img" not in text
     held = next(g for g in groups(root, "hg-gpu") if g.get("data-gpu") == "rtx-1:0")
     assert held.get("data-job") == evil
-    facts = render.cluster_facts(sample, res, now=NOW)
-    html = render.render_page(facts, text)
+    html = render.render_page(model.build(sample, res, now=NOW))
     assert "<img" not in html and "&lt;img src=x" in html
 
 
@@ -217,9 +221,9 @@ def test_highlight_rings_the_decisions_gpus_and_the_links_between_them(sample):
     decision = plan(sample, PlanRequest(4)).decision  # docs/algorithm.md: v100 GPU 0-3
     keys = [(g.host, g.index) for g in decision.gpus]
     assert keys == [("v100", 0), ("v100", 1), ("v100", 2), ("v100", 3)]
-    statuses = render.gpu_statuses(sample)
-    plain = render.topology_svg(sample.graph, statuses)
-    text = render.topology_svg(sample.graph, statuses, highlight=keys, highlight_label="decision: v100 GPU 0-3")
+    statuses = model.gpu_statuses(sample)
+    plain = topo.topology_svg(sample.graph, statuses)
+    text = topo.topology_svg(sample.graph, statuses, highlight=keys, highlight_label="decision: v100 GPU 0-3")
     root = ET.fromstring(text)
     chosen = {g.get("data-gpu") for g in groups(root, "hg-chosen")}
     assert chosen == {"v100:0", "v100:1", "v100:2", "v100:3"}
@@ -239,23 +243,23 @@ def test_highlight_rings_the_decisions_gpus_and_the_links_between_them(sample):
     # a legend row names it; everything below the legend moves down by that row
     assert "decision: v100 GPU 0-3" in [t.text for t in groups(root, "hg-legend")[0].iter(f"{NS}text")]
     plain_root = ET.fromstring(plain)
-    assert float(root.get("height")) == float(plain_root.get("height")) + render.LEGEND_ROW
+    assert float(root.get("height")) == float(plain_root.get("height")) + topo.LEGEND_ROW
 
     def tops(r):
         return {g.get("data-host"): float(g.find(f"{NS}rect").get("y")) for g in groups(r, "hg-host")}
 
-    assert {h: y + render.LEGEND_ROW for h, y in tops(plain_root).items()} == tops(root)
+    assert {h: y + topo.LEGEND_ROW for h, y in tops(plain_root).items()} == tops(root)
     # without highlight the picture is unchanged; keys that are not in the graph are ignored
-    assert render.topology_svg(sample.graph, statuses, highlight=None) == plain
+    assert topo.topology_svg(sample.graph, statuses, highlight=None) == plain
     plain_root_classes = " ".join(e.get("class") or "" for e in plain_root.iter())
     assert "hg-chosen" not in plain_root_classes and "data-chosen" not in plain
-    unknown = ET.fromstring(render.topology_svg(sample.graph, statuses, highlight=[("no-such-host", 0)]))
+    unknown = ET.fromstring(topo.topology_svg(sample.graph, statuses, highlight=[("no-such-host", 0)]))
     assert not groups(unknown, "hg-chosen")
 
 
 # --- the facts (the JSON endpoint) ---------------------------------------------------------------
 def test_facts_pools_with_stage_counts(sample, ledger_state):
-    facts = render.cluster_facts(sample, *ledger_state, now=NOW)
+    facts = model.build(sample, *ledger_state, now=NOW).to_json()
     json.dumps(facts)  # JSON-ready
     pools = {p["pool"]: p for p in facts["pools"]}
     a100 = pools["finetune+llm-pretrain@NVIDIA A100-SXM4-80GB"]
@@ -268,7 +272,7 @@ def test_facts_pools_with_stage_counts(sample, ledger_state):
 
 
 def test_facts_gpus_hosts_switches(sample, ledger_state):
-    facts = render.cluster_facts(sample, *ledger_state, now=NOW)
+    facts = model.build(sample, *ledger_state, now=NOW).to_json()
     gpus = {(g["host"], g["index"]): g for g in facts["gpus"]}
     assert len(gpus) == 32
     assert gpus[("a100-1", 3)]["reserved_by"] == "retrain-42" and gpus[("a100-1", 3)]["state"] == "reserved"
@@ -286,12 +290,12 @@ def test_facts_gpus_hosts_switches(sample, ledger_state):
 
 
 def test_reservation_links_to_its_dag_run(sample, ledger_state):
-    facts = render.cluster_facts(sample, *ledger_state, now=NOW)
+    facts = model.build(sample, *ledger_state, now=NOW).to_json()
     (r,) = facts["reservations"]
     assert r["identity"]["dag_id"] == "train_llm" and r["identity"]["try_number"] == 2
     assert r["run_path"] == "/dags/train_llm/runs/manual__2025-06-01T11%3A00%3A00%2B00%3A00"
     assert r["task_path"] == r["run_path"] + "/tasks/train"
-    mapped = render.reservation_facts(reservation("j", [("h", 0)], map_index=3))
+    mapped = model.reservation_facts(reservation("j", [("h", 0)], map_index=3))
     assert mapped["task_path"].endswith("/tasks/train/mapped/3")
     (e,) = facts["evictions"]
     assert e["reasons"] == ["xid-79"] and e["evicted_at"].startswith("2025-06-01T10:00")
@@ -300,35 +304,36 @@ def test_reservation_links_to_its_dag_run(sample, ledger_state):
 def test_reservation_of_an_unreadable_dag_hides_its_run(sample):
     res = [reservation("a", [("rtx-1", 0)], dag_id="secret_dag"), reservation("b", [("rtx-1", 1)], dag_id="open_dag"),
            reservation("c", [("rtx-1", 2)], dag_id=None)]
-    facts = render.cluster_facts(sample, res, visible_dag_ids={"open_dag"}, now=NOW)
+    m = model.build(sample, res, visible_dag_ids={"open_dag"}, now=NOW)
+    facts = m.to_json()
     by_job = {r["job_id"]: r for r in facts["reservations"]}
     assert by_job["a"]["identity"] is None and by_job["a"]["identity_hidden"] and by_job["a"]["run_path"] is None
     assert by_job["a"]["gpus"] == [{"host": "rtx-1", "index": 0, "uuid": None}]
     assert by_job["b"]["identity"]["dag_id"] == "open_dag" and not by_job["b"]["identity_hidden"]
     assert by_job["c"]["identity"] is None and not by_job["c"]["identity_hidden"]
-    html = render.render_page(facts, None)
+    html = render.render_page(m)
     assert "secret_dag" not in html and "hidden (no access to the DAG)" in html and "open_dag" in html
 
 
 def test_facts_without_inventory():
-    facts = render.cluster_facts(None, [reservation("j", [("gone", 0)])], [eviction("gone", 1, ["lost"])],
-                                 sources={"captures": {"status": "missing", "message": "No inventory yet"}}, now=NOW)
+    m = model.build(None, [reservation("j", [("gone", 0)])], [eviction("gone", 1, ["lost"])],
+                    sources={"captures": {"status": "missing", "message": "No inventory yet"}}, now=NOW)
+    facts = m.to_json()
     assert facts["pools"] == facts["gpus"] == facts["hosts"] == []
     assert [r["job_id"] for r in facts["reservations"]] == ["j"]
-    html = render.render_page(facts, None)
+    html = render.render_page(m)
     assert "No inventory yet" in html and "No inventory to draw" in html and "lost" in html
 
 
 # --- the page ---------------------------------------------------------------------------------------
 def test_page_has_every_section(sample, ledger_state):
     reservations, evictions = ledger_state
-    facts = render.cluster_facts(
+    m = model.build(
         sample, reservations, evictions, now=NOW,
         sources={"captures": {"path": "/data/caps", "status": "ok", "collected_at": (NOW - timedelta(minutes=3)).isoformat()},
                  "ledger": {"url": "sqlite:////x/ledger.db", "status": "ok"}},
     )
-    svg, _ = svg_of(sample, reservations, evictions)
-    html = render.render_page(facts, svg, ui_base="/airflow", refresh_seconds=30, api_path="/airflow/hetero-gpu/api/cluster")
+    html = render.render_page(m, ui_base="/airflow", refresh_seconds=30, api_path="/airflow/hetero-gpu/api/cluster")
     for needle in ("finetune+llm-pretrain@NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-32GB", "<svg", "retrain-42",
                    "train_llm", "xid-79", "ecc", "/data/caps", "3 min ago", 'content="30"',
                    'href="/airflow/hetero-gpu/api/cluster"', 'id="pools"', 'id="topology"', 'id="reservations"',
@@ -338,7 +343,7 @@ def test_page_has_every_section(sample, ledger_state):
             in html)
     # one row per GPU in the GPU table
     assert html.split('class="hg-gpus"')[1].count("<tr>") == 1 + 32
-    assert "http-equiv" not in render.render_page(facts, svg, refresh_seconds=0)
+    assert "http-equiv" not in render.render_page(m, refresh_seconds=0)
 
 
 @pytest.mark.parametrize(
@@ -346,4 +351,4 @@ def test_page_has_every_section(sample, ledger_state):
     [(-30, "30 s ago"), (-600, "10 min ago"), (-7200 * 3, "6.0 h ago"), (-86400 * 3, "3.0 d ago"), (240, "in 4 min")],
 )
 def test_ago(seconds, text):
-    assert render._ago((NOW + timedelta(seconds=seconds)).isoformat(), NOW) == text
+    assert labels.ago((NOW + timedelta(seconds=seconds)).isoformat(), NOW) == text

@@ -36,8 +36,8 @@ from airflow_hetero_gpu.launch.command import HostShare, build_commands, build_h
 from airflow_hetero_gpu.ledger import Ledger, LedgerError
 from airflow_hetero_gpu.ledger.schema import reservation_gpus, reservations
 from airflow_hetero_gpu.testing.demo import small_hosts
-from airflow_hetero_gpu.testing.postgres import ledger_db_url  # noqa: F401  (fixture)
-from airflow_hetero_gpu.testing.pytest_fixtures import emulated_cluster  # noqa: F401
+from postgres_fixtures import ledger_db_url  # noqa: F401  (fixture)
+from cluster_fixtures import emulated_cluster  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "airflow_hetero_gpu"

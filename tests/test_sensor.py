@@ -20,7 +20,7 @@ from airflow_hetero_gpu.ledger import Ledger
 from airflow_hetero_gpu.sensors.gpu_health import GpuHealthSensor
 from airflow_hetero_gpu.testing import procs
 from airflow_hetero_gpu.testing.demo import H200, make_gpus, small_hosts
-from airflow_hetero_gpu.testing.pytest_fixtures import emulated_cluster  # noqa: F401
+from cluster_fixtures import emulated_cluster  # noqa: F401
 from airflow_hetero_gpu.testing.state import gpu_uuid
 from airflow_hetero_gpu.triggers.gpu_health import GpuHealthTrigger
 

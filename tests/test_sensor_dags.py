@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from airflow_hetero_gpu.testing.demo import small_hosts
-from airflow_hetero_gpu.testing.pytest_fixtures import emulated_cluster  # noqa: F401
+from cluster_fixtures import emulated_cluster  # noqa: F401
 from test_sensor import connection_env
 
 REPO = Path(__file__).resolve().parents[1]

@@ -39,6 +39,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from airflow_hetero_gpu.capture.directory import CaptureSet
+from airflow_hetero_gpu.core import occupancy
 from airflow_hetero_gpu.core.cluster import Cluster
 from airflow_hetero_gpu.core.config import ClusterConfig, Thresholds
 from airflow_hetero_gpu.core.health import GpuFacts, health_reasons
@@ -259,20 +260,10 @@ def available_keys(cluster: Cluster, reserved: Mapping[GpuKey, str] | None = Non
 
 def pool_counts(cluster: Cluster, reserved: Mapping[GpuKey, str] | None = None,
                 evicted: Mapping[GpuKey, Sequence[str]] | None = None) -> list[dict[str, Any]]:
-    """Per candidate pool: GPUs, healthy (and not evicted), evicted, available now."""
-    state = cluster_state(cluster, PlanRequest(gpus=1), reserved, evicted)
-    evicted_keys = set(state.evicted)
-    out = []
-    for pool in cluster.pools:
-        pos = pool.positions
-        out.append({
-            "pool": pool.id,
-            "gpus": int(len(pos)),
-            "healthy": int(state.healthy[pos].sum()),
-            "evicted": int(sum(1 for p in pos if cluster.gpus[int(p)].key in evicted_keys)),
-            "available": int(state.available[pos].sum()),
-        })
-    return out
+    """Per candidate pool: GPUs, healthy (and not evicted), evicted, available now
+    (:func:`airflow_hetero_gpu.core.occupancy.pool_counts`, the numbers the CLI and the page show)."""
+    return [{"pool": c.pool, "gpus": c.gpus, "healthy": c.healthy, "evicted": c.evicted, "available": c.available}
+            for c in occupancy.pool_counts(cluster, reserved, evicted)]
 
 
 @dataclass(frozen=True)

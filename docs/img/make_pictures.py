@@ -13,7 +13,7 @@ Run from the repository root with the package importable (``make venv`` then
 3. adds the demo's ``cluster.yaml`` and ``topology.conf`` (``airflow_hetero_gpu.demo``);
 4. reads the directory back (``load_cluster``), plans the demo's request (4 GPUs, any card type,
    no ledger) and draws ``Cluster.graph`` with the cluster page's renderer
-   (``airflow_hetero_gpu.plugins.render.topology_svg``):
+   (``airflow_hetero_gpu.plugins.topology_svg.topology_svg``):
 
    * ``demo-topology.svg``: hosts, GPUs coloured by state, NVLink/PCIe links, switch tiers;
    * ``demo-placement.svg``: the same, the decision's GPUs highlighted.
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     from airflow_hetero_gpu.core.model import PlanRequest
     from airflow_hetero_gpu.core.planner import plan
     from airflow_hetero_gpu.demo import CLUSTER_YAML, TOPOLOGY_CONF
-    from airflow_hetero_gpu.plugins import render
+    from airflow_hetero_gpu.plugins import model, topology_svg
     from airflow_hetero_gpu.testing import sshd_available
     from airflow_hetero_gpu.testing.cluster import EmulatedCluster
     from airflow_hetero_gpu.testing.demo import demo_hosts
@@ -70,12 +70,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     chosen = [(g.host, g.index) for g in decision.gpus]
     where = "; ".join(f"{h} GPU {','.join(str(i) for hh, i in chosen if hh == h)}" for h in decision.hosts)
-    statuses = render.gpu_statuses(demo)
+    statuses = model.gpu_statuses(demo)
     args.out.mkdir(parents=True, exist_ok=True)
     pictures = {
-        "demo-topology.svg": render.topology_svg(
+        "demo-topology.svg": topology_svg.topology_svg(
             demo.graph, statuses, title="The demo cluster: five hosts, their GPUs, NVLink/PCIe links and switch tiers"),
-        "demo-placement.svg": render.topology_svg(
+        "demo-placement.svg": topology_svg.topology_svg(
             demo.graph, statuses, highlight=chosen,
             highlight_label=f"the decision for {args.gpus} GPUs: pool {decision.pool}, {where} "
                             f"(E = {decision.score.total:.4f})",

@@ -1,6 +1,6 @@
 """Pytest fixtures for the emulated GPU cluster. Import them explicitly in a test module::
 
-    from airflow_hetero_gpu.testing.pytest_fixtures import emulated_cluster  # noqa: F401
+    from cluster_fixtures import emulated_cluster  # noqa: F401
 
     def test_something(emulated_cluster):
         cluster = emulated_cluster()                 # the demo fleet, started

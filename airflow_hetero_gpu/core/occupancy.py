@@ -1,0 +1,117 @@
+"""What every GPU and every pool looks like now: one state per GPU, the counts per pool.
+
+One place for the numbers that ``hetero-gpu pools``, the health watch and the cluster page
+show, so they cannot disagree. Built on the planner's own :func:`~.planner.cluster_state` for a
+one-GPU request (reservations hold their GPUs at load 1, evictions take GPUs out), so
+*available* here is what the planner would hand out.
+
+A GPU has exactly one state, the first that holds:
+
+* ``unhealthy``: the last collection found a fault (``Gpu.reasons``);
+* ``evicted``: the ledger keeps it out of every pool (the health watch's eviction);
+* ``reserved``: a live reservation holds it;
+* ``busy``: its load (SPEC §4) is above ``busy_utilization``;
+* ``available``: none of the above.
+
+The pool counts are not exclusive: an evicted GPU that is also unhealthy counts in both
+``evicted`` and ``unhealthy``, a sick reserved GPU in ``reserved`` and ``unhealthy``; ``healthy`` is
+neither unhealthy nor evicted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from airflow_hetero_gpu.core.cluster import Cluster
+from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
+from airflow_hetero_gpu.core.planner import cluster_state
+from airflow_hetero_gpu.core.view import ClusterState
+
+STATES = ("unhealthy", "evicted", "reserved", "busy", "available")
+
+
+def fleet_state(cluster: Cluster, reserved: Mapping[GpuKey, str] | None = None,
+                evicted: Mapping[GpuKey, Sequence[str]] | None = None) -> ClusterState:
+    """The planner's state of every GPU for a one-GPU request (no memory requirement)."""
+    return cluster_state(cluster, PlanRequest(gpus=1), reserved, evicted)
+
+
+def gpu_states(state: ClusterState) -> np.ndarray:
+    """The state name of every GPU of ``state.cluster`` (in ``cluster.gpus`` order)."""
+    cluster = state.cluster
+    evicted = np.zeros(len(cluster.gpus), dtype=bool)
+    pos = [cluster.position[k] for k in state.evicted if k in cluster.position]
+    if pos:
+        evicted[pos] = True
+    return np.select(
+        [~cluster.healthy, evicted, state.reserved, state.busy],
+        list(STATES[:4]),
+        default=STATES[4],
+    ).astype(object)
+
+
+@dataclass(frozen=True)
+class PoolCounts:
+    """One candidate pool now: its GPUs and how many of them are in each condition."""
+
+    pool: str
+    card_type: str
+    task_types: tuple[str, ...]
+    hosts: tuple[str, ...]
+    gpus: int
+    healthy: int      # not unhealthy in the last collection and not evicted
+    available: int    # the planner would hand it to a one-GPU request now
+    reserved: int     # held by a live reservation
+    evicted: int      # kept out by the ledger
+    unhealthy: int    # a fault in the last collection
+    busy: int         # healthy, not reserved, loaded above busy_utilization
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pool": self.pool, "card_type": self.card_type, "task_types": list(self.task_types),
+            "hosts": list(self.hosts), "gpus": self.gpus, "healthy": self.healthy,
+            "available": self.available, "reserved": self.reserved, "evicted": self.evicted,
+            "unhealthy": self.unhealthy, "busy": self.busy,
+        }
+
+
+def pool_counts(cluster: Cluster, reserved: Mapping[GpuKey, str] | None = None,
+                evicted: Mapping[GpuKey, Sequence[str]] | None = None, *,
+                state: ClusterState | None = None) -> list[PoolCounts]:
+    """Per candidate pool (in ``cluster.pools`` order), reservations and evictions applied.
+
+    ``state``: a :func:`fleet_state` already computed for the same reservations and evictions.
+    """
+    state = state if state is not None else fleet_state(cluster, reserved, evicted)
+    evicted_mask = np.zeros(len(cluster.gpus), dtype=bool)
+    pos = [cluster.position[k] for k in state.evicted if k in cluster.position]
+    if pos:
+        evicted_mask[pos] = True
+    unhealthy = ~cluster.healthy
+    busy = state.healthy & ~state.reserved & state.busy
+    out = []
+    for pool in cluster.pools:
+        p = pool.positions
+        out.append(PoolCounts(
+            pool=pool.id,
+            card_type=pool.card_type,
+            task_types=tuple(pool.task_types),
+            hosts=tuple(sorted({cluster.hosts[h] for h in np.unique(cluster.host_of[p]).tolist()})),
+            gpus=int(len(p)),
+            healthy=int(state.healthy[p].sum()),
+            available=int(state.available[p].sum()),
+            reserved=int(state.reserved[p].sum()),
+            evicted=int(evicted_mask[p].sum()),
+            unhealthy=int(unhealthy[p].sum()),
+            busy=int(busy[p].sum()),
+        ))
+    return out
+
+
+def totals(counts: Sequence[PoolCounts]) -> dict[str, int]:
+    """The pool counts summed over the fleet (every GPU is in exactly one pool)."""
+    names = ("gpus", "healthy", "available", "reserved", "evicted", "unhealthy", "busy")
+    return {n: sum(getattr(c, n) for c in counts) for n in names}

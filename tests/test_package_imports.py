@@ -1,0 +1,48 @@
+"""The runtime package imports no pytest: every module of ``airflow_hetero_gpu`` (the emulated
+cluster in ``testing/`` included, which the demo uses) imports in an interpreter where pytest
+cannot be imported."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CODE = r'''
+import importlib, json, pkgutil, sys
+
+class NoPytest:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("pytest", "_pytest"):
+            raise ImportError(f"pytest is blocked: {name}")
+        return None
+
+sys.meta_path.insert(0, NoPytest())
+import airflow_hetero_gpu
+failed = {}
+names = []
+for info in pkgutil.walk_packages(airflow_hetero_gpu.__path__, "airflow_hetero_gpu."):
+    if info.name.endswith("__main__"):
+        continue
+    names.append(info.name)
+    try:
+        importlib.import_module(info.name)
+    except Exception as err:
+        failed[info.name] = f"{type(err).__name__}: {err}"
+print(json.dumps({"names": names, "failed": failed,
+                  "pytest": [m for m in sys.modules if m.split(".")[0] in ("pytest", "_pytest")]}))
+'''
+
+
+def test_no_module_of_the_package_imports_pytest():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    found = json.loads(r.stdout.strip().splitlines()[-1])
+    assert "airflow_hetero_gpu.testing.cluster" in found["names"]
+    assert "airflow_hetero_gpu.testing.postgres" in found["names"]
+    assert found["failed"] == {} and found["pytest"] == [], found
