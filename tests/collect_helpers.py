@@ -3,7 +3,6 @@ and the inventory a host's state implies."""
 
 from __future__ import annotations
 
-import json
 from typing import Any, Iterable, Mapping
 
 import pytest

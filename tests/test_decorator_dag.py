@@ -15,7 +15,7 @@ import pytest
 
 from airflow_hetero_gpu.ledger import Ledger
 from airflow_hetero_gpu.testing.airflow_env import airflow_env, connection_env, dags_test
-from airflow_hetero_gpu.testing.pytest_fixtures import emulated_cluster  # noqa: F401
+from cluster_fixtures import emulated_cluster  # noqa: F401
 from dag_run_helpers import DAGS, airflow_home, leftovers, losses, two_hosts  # noqa: F401
 
 pytest.importorskip("torch", reason="torch (CPU build) is needed to run the function under torchrun")

@@ -22,7 +22,7 @@ from airflow_hetero_gpu.launch.command import (
     build_script,
     parse_pgid_line,
 )
-from airflow_hetero_gpu.testing.pytest_fixtures import emulated_cluster  # noqa: F401
+from cluster_fixtures import emulated_cluster  # noqa: F401
 from test_launch_command import local_env
 from test_launch_remote import Lines, assert_nothing_left, factory_of, new_job_id, targets_of
 

@@ -16,7 +16,7 @@ from airflow_hetero_gpu.ledger import Ledger, LedgerError
 from airflow_hetero_gpu.ledger.inventory import HostRecord
 from airflow_hetero_gpu.testing.captures import host_files, write_capture_dir
 from airflow_hetero_gpu.testing.demo import small_hosts
-from airflow_hetero_gpu.testing.postgres import ledger_db_url  # noqa: F401  (fixture)
+from postgres_fixtures import ledger_db_url  # noqa: F401  (fixture)
 
 TOPOLOGY = "SwitchName=leaf1 Nodes=node01,node02\nSwitchName=leaf2 Nodes=node03\nSwitchName=spine Switches=leaf1,leaf2\n"
 CLUSTER_YAML = "weights:\n  topology: 0.6\n"

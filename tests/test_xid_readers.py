@@ -12,7 +12,7 @@ from airflow_hetero_gpu.cli import main
 from airflow_hetero_gpu.core.model import GpuKey
 from airflow_hetero_gpu.ledger import Ledger
 from airflow_hetero_gpu.testing.demo import small_hosts
-from airflow_hetero_gpu.testing.pytest_fixtures import emulated_cluster  # noqa: F401
+from cluster_fixtures import emulated_cluster  # noqa: F401
 from airflow_hetero_gpu.triggers.capacity import CapacityTrigger
 from dag_run_helpers import airflow_home, run_dag  # noqa: F401
 
