@@ -41,3 +41,42 @@ def test_opens_a_sqlite_ledger(monkeypatch, tmp_path):
 def test_both_is_an_error():
     with pytest.raises(HeteroGpuError, match="not both"):
         LedgerHook(ledger_conn_id="a", ledger_url="sqlite://")
+
+
+@pytest.mark.parametrize(
+    "hook_args, settings, conn_id",
+    [
+        ({"ledger_conn_id": "arg_conn"}, {"LEDGER_CONN_ID": "set_conn"}, "arg_conn"),
+        ({}, {"LEDGER_CONN_ID": "set_conn"}, "set_conn"),
+        ({"ledger_url": "sqlite:///x.db"}, {"LEDGER_CONN_ID": "set_conn"}, None),
+        ({}, {"LEDGER_URL": "sqlite:///x.db"}, None),
+        ({}, {}, None),
+    ],
+)
+def test_conn_id_is_the_argument_else_the_setting(monkeypatch, hook_args, settings, conn_id):
+    for name, value in settings.items():
+        monkeypatch.setenv(f"AIRFLOW__HETERO_GPU__{name}", value)
+    assert LedgerHook(**hook_args).conn_id() == conn_id
+
+
+def test_a_deferred_capacity_wait_names_the_ledger_connection_not_its_password(monkeypatch):
+    """With the ledger named by ``[hetero_gpu] ledger_conn_id``, the capacity trigger gets the
+    connection id (the triggerer resolves it), never the URL with the password: the trigger's
+    arguments are stored in Airflow's metadata database."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from airflow_hetero_gpu.core.model import PlanRequest, PlanResult
+    from airflow_hetero_gpu.operators.hetero_train import HeteroTrainOperator
+    from airflow_hetero_gpu.operators.placement import Placement
+
+    monkeypatch.setenv("AIRFLOW_CONN_LEDGER_T", json.dumps(
+        {"conn_type": "postgres", "host": "db.example", "login": "sched", "password": "s3cret-pw", "schema": "gpus"}))
+    monkeypatch.setenv("AIRFLOW__HETERO_GPU__LEDGER_CONN_ID", "ledger_t")
+    op = HeteroTrainOperator(task_id="t", gpu_count=2, script="train.py", ssh_conn_ids=["a"],
+                             wait_for_capacity=True, deferrable=True)
+    request = PlanRequest(2)
+    with pytest.raises(TaskDeferred) as deferred:
+        Placement(op, {}, "job", request).wait(PlanResult(request, None, []))
+    _, kwargs = deferred.value.trigger.serialize()
+    assert (kwargs["ledger_conn_id"], kwargs["ledger_url"]) == ("ledger_t", None)
+    assert "s3cret-pw" not in json.dumps(kwargs)

@@ -106,12 +106,23 @@ class LedgerHook(BaseHook):
         self.ledger_conn_id = ledger_conn_id
         self.ledger_url = ledger_url
 
-    def get_url(self) -> str | None:
+    def _named(self) -> tuple[str | None, str | None]:
+        """(connection id, URL) naming the ledger: the arguments, else the ``[hetero_gpu]`` settings."""
         from airflow_hetero_gpu.settings import setting
 
         conn_id, url = self.ledger_conn_id, self.ledger_url
         if not conn_id and not url:
             conn_id, url = setting("ledger_conn_id"), setting("ledger_url")
+        return conn_id, url
+
+    def conn_id(self) -> str | None:
+        """The Airflow connection that names the ledger (argument or setting), or None when a
+        URL does. Hand this, not the URL, to another component (a trigger): it resolves the
+        connection itself, and the password stays in the secrets backend."""
+        return self._named()[0] or None
+
+    def get_url(self) -> str | None:
+        conn_id, url = self._named()
         if conn_id:
             return url_from_connection(self.get_connection(conn_id))
         return url

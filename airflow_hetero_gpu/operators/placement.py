@@ -123,11 +123,14 @@ class Placement:
 
             self.log.info("no pool can host the job now; deferring until one can (%.0f s left of %g s)",
                           deadline - time.time(), float(op.capacity_timeout))
+            # a ledger named by a connection (argument or [hetero_gpu] ledger_conn_id) is handed
+            # to the trigger by name: the triggerer resolves it, no password in the trigger's row
+            conn_id = op.ledger_hook.conn_id()
             op.defer(
                 trigger=CapacityTrigger(
                     hosts=list(op.hook.hosts), request=self.request.to_json(),
-                    ledger_conn_id=op.ledger_conn_id,
-                    ledger_url=None if op.ledger_conn_id else op.ledger_hook.get_url(),
+                    ledger_conn_id=conn_id,
+                    ledger_url=None if conn_id else op.ledger_hook.get_url(),
                     config=op.cluster_config,
                     weights=dict(op.weights) if op.weights else None,
                     poll_interval=float(op.capacity_poll_interval), timeout=float(op.capacity_timeout),

@@ -2,13 +2,15 @@
 
 Used by the tests and the demo. Connections are given as ``AIRFLOW_CONN_<ID>`` environment
 variables in JSON (host key pinned through the ``host_key`` extra, so host keys are verified);
-Airflow runs on an embedded SQLite metadata database.
+Airflow runs on an embedded SQLite metadata database, or (:class:`AirflowDeployment`) on any
+metadata database with its components as separate processes.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import sqlite3
@@ -16,6 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
 
@@ -30,13 +33,16 @@ def host_public_key(cluster, name: str) -> str:
     raise KeyError(name)
 
 
-def airflow_connection(cluster, name: str) -> str:
-    """The JSON of an Airflow ``ssh`` connection to an emulated host (key file + pinned host key)."""
+def airflow_connection(cluster, name: str, *, inline_key: bool = False) -> str:
+    """The JSON of an Airflow ``ssh`` connection to an emulated host: the client key (its file,
+    or with ``inline_key`` its text in the ``private_key`` extra, so no file has to exist where
+    the connection is used) and the pinned host key."""
     host = cluster.host(name)
+    key = ({"private_key": cluster.identity_file.read_text()} if inline_key
+           else {"key_file": str(cluster.identity_file)})
     return json.dumps({
         "conn_type": "ssh", "host": host.address, "port": host.port, "login": cluster.user,
-        "extra": {"key_file": str(cluster.identity_file), "host_key": host_public_key(cluster, name),
-                  "look_for_keys": "false"},
+        "extra": {**key, "host_key": host_public_key(cluster, name), "look_for_keys": "false"},
     })
 
 
@@ -44,12 +50,13 @@ def conn_id_of(name: str) -> str:
     return "gpu_" + name.replace("-", "_").replace(".", "_")
 
 
-def connection_env(cluster, names: Iterable[str] | None = None) -> tuple[dict[str, str], dict[str, str]]:
+def connection_env(cluster, names: Iterable[str] | None = None, *,
+                   inline_key: bool = False) -> tuple[dict[str, str], dict[str, str]]:
     """(``AIRFLOW_CONN_*`` variables, ``{host name: conn id}``) for the cluster's hosts."""
     env, ids = {}, {}
     for host in cluster.hosts if names is None else [cluster.host(n) for n in names]:
         conn_id = conn_id_of(host.name)
-        env[f"AIRFLOW_CONN_{conn_id.upper()}"] = airflow_connection(cluster, host.name)
+        env[f"AIRFLOW_CONN_{conn_id.upper()}"] = airflow_connection(cluster, host.name, inline_key=inline_key)
         ids[host.name] = conn_id
     return env, ids
 
@@ -101,72 +108,153 @@ def dags_test(dag_id: str, env: Mapping[str, str], *, conf: Mapping | None = Non
     return subprocess.CompletedProcess(cmd, proc.returncode, "".join(lines), "")
 
 
+@dataclass
+class Component:
+    """One Airflow process of a deployment: ``airflow ARGS...``, with its own environment
+    additions and, when ``home`` is given, its own AIRFLOW_HOME, working directory and TMPDIR
+    (as if it ran on a machine of its own)."""
+
+    args: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    home: Path | None = None
+
+
+def metadata_env(url: str | None) -> dict[str, str]:
+    """``[database]`` settings for a metadata database URL (none: SQLite in AIRFLOW_HOME).
+
+    psycopg 3 (``postgresql+psycopg://``) serves Airflow's async engine as well, so the async
+    URL is the same one (Airflow would otherwise derive ``postgresql+asyncpg://``)."""
+    if not url:
+        return {}
+    env = {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url}
+    if url.startswith("postgresql+psycopg://"):
+        env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC"] = url
+    return env
+
+
 class AirflowDeployment:
     """Airflow's components as separate processes, as a real deployment runs them: api-server
-    (with the task execution API), scheduler (LocalExecutor: each task in a supervised child
-    process that writes the task log file), dag-processor and triggerer, on one SQLite metadata
-    database. Any component can be killed and started again (:meth:`restart`)::
+    (with the task execution API), scheduler (LocalExecutor by default: each task in a
+    supervised child process that writes the task log file), dag-processor and triggerer, on a
+    SQLite metadata database in ``home`` unless ``metadata_url`` names another one. Any
+    component can be killed and started again (:meth:`restart`); :meth:`add_component` adds
+    more (Celery workers, see :mod:`airflow_hetero_gpu.testing.celery_deployment`)::
 
         with AirflowDeployment(home, dags, env) as airflow:
             run_id = airflow.trigger("my_dag")
             airflow.wait_for_state("my_dag", run_id, "train", {"deferred"})
             airflow.restart("triggerer")
+
+    The api-server's simple auth manager knows one user, ``admin`` (an Admin) with the password
+    :attr:`password`; :meth:`token` logs in the way a REST client does.
     """
 
     COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+    USER = "admin"
 
-    def __init__(self, home: Path, dags_folder: Path, extra: Mapping[str, str] | None = None):
+    def __init__(self, home: Path, dags_folder: Path, extra: Mapping[str, str] | None = None, *,
+                 executor: str = "LocalExecutor", metadata_url: str | None = None):
         self.home = Path(home)
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.dags_folder = Path(dags_folder)
+        self.metadata_url = metadata_url
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
+        self.password = os.urandom(12).hex()
+        (self.home / "passwords.json").write_text(json.dumps({self.USER: self.password}))
         self.env = airflow_env(self.home, dags_folder, {
-            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__EXECUTOR": executor,
             "AIRFLOW__CORE__PARALLELISM": "4",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{self.port}/execution/",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{self.USER}:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.home / "passwords.json"),
             "AIRFLOW__API__HOST": "127.0.0.1",
             "AIRFLOW__API__PORT": str(self.port),
             "AIRFLOW__API__WORKERS": "1",
-            "AIRFLOW__API_AUTH__JWT_SECRET": os.urandom(16).hex(),
+            "AIRFLOW__API_AUTH__JWT_SECRET": os.urandom(32).hex(),
+            # a loaded machine can take tens of seconds to answer a task's first call; a retry of
+            # a call that did go through is refused ("already running"), failing the task
+            "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "300",
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
             "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "2",
             "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "10",
             "AIRFLOW__SCHEDULER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "10",
+            **metadata_env(metadata_url),
             **(extra or {}),
         })
+        self.components: dict[str, Component] = {name: Component((name,)) for name in self.COMPONENTS}
         self.procs: dict[str, subprocess.Popen] = {}
         self._logs: dict[str, object] = {}
+        #: components told to exit by themselves (wait_for does not count their exit as a failure)
+        self.expected_exits: set[str] = set()
+        self._engine = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def add_component(self, name: str, args: Iterable[str], env: Mapping[str, str] | None = None,
+                      home: Path | None = None) -> Component:
+        """Declare one more process (started by :meth:`start`, or :meth:`start_component`).
+
+        With ``home`` it gets that directory as AIRFLOW_HOME, working directory and (under
+        ``tmp/``) TMPDIR, and a copy of the DAGs folder of its own (``dags/``), as a machine of
+        its own has: it shares no directory with the others."""
+        if home is not None:
+            home = Path(home)
+            (home / "tmp").mkdir(parents=True, exist_ok=True)
+            if not (home / "dags").exists():
+                shutil.copytree(self.dags_folder, home / "dags", ignore=shutil.ignore_patterns("__pycache__"))
+            env = {"AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
+                   "TMPDIR": str(home / "tmp"), **(env or {})}
+        component = self.components[name] = Component(tuple(args), dict(env or {}), home)
+        return component
 
     # -- life cycle ----------------------------------------------------------------------------
     def start(self) -> "AirflowDeployment":
         migrate(self.env)
-        for name in self.COMPONENTS:
+        for name in self.components:
             self.start_component(name)
         return self
 
     def start_component(self, name: str) -> None:
+        component = self.components[name]
         log_dir = self.home / "components"
         log_dir.mkdir(parents=True, exist_ok=True)
         handle = open(log_dir / f"{name}.log", "ab")
         self._logs[name] = handle
-        self.procs[name] = subprocess.Popen([*airflow_command(), name], env=self.env, stdout=handle,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[name] = subprocess.Popen([*airflow_command(), *component.args], env={**self.env, **component.env},
+                                            cwd=component.home, stdout=handle, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
 
     def stop_component(self, name: str, sig: int | None = None, timeout: float = 30) -> None:
         """Stop one component and every process it started (SIGTERM, or ``sig``)."""
-        proc = self.procs.pop(name, None)
-        if proc is None:
-            return
+        if name in self.procs:
+            self._signal(name, sig if sig is not None else signal.SIGTERM)
+            self._reap(name, timeout)
+
+    def _signal(self, name: str, sig: int) -> None:
         try:
-            os.killpg(proc.pid, sig if sig is not None else signal.SIGTERM)
-            proc.wait(timeout=timeout)
+            os.killpg(self.procs[name].pid, sig)
         except ProcessLookupError:
             pass
+
+    def _reap(self, name: str, timeout: float) -> None:
+        proc = self.procs.pop(name)
+        try:
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             proc.wait(timeout=10)
+        self._close_log(name)
+
+    def _close_log(self, name: str) -> None:
         handle = self._logs.pop(name, None)
         if handle is not None:
             handle.close()
@@ -176,8 +264,15 @@ class AirflowDeployment:
         self.start_component(name)
 
     def stop(self) -> None:
-        for name in list(self.procs):
-            self.stop_component(name)
+        """Stop every component: all are signalled at once, then each is waited for."""
+        names = list(self.procs)
+        for name in names:
+            self._signal(name, signal.SIGTERM)
+        for name in names:
+            self._reap(name, 30)
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
 
     def __enter__(self) -> "AirflowDeployment":
         try:
@@ -193,10 +288,22 @@ class AirflowDeployment:
         path = self.home / "components" / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
-    # -- the metadata database ----------------------------------------------------------------
+    # -- the metadata database (read-only) ----------------------------------------------------
     def query(self, sql: str, *params: object) -> list[tuple]:
-        with sqlite3.connect(self.home / "airflow.db", timeout=30) as db:
-            return db.execute(sql, params).fetchall()
+        """Rows of a read-only query (``?`` placeholders) on the metadata database."""
+        if not self.metadata_url:
+            with sqlite3.connect(self.home / "airflow.db", timeout=30) as db:
+                return db.execute(sql, params).fetchall()
+        if self._engine is None:
+            from sqlalchemy import create_engine
+
+            # every transaction of this engine is read-only: the test only looks
+            self._engine = create_engine(self.metadata_url, pool_size=1, max_overflow=0, connect_args={
+                "options": "-c default_transaction_read_only=on"})
+        if self._engine.dialect.paramstyle in ("format", "pyformat"):
+            sql = sql.replace("%", "%%").replace("?", "%s")
+        with self._engine.connect() as conn:
+            return [tuple(row) for row in conn.exec_driver_sql(sql, tuple(params))]
 
     def wait_for(self, predicate, timeout: float, what: str, poll: float = 1.0):
         deadline = time.monotonic() + timeout
@@ -207,7 +314,7 @@ class AirflowDeployment:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{what}: not within {timeout:g} s")
             for name, proc in self.procs.items():
-                if proc.poll() is not None:
+                if proc.poll() is not None and name not in self.expected_exits:
                     raise RuntimeError(f"airflow {name} exited ({proc.returncode}): "
                                        f"{self.component_log(name)[-3000:]}")
             time.sleep(poll)
@@ -242,7 +349,49 @@ class AirflowDeployment:
 
         return self.wait_for(check, timeout, f"{dag_id}/{run_id}/{task_id or 'run'} in {sorted(states)}")
 
+    # -- task logs ------------------------------------------------------------------------------
+    def log_homes(self) -> dict[str, Path]:
+        """Where task log files are written: the deployment's home, and every component's own."""
+        homes = {"": self.home}
+        homes.update({name: c.home for name, c in self.components.items() if c.home is not None})
+        return homes
+
+    def task_logs(self, dag_id: str, run_id: str, task_id: str) -> dict[str, str]:
+        """The task's log text per home that holds any (``""``: the deployment's own home)."""
+        out = {}
+        for name, home in self.log_homes().items():
+            root = home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
+            text = "".join(p.read_text(errors="replace") for p in sorted(root.rglob("*.log")))
+            if text:
+                out[name] = text
+        return out
+
     def task_log(self, dag_id: str, run_id: str, task_id: str) -> str:
-        """Every attempt's task log file of the task, as the task supervisor wrote them."""
-        root = self.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
-        return "".join(p.read_text(errors="replace") for p in sorted(root.rglob("*.log")))
+        """Every attempt's task log file of the task, as the task supervisors wrote them."""
+        return "".join(self.task_logs(dag_id, run_id, task_id).values())
+
+    # -- the REST API -----------------------------------------------------------------------
+    def api_ready(self) -> bool:
+        """Whether the api-server answers its health endpoint."""
+        import httpx
+
+        try:
+            return httpx.get(f"{self.base_url}/api/v2/monitor/health", timeout=10).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def token(self) -> str:
+        """A bearer token of the api-server for :attr:`USER` (``POST /auth/token``)."""
+        import httpx
+
+        r = httpx.post(f"{self.base_url}/auth/token", json={"username": self.USER, "password": self.password},
+                       timeout=60)
+        if r.status_code != 201:
+            raise RuntimeError(f"api-server login failed ({r.status_code}): {r.text[:500]}")
+        return r.json()["access_token"]
+
+    def client(self):
+        """An ``httpx.Client`` on the api-server, logged in as :attr:`USER`."""
+        import httpx
+
+        return httpx.Client(base_url=self.base_url, timeout=60, headers={"Authorization": f"Bearer {self.token()}"})
