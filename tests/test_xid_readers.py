@@ -1,6 +1,6 @@
 """An Xid line is an event for every reader of the ledger: after the eviction it caused, uncordon
-makes the GPU placeable again for the command line, the capacity trigger and the operator while
-the same old line is still in the kernel log; a new line evicts it again."""
+makes the GPU placeable again for the command line, the capacity trigger, the cluster page and the operator
+while the same old line is still in the kernel log; a new line evicts it again."""
 
 from __future__ import annotations
 
@@ -22,6 +22,18 @@ def collect(cluster, url: str) -> None:
                  "--known-hosts", str(cluster.known_hosts_path), "--ledger", url]) == 0
 
 
+def page_available(url: str) -> set[str]:
+    """The GPUs the cluster page shows as available (its own sources and model, no server)."""
+    from airflow_hetero_gpu.plugins.model import gpu_statuses
+    from airflow_hetero_gpu.plugins.sources import PageSettings, read_inputs
+
+    inputs = read_inputs(None, PageSettings(ledger_url=url))
+    assert inputs.cluster is not None, inputs.sources
+    reserved = {g.key: r.job_id for r in inputs.reservations for g in r.gpus}
+    evicted = {e.key: e.reasons for e in inputs.evictions}
+    return {f"{k[0]}:{k[1]}" for k, st in gpu_statuses(inputs.cluster, reserved, evicted).items() if st.available}
+
+
 def trigger_places(url: str, gpus: int) -> bool:
     trigger = CapacityTrigger(request={"gpus": gpus}, hosts=["node01", "node02"], ledger_url=url)
     placed, _reasons = trigger.check(url)
@@ -40,6 +52,7 @@ def test_an_old_xid_line_keeps_no_reader_from_the_gpu(emulated_cluster, airflow_
     # evicted: no reader can place 4 GPUs
     assert main(["plan", "--ledger", url, "--gpus", "4", "--json"]) == 3
     assert not trigger_places(url, 4)
+    assert "node01:1" not in page_available(url)
     # uncordon; the line is still in the log, a collection stores it again, nothing is new
     assert main(["uncordon", "node01:1", "--ledger", url]) == 0
     collect(cluster, url)
@@ -48,6 +61,7 @@ def test_an_old_xid_line_keeps_no_reader_from_the_gpu(emulated_cluster, airflow_
     planned = json.loads(capsys.readouterr().out)
     assert {(g["host"], g["index"]) for g in planned["decision"]["gpus"]} >= {("node01", 1)}
     assert trigger_places(url, 4)
+    assert page_available(url) == {"node01:0", "node01:1", "node02:0", "node02:1"}
     # the operator plans from the same inventory and trains on all four GPUs
     r, out, _ = run_dag(airflow_home, cluster, tmp_path, gpu_count=4, script_args=["--epochs", "1"],
                         ledger_url=url, inventory_max_age=0)
@@ -60,3 +74,4 @@ def test_an_old_xid_line_keeps_no_reader_from_the_gpu(emulated_cluster, airflow_
     collect(cluster, url)
     assert main(["plan", "--ledger", url, "--gpus", "4", "--json"]) == 3
     assert not trigger_places(url, 4)
+    assert "node01:1" not in page_available(url)
