@@ -30,7 +30,7 @@ from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_view
 
 from airflow_hetero_gpu.plugins import charts, model as page_model, render, sources, tables, topology_svg
-from airflow_hetero_gpu.plugins.cluster_page import URL_PREFIX
+from airflow_hetero_gpu.plugins.paths import URL_PREFIX
 from airflow_hetero_gpu.plugins.security import security_headers
 
 log = logging.getLogger(__name__)

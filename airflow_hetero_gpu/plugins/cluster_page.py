@@ -14,8 +14,7 @@ from typing import Any
 
 from airflow.plugins_manager import AirflowPlugin
 
-URL_PREFIX = "/hetero-gpu"
-PLUGIN_NAME = "hetero_gpu"
+from airflow_hetero_gpu.plugins.paths import PLUGIN_NAME, URL_PREFIX
 
 _ICON = (
     '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24" fill="none" stroke="{c}" stroke-width="1.8" '

@@ -1,0 +1,159 @@
+"""The shape of the package: no module over 500 lines, no import cycle (imports inside functions
+count), no module that imports pytest (the runtime check is tests/test_package_imports.py), and
+the core free of Airflow and SSH."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "airflow_hetero_gpu"
+NAME = PACKAGE.name
+MAX_LINES = 500
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _type_checking_only(node: ast.AST) -> bool:
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (
+        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+
+
+def imports(path: Path, module: str, known: set[str]) -> set[str]:
+    """The package modules ``module`` imports anywhere in its body (functions included), leaving
+    out ``if TYPE_CHECKING:`` blocks (annotations only, never executed)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if _type_checking_only(node):
+            for child in getattr(node, "orelse", []):
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == NAME:
+                    found.add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against this module's package
+                pkg = module.split(".") if is_package else module.split(".")[:-1]
+                pkg = pkg[: len(pkg) - (node.level - 1)] if node.level > 1 else pkg
+                base = ".".join(pkg + ([base] if base else []))
+            if base.split(".")[0] == NAME:
+                for alias in node.names:
+                    sub = f"{base}.{alias.name}"
+                    found.add(sub if sub in known else base)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    found.discard(module)
+    return {m for m in found if m in known}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    import sys
+
+    sys.setrecursionlimit(max(10_000, sys.getrecursionlimit()))
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    return {name: imports(path, name, known) for name, path in mods.items()}
+
+
+def test_the_cycle_finder_finds_a_cycle_through_a_lazy_import(tmp_path):
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+    src = tmp_path / "m.py"
+    src.write_text("def f():\n    from airflow_hetero_gpu.core import model\n"
+                   "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import airflow_hetero_gpu.ledger\n")
+    assert imports(src, "airflow_hetero_gpu.x", {"airflow_hetero_gpu.core.model", "airflow_hetero_gpu.ledger"}) == {
+        "airflow_hetero_gpu.core.model"}
+
+
+def test_no_import_cycles():
+    found = cycles(graph())
+    assert found == [], "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_no_module_is_over_500_lines():
+    long = {name: n for name, path in modules().items()
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert long == {}
+
+
+def test_no_module_imports_pytest():
+    offenders = []
+    for name, path in modules().items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(n.split(".")[0] in ("pytest", "_pytest") for n in names):
+                offenders.append(name)
+    assert offenders == []
+
+
+def test_the_core_imports_neither_airflow_nor_ssh():
+    offenders = {}
+    for name, path in modules().items():
+        if not name.startswith(f"{NAME}.core"):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            bad = [n for n in names if n.split(".")[0] in ("airflow", "paramiko", "asyncssh", "sqlalchemy")
+                   or n.startswith(f"{NAME}.") and n.split(".")[1] in (
+                       "hooks", "operators", "sensors", "triggers", "plugins", "collect", "ledger", "launch")]
+            if bad:
+                offenders.setdefault(name, []).extend(bad)
+    assert offenders == {}
