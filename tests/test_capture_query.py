@@ -273,6 +273,10 @@ BAD_CASES = [
                  2, "field ecc.errors.uncorrected.volatile.total: not a non-negative integer", id="ecc-fraction"),
     pytest.param("index, name, pci.bus_id, memory.total [MiB]\n0, Tesla T4, somewhere, 15360 MiB\n", 2,
                  "field pci.bus_id: not a PCI bus id: 'somewhere'", id="bad-bus-id"),
+    pytest.param("index, name, memory.total [MiB], utilization.gpu [%]\n0, Tesla T4, 15360 MiB, 250 %\n", 2,
+                 "field utilization.gpu: '250 %' is above 100 %", id="utilization-above-100"),
+    pytest.param("index, name, memory.total [MiB], utilization.gpu [%]\n0, Tesla T4, 15360 MiB, 100.5\n", 2,
+                 "field utilization.gpu: '100.5' is above 100 %", id="utilization-above-100-no-unit"),
     pytest.param(HEADER, 1, "header but no GPU rows", id="header-only"),
     pytest.param(HEADER + ROW0 + "No devices were found\n", 3, "nvidia-smi failed in the middle of its output",
                  id="host-error-after-rows"),
@@ -295,12 +299,12 @@ def test_rejects_with_file_and_line(text, line, fragment):
 def test_eight_gpu_query_parses_well_under_a_millisecond():
     text = SPEC_HEADER + "".join(SPEC_ROW.replace("0, GPU-a1", f"{i}, GPU-a{i}", 1) for i in range(8))
     assert len(parse_query_csv(text, "query.csv").rows) == 8
-    best = float("inf")
+    best = float("inf")  # CPU time of this process: what other processes do on the machine does not count
     for _ in range(5):
-        start = time.perf_counter()
+        start = time.process_time()
         for _ in range(20):
             parse_query_csv(text, "query.csv")
-        best = min(best, (time.perf_counter() - start) / 20)
+        best = min(best, (time.process_time() - start) / 20)
     assert best < 1e-3
 
 

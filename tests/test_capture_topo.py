@@ -369,10 +369,10 @@ def test_nic_rows_optional_and_legend_names_nics():
 
 def test_eight_gpu_matrix_parses_well_under_a_millisecond():
     text, path = _read(LOCAL, "hgx-h200-8gpu-nv18-10nic-ansi.txt")  # 8 GPUs and 10 NICs
-    best = float("inf")
+    best = float("inf")  # CPU time of this process: what other processes do on the machine does not count
     for _ in range(5):
-        start = time.perf_counter()
+        start = time.process_time()
         for _ in range(20):
             parse_topo(text, path)
-        best = min(best, (time.perf_counter() - start) / 20)
+        best = min(best, (time.process_time() - start) / 20)
     assert best < 1e-3
