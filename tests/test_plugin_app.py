@@ -251,6 +251,8 @@ def test_missing_captures_and_ledger_are_reported(tmp_path, monkeypatch):
     assert cluster is None and src["status"] == "missing" and "captures_dir" in src["message"]
     cluster, src = app.read_inventory(app.PageSettings(captures_dir=str(tmp_path / "none")))
     assert cluster is None and src["status"] == "missing" and "does not exist" in src["message"]
+    # the empty state names the DAG that collects, and that it starts paused
+    assert "hetero_gpu_health_watch DAG collects it; it starts paused: unpause it" in src["message"]
     (tmp_path / "broken" / "hosts" / "h1").mkdir(parents=True)
     (tmp_path / "broken" / "hosts" / "h1" / "query.csv").write_text("index, name\n0, X\n")
     cluster, src = app.read_inventory(app.PageSettings(captures_dir=str(tmp_path / "broken")))
