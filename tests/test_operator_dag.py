@@ -181,3 +181,19 @@ def test_a_second_run_waits_deferred_until_the_first_releases(airflow_home, two_
     assert proc_b.returncode == 0, log_b[-4000:]
     assert marks["b_deferred"] < marks["a_released"] < marks["b_training"], marks
     assert json.loads(out_b.read_text())["hosts"] == ["node01", "node02"]
+
+
+def test_a_card_type_the_fleet_does_not_have_fails_at_once_naming_the_types(airflow_home, two_hosts, tmp_path):
+    """gpu_type names a card no host has: a mistake, not a shortage. Even with wait_for_capacity
+    the task fails at once and without retries (AirflowFailException), naming the card types
+    the fleet has; nothing is reserved."""
+    r, out, cfg = run_dag(airflow_home, two_hosts, tmp_path, gpu_count=2, gpu_type="H100",
+                          wait_for_capacity=True, capacity_timeout=3600, script_args=["--epochs", "1"])
+    log = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert re.search(r"AirflowFailException: gpu_type 'H100': the fleet has no GPU of that card type; "
+                     r"its card types: NVIDIA A100-SXM4-80GB", log), log[-4000:]
+    assert "no pool can host" not in log and "re-planning" not in log
+    assert not out.exists()
+    with Ledger.from_url(cfg["ledger_url"]) as ledger:
+        assert ledger.live_reservations() == []

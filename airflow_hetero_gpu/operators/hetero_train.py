@@ -308,7 +308,12 @@ class HeteroTrainOperator(BaseOperator):
         from airflow_hetero_gpu.cli import render_plan
 
         cluster = self._cluster()
+        from airflow_hetero_gpu.core.request_check import never_satisfiable
         from airflow_hetero_gpu.ledger import LedgerError, LedgerUrlError, ReservationConflict
+
+        mistake = never_satisfiable(cluster, request)
+        if mistake:  # no wait and no retry can bring a card or task type the fleet does not have
+            raise self._fail(mistake)
 
         try:
             # the lease surely lasts lease_seconds from here (time taken before the call)
