@@ -8,6 +8,7 @@
 
 Every cluster the factory made is stopped at teardown (sshd and every remote command killed).
 Tests using it are skipped, with the reason, only when the OpenSSH server is not installed.
+``embedded_cluster`` is the same for the asyncssh-served fleet (no sshd needed).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pytest
 from airflow_hetero_gpu.testing import sshd_available
 from airflow_hetero_gpu.testing.cluster import EmulatedCluster
 from airflow_hetero_gpu.testing.demo import demo_hosts
+from airflow_hetero_gpu.testing.embedded import EmbeddedCluster
 from airflow_hetero_gpu.testing.state import HostSpec
 
 ClusterFactory = Callable[..., EmulatedCluster]
@@ -40,6 +42,25 @@ def emulated_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clust
     def factory(hosts: Sequence[HostSpec] | None = None, **kwargs: Any) -> EmulatedCluster:
         root: Path = tmp_path_factory.mktemp("emucluster")
         cluster = EmulatedCluster(root, list(hosts) if hosts is not None else demo_hosts(), **kwargs)
+        made.append(cluster)
+        return cluster.start()
+
+    try:
+        yield factory
+    finally:
+        for cluster in made:
+            cluster.stop()
+
+
+@pytest.fixture
+def embedded_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Any]]:
+    """A factory ``(hosts=None, **kwargs) -> started EmbeddedCluster`` (demo hosts by default):
+    the asyncssh-served fleet, which needs no sshd and is never skipped."""
+    made: list[EmbeddedCluster] = []
+
+    def factory(hosts: Sequence[HostSpec] | None = None, **kwargs: Any) -> EmbeddedCluster:
+        root: Path = tmp_path_factory.mktemp("embedded")
+        cluster = EmbeddedCluster(root, list(hosts) if hosts is not None else demo_hosts(), **kwargs)
         made.append(cluster)
         return cluster.start()
 

@@ -93,7 +93,7 @@ def test_nothing_collected_exits_4(emulated_cluster, tmp_path):
     (["--hosts", "gpu1:0", "--out", "OUT"], "invalid --hosts entry 'gpu1:0'"),
     (["--hosts", "a,a", "--out", "OUT"], "host 'a' appears twice"),
     (["--hosts", "gpu1"], "the following arguments are required: --out"),
-    (["--out", "OUT"], "one of the arguments --hosts --ssh-conn-ids is required"),
+    (["--out", "OUT"], "one of the arguments --hosts --hosts-file --ssh-conn-ids is required"),
     (["--hosts", "gpu1", "--ssh-conn-ids", "a", "--out", "OUT"], "not allowed with argument"),
     (["--hosts", "gpu1", "--identity-file", "/nonexistent/key", "--out", "OUT"],
      "identity file '/nonexistent/key' does not exist"),

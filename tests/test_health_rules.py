@@ -373,7 +373,8 @@ FALLBACK_TABLE = [
 
 @pytest.mark.parametrize("unknown, extra, warnings", FALLBACK_TABLE)
 def test_collector_query_falls_back_field_by_field(monkeypatch, unknown, extra, warnings):
-    from airflow_hetero_gpu.collect import ssh
+    from airflow_hetero_gpu.collect import gather
+    from airflow_hetero_gpu.collect.command import CommandResult
 
     state = small_hosts(1, gpus=1)[0].to_state()
     state["unknown_query_fields"] = unknown
@@ -383,11 +384,11 @@ def test_collector_query_falls_back_field_by_field(monkeypatch, unknown, extra, 
         commands.append(command)
         fields = command.split("--query-gpu=")[1].split()[0]
         text, rc = nvsmi.query_gpu(state, fields, "csv")
-        return ssh.CommandResult(rc, text, "")
+        return CommandResult(rc, text, "")
 
-    monkeypatch.setattr(ssh, "run_command", run_command)
+    monkeypatch.setattr(gather, "run_command", run_command)
     got_warnings: list[str] = []
-    result = ssh._smi_query(None, 5, got_warnings)
+    result = gather._smi_query(None, 5, got_warnings)
     header = [c.split(" [")[0] for c in result.stdout.splitlines()[0].split(", ")]
     assert header == QUERY_FIELDS.split(",") + extra
     assert got_warnings == warnings

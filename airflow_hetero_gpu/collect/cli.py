@@ -6,6 +6,7 @@
                        [--known-hosts FILE] --out DIR [--max-parallel N] [--connect-timeout S]
                        [--command-timeout S] [--retries N] [--no-kernel-log]
                        [--nvml [--nvml-python PATH]] [--json]
+    hetero-gpu collect --hosts-file FILE [...]     # one [NAME=][USER@]HOST[:PORT] a line
     hetero-gpu collect --ssh-conn-ids CONN[,LABEL=CONN...] --out DIR [...]    # Airflow connections
 
 Prints one line per host (``ok`` or ``failed: <reason>``). Exit status:
@@ -28,8 +29,14 @@ import logging
 from typing import Any, Iterator
 
 from airflow_hetero_gpu.collect.nvml import agent_command
-from airflow_hetero_gpu.collect.ssh import CollectReport, collect_captures, paramiko_client_factory
-from airflow_hetero_gpu.collect.targets import parse_hosts_arg
+from airflow_hetero_gpu.collect.ssh import (
+    DEFAULT_MAX_PARALLEL,
+    CollectReport,
+    OpenFilesLimitError,
+    collect_captures,
+    paramiko_client_factory,
+)
+from airflow_hetero_gpu.collect.targets import parse_hosts_arg, parse_hosts_file
 from airflow_hetero_gpu.cli_types import non_negative_int, positive_int, positive_seconds
 from airflow_hetero_gpu.errors import HeteroGpuError
 
@@ -46,14 +53,17 @@ def register(subparsers: Any) -> None:
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--hosts", metavar="[NAME=][USER@]HOST[:PORT],...",
                        help="hosts to reach with plain SSH (host keys verified)")
+    where.add_argument("--hosts-file", metavar="FILE",
+                       help="the same, one [NAME=][USER@]HOST[:PORT] a line (# comments allowed)")
     where.add_argument("--ssh-conn-ids", metavar="CONN[,LABEL=CONN...]",
                        help="Airflow ssh connection ids (needs an Airflow environment)")
     p.add_argument("--out", required=True, metavar="DIR", help="capture directory to write")
-    p.add_argument("--identity-file", metavar="KEY", help="private key to offer (with --hosts)")
+    p.add_argument("--identity-file", metavar="KEY", help="private key to offer (with --hosts/--hosts-file)")
     p.add_argument("--known-hosts", metavar="FILE",
-                   help="known_hosts file to verify host keys against (with --hosts; default ~/.ssh/known_hosts)")
-    p.add_argument("--max-parallel", type=positive_int, default=8, metavar="N",
-                   help="hosts worked on at once (default 8)")
+                   help="known_hosts file to verify host keys against (with --hosts/--hosts-file; "
+                        "default ~/.ssh/known_hosts)")
+    p.add_argument("--max-parallel", type=positive_int, default=DEFAULT_MAX_PARALLEL, metavar="N",
+                   help=f"hosts worked on at once (default {DEFAULT_MAX_PARALLEL})")
     p.add_argument("--connect-timeout", type=positive_seconds, default=10.0, metavar="S",
                    help="seconds to connect and authenticate, per host (default 10)")
     p.add_argument("--command-timeout", type=positive_seconds, default=30.0, metavar="S",
@@ -71,7 +81,7 @@ def register(subparsers: Any) -> None:
 
 def _collect_with_ssh(args: argparse.Namespace) -> CollectReport:
     try:
-        targets = parse_hosts_arg(args.hosts)
+        targets = parse_hosts_arg(args.hosts) if args.hosts is not None else parse_hosts_file(args.hosts_file)
         factory = paramiko_client_factory(args.identity_file, args.known_hosts, args.connect_timeout)
         agent_command(args.nvml_python)
     except ValueError as exc:
@@ -86,7 +96,7 @@ def _collect_with_ssh(args: argparse.Namespace) -> CollectReport:
 
 def _collect_with_airflow(args: argparse.Namespace) -> CollectReport:
     if args.identity_file or args.known_hosts:
-        raise HeteroGpuError("--identity-file and --known-hosts go with --hosts; with --ssh-conn-ids "
+        raise HeteroGpuError("--identity-file and --known-hosts go with --hosts/--hosts-file; with --ssh-conn-ids "
                              "the key and host key come from each connection (key_file, host_key extras)")
     try:
         from airflow_hetero_gpu.hooks.hetero_gpu import HeteroGpuHook, normalize_conn_ids
@@ -138,7 +148,9 @@ def cmd_collect(args: argparse.Namespace) -> int:
     """Run the collection; the exit status says whether anything was collected."""
     try:
         with _quiet_logging():
-            report = _collect_with_ssh(args) if args.hosts is not None else _collect_with_airflow(args)
+            report = _collect_with_airflow(args) if args.ssh_conn_ids is not None else _collect_with_ssh(args)
+    except OpenFilesLimitError as exc:
+        raise HeteroGpuError(str(exc)) from None
     except OSError as exc:  # --out is a file, not writable, ...
         raise HeteroGpuError(f"--out {args.out}: {exc.strerror or exc}") from None
     if args.json:

@@ -1,70 +1,66 @@
 """Collect captures (SPEC section 2) from many GPU hosts over SSH, in parallel.
 
-For every target, in a thread pool bounded by ``max_parallel`` (sshd's ``MaxStartups`` defaults
-to 10:30:100, so an unbounded fan-out gets connections dropped), open a paramiko ``SSHClient``
-through ``client_factory``, run three constant commands and write
+For every target, in a thread pool bounded by ``max_parallel``, open a paramiko ``SSHClient``
+through ``client_factory``, run the capture commands (:mod:`.gather`) and write
 ``out_dir/hosts/<host>/{query.csv,topo.txt,xid.log}``. A host that fails gets ``error.txt`` with
-a one-line reason instead; it never fails the whole collection.
+a one-line reason (:mod:`.reasons`) instead; it never fails the whole collection.
 
 With ``use_nvml=True`` the query comes from the NVML agent (:mod:`.nvml`) piped into the host's
-``python3`` (or the interpreter named by ``nvml_python``); where that cannot run (no python3, no pynvml, NVML failing) the host falls back to
-``nvidia-smi`` and the report carries a warning saying why.
+``python3`` (or the interpreter named by ``nvml_python``); where that cannot run (no python3, no
+pynvml, NVML failing) the host falls back to ``nvidia-smi`` and the report carries a warning
+saying why.
 
 ``client_factory(target)`` returns a *connected* client, so the same code serves plain paramiko
-(:func:`paramiko_client_factory`, for the command line) and Airflow's SSHHook. A factory that
-accepts a ``connect_timeout`` keyword gets the collection's connect timeout.
+(:func:`~.clients.paramiko_client_factory`, for the command line) and Airflow's SSHHook. A
+factory that accepts a ``connect_timeout`` keyword gets the collection's connect timeout.
+
+The fan-out: every host is one connection (one sshd each on a real fleet, so sshd's
+``MaxStartups`` only matters behind a shared sshd or jump host) and mostly waits for the
+network and the host's ``nvidia-smi``, so :data:`DEFAULT_MAX_PARALLEL` hosts are worked on at
+once by default (measurements in docs/performance.md); the open-file limit is raised to fit
+(:mod:`.limits`).
 """
 
 from __future__ import annotations
 
-import getpass
 import inspect
+from collections import Counter
 import logging
 import os
-import re
-import select
-import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import paramiko
 
-from airflow_hetero_gpu.capture.directory import QUERY_FIELDS
-from airflow_hetero_gpu.capture.query import EXTRA_HEALTH_FIELDS
-from airflow_hetero_gpu.collect.nvml import AgentReply, agent_command, agent_script, parse_agent_reply
+from airflow_hetero_gpu.capture.directory import QUERY_FIELDS  # noqa: F401 - re-exported
+from airflow_hetero_gpu.collect.clients import (  # noqa: F401 - re-exported
+    PARAMIKO_LOG_CHANNEL,
+    ClientFactory,
+    HostKeyStore,
+    paramiko_client_factory,
+)
+from airflow_hetero_gpu.collect.command import CommandResult, run_command  # noqa: F401 - re-exported
+from airflow_hetero_gpu.collect.gather import (  # noqa: F401 - re-exported
+    CAPTURE_FILES,
+    QUERY_COMMAND,
+    TOPO_COMMAND,
+    XID_COMMAND,
+    gather,
+)
+from airflow_hetero_gpu.collect.limits import OpenFilesLimitError, ensure_open_files
+from airflow_hetero_gpu.collect.nvml import agent_command
+from airflow_hetero_gpu.collect.reasons import HostFailure, classify_connect_error  # noqa: F401
 from airflow_hetero_gpu.collect.targets import SshTarget
 from airflow_hetero_gpu.fsutil import atomic_write
 
 log = logging.getLogger(__name__)
 
-#: paramiko logs a traceback for every failed handshake; our clients log on this channel, kept
-#: quiet by default (the one-line reason goes to error.txt). Lower its level to debug SSH.
-PARAMIKO_LOG_CHANNEL = f"{__name__}.paramiko"
-logging.getLogger(PARAMIKO_LOG_CHANNEL).setLevel(logging.CRITICAL)
-logging.getLogger(PARAMIKO_LOG_CHANNEL).addHandler(logging.NullHandler())
-
-#: Constant remote command lines: nothing from the user is ever interpolated into them.
-QUERY_COMMAND = f"nvidia-smi --query-gpu={QUERY_FIELDS} --format=csv"
-#: Older spellings of extra health fields, tried when a driver refuses the current one.
-OLDER_FIELD_NAMES = {"clocks_event_reasons.hw_slowdown": "clocks_throttle_reasons.hw_slowdown"}
-TOPO_COMMAND = "nvidia-smi topo -m"
-#: The journal first (readable without root for members of adm/systemd-journal), else dmesg
-#: (readable without root unless kernel.dmesg_restrict=1). Exit 1 with no output = no Xids.
-XID_COMMAND = "journalctl -k -q --no-pager -g 'NVRM: Xid' 2>/dev/null || dmesg | grep 'NVRM: Xid'"
-
-_KERNEL_LOG_DENIED = re.compile(
-    r"operation not permitted|permission denied|read kernel buffer failed|no journal files|"
-    r"not seeing messages from other users|insufficient permissions|command not found",
-    re.IGNORECASE,
-)
-
-CAPTURE_FILES = ("query.csv", "topo.txt", "xid.log")
 ERROR_FILE = "error.txt"
-
-ClientFactory = Callable[..., paramiko.SSHClient]
+#: Hosts worked on at once unless told otherwise (see docs/collection.md#concurrency).
+DEFAULT_MAX_PARALLEL = 64
 
 
 # --------------------------------------------------------------------------------------------
@@ -116,231 +112,6 @@ class CollectReport:
             "seconds": round(self.seconds, 3),
             "hosts": [dict(asdict(h), seconds=round(h.seconds, 3)) for h in self.hosts],
         }
-
-
-# --------------------------------------------------------------------------------------------
-# Errors and their one-line reasons
-# --------------------------------------------------------------------------------------------
-
-
-class HostFailure(Exception):
-    """A host could not be collected; ``str()`` is the one-line reason for error.txt."""
-
-    def __init__(self, reason: str, *, retryable: bool = False):
-        super().__init__(" ".join(reason.split()))
-        self.retryable = retryable
-
-
-def _first_line(*texts: str) -> str:
-    for text in texts:
-        for line in text.splitlines():
-            if line.strip():
-                return line.strip()
-    return "(no output)"
-
-
-def _fingerprint(key: paramiko.PKey) -> str:
-    return f"{key.get_name()} {key.fingerprint}" if hasattr(key, "fingerprint") else key.get_name()
-
-
-def classify_connect_error(exc: BaseException, target: SshTarget, timeout: float,
-                           elapsed: float = 0.0) -> HostFailure:
-    """Turn whatever connecting raised into a one-line reason, retryable or not.
-
-    ``elapsed`` (seconds the attempt took) tells a silent server apart from a dropped
-    connection: paramiko reports both as various SSHExceptions.
-    """
-    where = target.endpoint
-    if isinstance(exc, HostFailure):
-        return exc
-    if isinstance(exc, paramiko.BadHostKeyException):
-        return HostFailure(
-            f"host key mismatch for {where}: server offered {_fingerprint(exc.key)}, "
-            f"known_hosts has {_fingerprint(exc.expected_key)}"
-        )
-    if isinstance(exc, paramiko.AuthenticationException):
-        return HostFailure(f"authentication failed for {target.user or getpass.getuser()}@{where}: {exc}")
-    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
-        errnos = {getattr(e, "errno", None) for e in exc.errors.values()}
-        if errnos <= {111, 10061}:  # ECONNREFUSED (Linux, Windows)
-            return HostFailure(f"connection refused ({where})", retryable=True)
-        return HostFailure(f"cannot connect to {where}: {_first_line(str(exc))}", retryable=True)
-    if isinstance(exc, (socket.timeout, TimeoutError)):
-        return HostFailure(f"timeout connecting to {where} after {timeout:g}s")
-    if isinstance(exc, ConnectionRefusedError):
-        return HostFailure(f"connection refused ({where})", retryable=True)
-    if isinstance(exc, paramiko.SSHException):
-        text = str(exc)
-        if "not found in known_hosts" in text:
-            return HostFailure(f"unknown host key for {where}: not in known_hosts (host keys are verified)")
-        context = exc.__context__
-        if ("Negotiation timed out" in text or isinstance(context, (socket.timeout, TimeoutError))
-                or elapsed >= 0.9 * timeout):
-            return HostFailure(f"timeout: no SSH handshake from {where} within {timeout:g}s")
-        if "Error reading SSH protocol banner" in text:
-            return HostFailure(f"connection closed by {where} before the SSH banner", retryable=True)
-        return HostFailure(f"ssh error with {where}: {_first_line(text)}", retryable=True)
-    if isinstance(exc, (EOFError, ConnectionError)):
-        return HostFailure(f"connection to {where} lost: {type(exc).__name__}", retryable=True)
-    if isinstance(exc, OSError):
-        return HostFailure(f"cannot connect to {where}: {exc.strerror or exc}", retryable=True)
-    return HostFailure(f"cannot connect to {where}: {type(exc).__name__}: {_first_line(str(exc))}")
-
-
-# --------------------------------------------------------------------------------------------
-# Running a command
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class CommandResult:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def run_command(client: paramiko.SSHClient, command: str, timeout: float,
-                label: str | None = None, stdin: bytes | None = None) -> CommandResult:
-    """Run one command on a connected client, reading stdout and stderr together.
-
-    ``stdin``, when given, is sent to the command and its input closed. Raises
-    HostFailure("timeout: ...") when it does not finish within ``timeout`` seconds.
-    """
-    transport = client.get_transport()
-    if transport is None or not transport.is_active():
-        raise HostFailure("ssh connection is not active", retryable=True)
-    deadline = time.monotonic() + timeout
-    try:
-        channel = transport.open_session(timeout=timeout)
-    except (paramiko.SSHException, EOFError, OSError) as exc:
-        raise HostFailure(f"cannot open an SSH session: {_first_line(str(exc)) or type(exc).__name__}",
-                          retryable=True) from exc
-    out, err = bytearray(), bytearray()
-    try:
-        channel.settimeout(timeout)
-        channel.exec_command(command)
-        if stdin is not None:
-            try:
-                channel.sendall(stdin)
-                channel.shutdown_write()
-            except OSError:
-                pass  # the command ended without reading its input; its exit status says why
-        while True:
-            while channel.recv_ready():
-                out += channel.recv(65536)
-            while channel.recv_stderr_ready():
-                err += channel.recv_stderr(65536)
-            if channel.exit_status_ready() and (channel.eof_received or channel.closed) \
-                    and not channel.recv_ready() and not channel.recv_stderr_ready():
-                break
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise HostFailure(f"timeout: {label or command!r} did not finish within {timeout:g}s")
-            select.select([channel], [], [], min(remaining, 0.25))
-        return CommandResult(channel.recv_exit_status(), out.decode("utf-8", "replace"),
-                             err.decode("utf-8", "replace"))
-    except (paramiko.SSHException, EOFError, OSError) as exc:
-        raise HostFailure(f"ssh session failed: {_first_line(str(exc)) or type(exc).__name__}",
-                          retryable=True) from exc
-    finally:
-        channel.close()
-
-
-def _nvidia_smi_failure(result: CommandResult) -> HostFailure:
-    if result.returncode == 127:
-        return HostFailure("nvidia-smi: command not found")
-    return HostFailure(f"nvidia-smi exit {result.returncode}: {_first_line(result.stdout, result.stderr)}")
-
-
-def _has_query_header(stdout: str) -> bool:
-    return any(line.startswith("index") for line in stdout.splitlines())
-
-
-def _nvml_query(client: paramiko.SSHClient, command_timeout: float, python: str) -> AgentReply:
-    """Run the NVML agent on the host (its source on stdin); a timeout fails the host."""
-    result = run_command(client, agent_command(python), command_timeout, "NVML agent", stdin=agent_script())
-    if result.returncode == 127:
-        return AgentReply(None, f"{python}: command not found")
-    if result.returncode != 0:
-        return AgentReply(None, f"{python} exit {result.returncode}: {_first_line(result.stderr, result.stdout)}")
-    reply = parse_agent_reply(result.stdout)
-    if reply.ok and not _has_query_header(reply.query_csv or ""):
-        return AgentReply(None, f"agent output has no CSV header: {_first_line(reply.query_csv or '')}")
-    return reply
-
-
-_INVALID_FIELD = re.compile(r'Field "(?P<field>[^"]+)" is not a valid field to query')
-
-
-def _smi_query(client: paramiko.SSHClient, command_timeout: float, warnings: list[str]) -> CommandResult:
-    """``nvidia-smi --query-gpu`` with the SPEC fields plus :data:`EXTRA_HEALTH_FIELDS`.
-
-    A driver that does not know an extra field refuses the whole query (``Field "x" is not a
-    valid field to query.``, exit 2): the field is asked for under its older name where it has
-    one, else left out, and the query runs again; the SPEC fields are always asked for.
-    """
-    extra = list(EXTRA_HEALTH_FIELDS)
-    while True:
-        fields = ",".join([QUERY_FIELDS, *extra])
-        query = run_command(client, f"nvidia-smi --query-gpu={fields} --format=csv", command_timeout,
-                            "nvidia-smi --query-gpu")
-        match = _INVALID_FIELD.search(query.stdout) if query.returncode == 2 else None
-        if match is None or not extra:
-            return query
-        field = match["field"]
-        if field not in extra:  # refused one of the SPEC fields: nothing more to leave out
-            extra = []
-        elif field in OLDER_FIELD_NAMES:
-            extra[extra.index(field)] = OLDER_FIELD_NAMES[field]
-        else:
-            extra.remove(field)
-            warnings.append(f"nvidia-smi does not know {field}; its health rule is off for this host")
-
-
-def _query(client: paramiko.SSHClient, command_timeout: float, nvml_python: str | None,
-           warnings: list[str]) -> tuple[str, str]:
-    """(query.csv text, its source): the NVML agent when asked (``nvml_python`` set) and able,
-    else nvidia-smi."""
-    if nvml_python is not None:
-        reply = _nvml_query(client, command_timeout, nvml_python)
-        if reply.ok and reply.query_csv is not None:
-            lost = [ln for ln in reply.query_csv.splitlines() if ln.startswith("Unable to determine")]
-            if lost:
-                warnings.append(f"nvml: {lost[0]}")
-            return reply.query_csv, "nvml"
-        warnings.append(f"NVML agent not used ({reply.error}); used nvidia-smi")
-    query = _smi_query(client, command_timeout, warnings)
-    if not _has_query_header(query.stdout):
-        raise _nvidia_smi_failure(query)
-    if query.returncode != 0:
-        # The real tool exits non-zero when a GPU's handle is lost but still prints the others.
-        warnings.append(f"nvidia-smi exit {query.returncode}: {_first_line(query.stdout)}")
-    return query.stdout, "nvidia-smi"
-
-
-def gather(client: paramiko.SSHClient, command_timeout: float, read_kernel_log: bool,
-           nvml_python: str | None = None) -> tuple[dict[str, str], list[str], str]:
-    """Run the capture commands on one host: ({file name: text}, warnings, query source).
-
-    ``nvml_python``: the host interpreter to run the NVML agent with; None: nvidia-smi only.
-    """
-    warnings: list[str] = []
-    query_text, source = _query(client, command_timeout, nvml_python, warnings)
-    topo = run_command(client, TOPO_COMMAND, command_timeout, TOPO_COMMAND)
-    if topo.returncode != 0:
-        failure = _nvidia_smi_failure(topo)
-        raise HostFailure(f"topo -m: {failure}")
-    files = {"query.csv": query_text, "topo.txt": topo.stdout}
-    if read_kernel_log:
-        xid = run_command(client, XID_COMMAND, command_timeout, "kernel log read")
-        lines = [line for line in xid.stdout.splitlines() if "NVRM: Xid" in line]
-        # exit 1 with no line is "no Xid"; a denial shows on stderr (other stderr text, such as
-        # what a login shell's rc files print, is noise)
-        if lines or xid.returncode in (0, 1) and not _KERNEL_LOG_DENIED.search(xid.stderr):
-            files["xid.log"] = "".join(line + "\n" for line in lines)
-        else:
-            warnings.append(f"kernel log not readable: {_first_line(xid.stderr, xid.stdout)}")
-    return files, warnings, source
 
 
 # --------------------------------------------------------------------------------------------
@@ -425,13 +196,14 @@ def collect_host(target: SshTarget, out_dir: Path, client_factory: ClientFactory
 
 
 def collect_captures(targets: Sequence[SshTarget] | Iterable[SshTarget], out_dir: str | os.PathLike[str],
-                     client_factory: ClientFactory, *, max_parallel: int = 8,
+                     client_factory: ClientFactory, *, max_parallel: int = DEFAULT_MAX_PARALLEL,
                      connect_timeout: float = 10, command_timeout: float = 30, retries: int = 2,
                      read_kernel_log: bool = True, use_nvml: bool = False,
                      nvml_python: str = "python3") -> CollectReport:
     """Collect every target into the capture directory ``out_dir`` (SPEC section 2).
 
-    At most ``max_parallel`` hosts are worked on at once. Each host gets its own connect and
+    At most ``max_parallel`` hosts are worked on at once (the soft open-file limit is raised to
+    fit; :class:`~.limits.OpenFilesLimitError` when the hard limit cannot). Each host gets its own connect and
     command timeouts and ``retries`` further attempts for transient network errors (refused or
     reset connections); a host-key mismatch, an unknown host key, an authentication failure
     and timeouts are not retried. A failed host gets ``error.txt`` and keeps its last good
@@ -442,17 +214,20 @@ def collect_captures(targets: Sequence[SshTarget] | Iterable[SshTarget], out_dir
     targets = list(targets)
     names = [t.host_name for t in targets]
     if len(set(names)) != len(names):
-        raise ValueError(f"duplicate host names among targets: {names}")
+        twice = sorted(n for n, count in Counter(names).items() if count > 1)
+        raise ValueError(f"duplicate host names among targets: {twice}")
     if max_parallel < 1:
         raise ValueError(f"max_parallel must be >= 1, got {max_parallel}")
     if use_nvml:
         agent_command(nvml_python)  # ValueError for anything but a plain name or path
+    workers = min(max_parallel, len(targets))
+    ensure_open_files(workers)  # OpenFilesLimitError (a ValueError) when the hard limit is too low
     out = Path(out_dir)
     (out / "hosts").mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     results: list[HostResult] = []
     if targets:
-        with ThreadPoolExecutor(max_workers=min(max_parallel, len(targets)),
+        with ThreadPoolExecutor(max_workers=workers,
                                 thread_name_prefix="hetero-gpu-collect") as pool:
             futures = [
                 pool.submit(collect_host, t, out, client_factory, connect_timeout=connect_timeout,
@@ -465,47 +240,5 @@ def collect_captures(targets: Sequence[SshTarget] | Iterable[SshTarget], out_dir
     return CollectReport(out_dir=out, hosts=results, seconds=time.monotonic() - started)
 
 
-# --------------------------------------------------------------------------------------------
-# Plain paramiko clients (the command line)
-# --------------------------------------------------------------------------------------------
-
-
-def paramiko_client_factory(identity_file: str | os.PathLike[str] | None = None,
-                            known_hosts: str | os.PathLike[str] | None = None,
-                            connect_timeout: float = 10) -> ClientFactory:
-    """A factory of connected paramiko clients that verify host keys.
-
-    Host keys come from ``known_hosts`` (default: the user's ``~/.ssh/known_hosts``); an unknown
-    or changed key is refused (``RejectPolicy``), never added. With ``identity_file`` only that
-    key is offered; without, the agent and the default keys are tried.
-    """
-    if known_hosts is not None and not Path(known_hosts).is_file():
-        raise ValueError(f"known_hosts file {str(known_hosts)!r} does not exist")
-    if identity_file is not None and not Path(identity_file).is_file():
-        raise ValueError(f"identity file {str(identity_file)!r} does not exist")
-
-    def factory(target: SshTarget, connect_timeout: float | None = None) -> paramiko.SSHClient:
-        timeout = connect_timeout if connect_timeout is not None else default_timeout
-        client = paramiko.SSHClient()
-        client.set_log_channel(PARAMIKO_LOG_CHANNEL)
-        try:
-            if known_hosts is not None:
-                client.load_host_keys(str(known_hosts))
-            else:
-                client.load_system_host_keys()
-            client.set_missing_host_key_policy(paramiko.RejectPolicy())
-            client.connect(
-                hostname=target.address, port=target.port,
-                username=target.user or getpass.getuser(),
-                key_filename=str(identity_file) if identity_file is not None else None,
-                look_for_keys=identity_file is None, allow_agent=identity_file is None,
-                timeout=timeout, banner_timeout=timeout, auth_timeout=timeout,
-                channel_timeout=timeout,
-            )
-        except BaseException:
-            client.close()
-            raise
-        return client
-
-    default_timeout = connect_timeout
-    return factory
+__all__ = ["CollectReport", "DEFAULT_MAX_PARALLEL", "HostFailure", "HostResult", "OpenFilesLimitError",
+           "collect_captures", "collect_host", "paramiko_client_factory"]

@@ -4,11 +4,16 @@
 name, an IPv4 address or a bracketed IPv6 address (``[::1]:2222``; a bare IPv6 address without a
 port is accepted too). NAME, when given, is the host's name in the capture directory
 (``hosts/<NAME>/``); it defaults to HOST.
+
+``--hosts-file FILE`` holds the same entries one a line, for fleets too large for a command line
+(Linux caps one argument at 128 KiB, about 4,500 hosts): blank lines and ``#`` comments (whole
+lines or after an entry) are ignored; a bad line is a one-line error naming the file and line.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from dataclasses import dataclass
 
@@ -50,12 +55,20 @@ def _is_ip(value: str) -> bool:
     return True
 
 
-def _bad(item: str, why: str) -> ValueError:
-    return ValueError(f"invalid --hosts entry {item!r}: {why}")
+class _Bad:
+    """Builds the ValueError of a bad entry, worded for where the entry came from."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def __call__(self, item: str, why: str) -> ValueError:
+        return ValueError(f"invalid {self.source} {item!r}: {why}")
 
 
-def parse_host(item: str) -> SshTarget:
-    """Parse one ``[NAME=][USER@]HOST[:PORT]`` entry; ValueError names the entry."""
+def parse_host(item: str, *, source: str = "--hosts entry") -> SshTarget:
+    """Parse one ``[NAME=][USER@]HOST[:PORT]`` entry; ValueError names the entry (and ``source``,
+    what it is called in the message)."""
+    _bad = _Bad(source)
     raw = item
     item = item.strip()
     if not item:
@@ -83,7 +96,7 @@ def parse_host(item: str) -> SshTarget:
         if rest:
             if not rest.startswith(":"):
                 raise _bad(raw, f"unexpected {rest!r} after ']'")
-            port = _port(raw, rest[1:])
+            port = _port(raw, rest[1:], _bad)
     elif item.count(":") > 1:
         host = item
         try:
@@ -93,7 +106,7 @@ def parse_host(item: str) -> SshTarget:
     else:
         host, _, port_text = item.partition(":")
         if _:
-            port = _port(raw, port_text)
+            port = _port(raw, port_text, _bad)
         if not host:
             raise _bad(raw, "no host")
         if not (_is_ip(host) or _HOSTNAME.fullmatch(host)):
@@ -104,9 +117,9 @@ def parse_host(item: str) -> SshTarget:
         raise _bad(raw, str(exc)) from None
 
 
-def _port(raw: str, text: str) -> int:
+def _port(raw: str, text: str, bad: _Bad) -> int:
     if not text.isdigit() or not (1 <= int(text) <= 65535):
-        raise _bad(raw, f"port {text!r} must be a number 1-65535")
+        raise bad(raw, f"port {text!r} must be a number 1-65535")
     return int(text)
 
 
@@ -120,4 +133,38 @@ def parse_hosts_arg(value: str) -> list[SshTarget]:
         if target.host_name in seen:
             raise ValueError(f"host {target.host_name!r} appears twice in --hosts")
         seen[target.host_name] = target
+    return targets
+
+
+def parse_hosts_file(path: str | os.PathLike[str]) -> list[SshTarget]:
+    """Targets of a hosts file: one ``[NAME=][USER@]HOST[:PORT]`` a line, ``#`` comments and
+    blank lines allowed. ValueError (one line, ``FILE:LINE: ...``) for a bad line, a host named
+    twice, an unreadable or empty file."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except OSError as exc:
+        raise ValueError(f"hosts file {os.fspath(path)}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"hosts file {os.fspath(path)}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    targets: list[SshTarget] = []
+    first_line: dict[str, int] = {}
+    for lineno, line in enumerate(lines, 1):
+        entry = line.split("#", 1)[0].strip()
+        if not entry:
+            continue
+        where = f"{os.fspath(path)}:{lineno}"
+        if "," in entry or any(c.isspace() for c in entry):
+            raise ValueError(f"{where}: one host a line, got {entry!r}")
+        try:
+            target = parse_host(entry, source="host entry")
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        if target.host_name in first_line:
+            raise ValueError(f"{where}: host {target.host_name!r} appears twice "
+                             f"(first on line {first_line[target.host_name]})")
+        first_line[target.host_name] = lineno
+        targets.append(target)
+    if not targets:
+        raise ValueError(f"hosts file {os.fspath(path)}: no hosts (one [NAME=][USER@]HOST[:PORT] a line)")
     return targets

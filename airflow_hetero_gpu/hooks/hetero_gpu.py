@@ -29,7 +29,8 @@ from airflow.sdk import BaseHook
 
 from airflow_hetero_gpu.capture.directory import read_capture_dir
 from airflow_hetero_gpu.capture.slurm import parse_topology_conf
-from airflow_hetero_gpu.collect.ssh import CollectReport, HostFailure, collect_captures
+from airflow_hetero_gpu.collect.clients import open_socket
+from airflow_hetero_gpu.collect.ssh import DEFAULT_MAX_PARALLEL, CollectReport, HostFailure, collect_captures
 from airflow_hetero_gpu.fsutil import atomic_write
 from airflow_hetero_gpu.collect.targets import SshTarget
 from airflow_hetero_gpu.core.changes import InventoryChange, diff_clusters
@@ -93,7 +94,8 @@ class HeteroGpuHook(BaseHook):
     :param config: ``cluster.yaml`` path or the same as a mapping (SPEC section 3); written into
         the capture directory so ``hetero-gpu plan --captures`` sees the same cluster.
     :param topology_conf: Slurm ``topology.conf`` of the network between hosts (SPEC section 5).
-    :param max_parallel: hosts worked on at once (sshd's MaxStartups caps unbounded fan-outs).
+    :param max_parallel: hosts worked on at once (default
+        :data:`~airflow_hetero_gpu.collect.ssh.DEFAULT_MAX_PARALLEL`).
     :param connect_timeout: seconds for TCP connect, SSH banner and authentication, per host.
     :param command_timeout: seconds for each remote command.
     :param retries: further attempts per host after a transient network error.
@@ -113,7 +115,7 @@ class HeteroGpuHook(BaseHook):
         captures_dir: str | Path | None = None,
         config: str | Path | Mapping[str, Any] | None = None,
         topology_conf: str | Path | None = None,
-        max_parallel: int = 8,
+        max_parallel: int = DEFAULT_MAX_PARALLEL,
         connect_timeout: float = 10,
         command_timeout: float = 30,
         retries: int = 2,
@@ -231,7 +233,20 @@ class HeteroGpuHook(BaseHook):
             # on itself and hands it out again, so calls for one host must not interleave.
             with locks[target.host_name]:
                 hook.client = None
-                return hook.get_conn()
+                if hook.host_proxy_cmd:  # the connection goes through its ProxyCommand
+                    return hook.get_conn()
+                # SSHHook connects through the socket it is given (what a ProxyCommand would
+                # be): a TCP one with TCP_NODELAY, so the handshake's small packets do not wait
+                # for delayed acknowledgements.
+                timeout = connect_timeout if connect_timeout is not None else hook.conn_timeout
+                hook.host_proxy = open_socket(str(hook.remote_host), int(hook.port or 22), timeout)
+                try:
+                    return hook.get_conn()
+                except BaseException:
+                    hook.host_proxy.close()
+                    raise
+                finally:
+                    hook.host_proxy = None
 
         return connect
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from airflow.providers.common.compat.sdk import AirflowException, conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
+from airflow_hetero_gpu.collect.ssh import DEFAULT_MAX_PARALLEL
 from airflow_hetero_gpu.fsutil import atomic_write
 from airflow_hetero_gpu.settings import setting
 from airflow_hetero_gpu.triggers.gpu_health import GpuHealthTrigger, HealthWatch, WatchSpec
@@ -99,7 +100,7 @@ class GpuHealthSensor(BaseSensorOperator):
         thresholds: Mapping[str, Any] | None = None,
         sweep_orphans: bool = False,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
-        max_parallel: int = 8,
+        max_parallel: int = DEFAULT_MAX_PARALLEL,
         connect_timeout: float = 10,
         command_timeout: float = 30,
         retries: int = 2,

@@ -3,7 +3,7 @@
 Used by the test suite and the demo; see ``docs/emulated-cluster.md``. Public names::
 
     EmulatedCluster, EmulatedHost, HostSpec, GpuSpec, demo_hosts, small_hosts, FAULTS,
-    sshd_available
+    sshd_available, EmbeddedCluster (one asyncssh process for many hosts), scale_hosts
 
 The names load lazily so that the fake tools, which import this package on every remote
 command, pay only for what they use.
@@ -15,7 +15,9 @@ from typing import Any
 
 _EXPORTS = {
     "EmulatedCluster": "airflow_hetero_gpu.testing.cluster",
-    "EmulatedHost": "airflow_hetero_gpu.testing.cluster",
+    "EmulatedHost": "airflow_hetero_gpu.testing.hoststate",
+    "EmbeddedCluster": "airflow_hetero_gpu.testing.embedded.cluster",
+    "scale_hosts": "airflow_hetero_gpu.testing.fleets",
     "HostSpec": "airflow_hetero_gpu.testing.state",
     "GpuSpec": "airflow_hetero_gpu.testing.state",
     "FAULTS": "airflow_hetero_gpu.testing.state",

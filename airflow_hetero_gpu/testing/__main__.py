@@ -1,7 +1,9 @@
-"""``python -m airflow_hetero_gpu.testing start --root DIR [--hosts demo|small]``
+"""``python -m airflow_hetero_gpu.testing start --root DIR [--hosts demo|small|scale] [--count N] [--embedded]``
 
 Starts an emulated GPU cluster, prints where each host answers and the client paths, and keeps
 it running until SIGTERM or SIGINT; then stops every sshd and every command started through it.
+``--embedded`` serves the hosts from one asyncssh process instead of a real sshd each (no
+OpenSSH server needed; the way to run hundreds of hosts, ``--hosts scale --count 1000``).
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ from typing import Sequence
 from airflow_hetero_gpu.testing import sshd_available
 from airflow_hetero_gpu.testing.cluster import EmulatedCluster
 from airflow_hetero_gpu.testing.demo import demo_hosts, small_hosts
+from airflow_hetero_gpu.testing.embedded import EmbeddedCluster, EmbeddedServerError
+from airflow_hetero_gpu.testing.fleets import scale_hosts
 from airflow_hetero_gpu.testing.sshd import SshdError
 
-HOST_SETS = {"demo": demo_hosts, "small": small_hosts}
+HOST_SETS = {"demo": lambda count: demo_hosts(), "small": lambda count: small_hosts(count or 2),
+             "scale": lambda count: scale_hosts(count or 100)}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,14 +33,19 @@ def _parser() -> argparse.ArgumentParser:
     start = sub.add_parser("start", help="start a cluster and keep it running until SIGTERM/SIGINT")
     start.add_argument("--root", required=True, type=Path, help="directory for keys, states and configs")
     start.add_argument("--hosts", default="demo", choices=sorted(HOST_SETS), help="which host set")
+    start.add_argument("--count", type=int, default=0, metavar="N",
+                       help="hosts of the small (default 2) or scale (default 100) set")
     start.add_argument("--first-address", default="127.0.0.11", help="address of the first host")
+    start.add_argument("--embedded", action="store_true",
+                       help="one asyncssh server process for every host instead of a real sshd each")
     return parser
 
 
-def describe(cluster: EmulatedCluster) -> str:
-    """The human-readable summary printed once the cluster is up."""
-    lines = [f"emulated cluster under {cluster.root}"]
-    for host in cluster.hosts:
+def describe(cluster: EmulatedCluster | EmbeddedCluster, limit: int = 20) -> str:
+    """The human-readable summary printed once the cluster is up (the first ``limit`` hosts)."""
+    server = "one embedded asyncssh server" if isinstance(cluster, EmbeddedCluster) else "a real sshd per host"
+    lines = [f"emulated cluster under {cluster.root} ({len(cluster.hosts)} hosts, {server})"]
+    for host in cluster.hosts[:limit]:
         state = cluster.state(host.name)
         cards = sorted({g["name"] for g in state.get("gpus", [])})
         lines.append(f"  {host.name:<12} {host.address}:{host.port:<6} {len(state.get('gpus', []))} x "
@@ -44,7 +54,8 @@ def describe(cluster: EmulatedCluster) -> str:
         f"user:          {cluster.user}",
         f"identity file: {cluster.identity_file}",
         f"known_hosts:   {cluster.known_hosts_path}",
-        f"--hosts value: {cluster.hosts_arg()}",
+        f"--hosts value: {cluster.hosts_arg() if len(cluster.hosts) <= limit else '(see hosts.txt)'}",
+        f"--hosts-file:  {cluster.write_hosts_file(cluster.root / 'hosts.txt')}",
         f"try:           ssh -i {cluster.identity_file} -o UserKnownHostsFile={cluster.known_hosts_path} "
         f"-p {cluster.hosts[0].port} {cluster.user}@{cluster.hosts[0].address} nvidia-smi -L",
         f"ready: {cluster.root / 'cluster.json'}",
@@ -54,16 +65,18 @@ def describe(cluster: EmulatedCluster) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if not sshd_available():
-        print("error: OpenSSH server not installed (apt-get install openssh-server)", file=sys.stderr)
+    if not args.embedded and not sshd_available():
+        print("error: OpenSSH server not installed (apt-get install openssh-server), "
+              "or use --embedded", file=sys.stderr)
         return 2
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    cluster = EmulatedCluster(args.root, HOST_SETS[args.hosts](), first_address=args.first_address)
+    kind = EmbeddedCluster if args.embedded else EmulatedCluster
     try:
+        cluster = kind(args.root, HOST_SETS[args.hosts](args.count), first_address=args.first_address)
         cluster.start()
-    except (SshdError, ValueError, OSError) as exc:
+    except (SshdError, EmbeddedServerError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     try:

@@ -16,27 +16,20 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import pwd
 import secrets
 import shutil
 import signal
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Iterable, Sequence
+from typing import Sequence
 
 from airflow_hetero_gpu.testing import procs
-from airflow_hetero_gpu.testing.fake_tools import write_tool_scripts
+from airflow_hetero_gpu.testing.fake_tools import set_nvidia_smi_present, write_tool_scripts
+from airflow_hetero_gpu.testing.hoststate import EmulatedHost, HostStateMethods
 from airflow_hetero_gpu.testing.sshd import Sshd, SshdError, free_port, generate_key
-from airflow_hetero_gpu.testing.state import (
-    FAULTS,
-    GPU_KEYS,
-    STATE_FILE,
-    HostSpec,
-    read_state,
-    write_state,
-)
+from airflow_hetero_gpu.testing.state import HostSpec, write_state
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 SYSTEM_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
@@ -44,30 +37,7 @@ SYSTEM_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
 PROCESS_FAULTS = ("host_down", "hang", "host_key_changed", "sshd_killed", "network_silent")
 
 
-@dataclass(frozen=True)
-class EmulatedHost:
-    """Where one emulated host answers."""
-
-    name: str
-    address: str
-    port: int
-    directory: Path
-
-    @property
-    def state_file(self) -> Path:
-        return self.directory / STATE_FILE
-
-    @property
-    def bin_dir(self) -> Path:
-        return self.directory / "bin"
-
-    def hosts_arg(self, user: str | None = None, *, named: bool = True) -> str:
-        """This host in ``[NAME=][USER@]HOST:PORT`` form (the ``--hosts`` syntax)."""
-        name = f"{self.name}=" if named else ""
-        return f"{name}{user + '@' if user else ''}{self.address}:{self.port}"
-
-
-class EmulatedCluster:
+class EmulatedCluster(HostStateMethods):
     """N emulated GPU hosts, each behind its own real ``sshd``; a context manager."""
 
     def __init__(self, root: Path | str, hosts: Sequence[HostSpec], *,
@@ -100,11 +70,6 @@ class EmulatedCluster:
     # -- paths and identity --------------------------------------------------------------------
 
     @property
-    def user(self) -> str:
-        """The login name clients use (the user running the cluster)."""
-        return pwd.getpwuid(os.geteuid()).pw_name
-
-    @property
     def identity_file(self) -> Path:
         return self.root / "client" / "id_ed25519"
 
@@ -115,18 +80,6 @@ class EmulatedCluster:
     @property
     def authorized_keys_path(self) -> Path:
         return self.root / "authorized_keys"
-
-    def host(self, name: str) -> EmulatedHost:
-        for host in self.hosts:
-            if host.name == name:
-                return host
-        raise KeyError(f"no emulated host {name!r}; hosts: {', '.join(h.name for h in self.hosts)}")
-
-    def hosts_arg(self, names: Iterable[str] | None = None, *, named: bool = True) -> str:
-        """``NAME=user@addr:port,...`` for the given hosts (all by default), the value of
-        ``hetero-gpu collect --hosts``; ``named=False`` leaves out the ``NAME=`` prefixes."""
-        chosen = [self.host(n) for n in names] if names is not None else self.hosts
-        return ",".join(h.hosts_arg(self.user, named=named) for h in chosen)
 
     def ssh_argv(self, name: str, command: str) -> list[str]:
         """An OpenSSH client command line that reaches the host with strict host-key checking."""
@@ -208,7 +161,7 @@ class EmulatedCluster:
             self._host_keys[spec.name] = generate_key(sshd.host_key, f"{spec.name}@hetero-gpu-emulated")
             self._sshd[spec.name] = sshd
             if "nvidia_smi_missing" in spec.faults:
-                self._set_nvidia_smi_present(host, present=False)
+                set_nvidia_smi_present(host.bin_dir, present=False, system_path=SYSTEM_PATH)
         self._write_known_hosts()
         self._write_summary()
 
@@ -266,82 +219,13 @@ class EmulatedCluster:
         """The listener pid of every host (None while it is down)."""
         return {name: sshd.pid for name, sshd in self._sshd.items()}
 
-    # -- state ---------------------------------------------------------------------------------
-
-    def state(self, name: str) -> dict[str, Any]:
-        """The host's current state (a fresh copy read from its file)."""
-        return read_state(self.host(name).state_file)
-
-    def set_state(self, name: str, **changes: Any) -> dict[str, Any]:
-        """Replace top-level state keys (``driver_version=``, ``topology=``, ``xid=``, ...)."""
-        if "faults" in changes:
-            raise ValueError("use inject_fault()/clear_fault() to change faults")
-        state = self.state(name)
-        state.update(changes)
-        write_state(self.host(name).state_file, state)
-        return state
-
-    def update_gpu(self, name: str, index: int, **fields: Any) -> dict[str, Any]:
-        """Change fields of one GPU (keys of GpuSpec, e.g. ``utilization_gpu=90, lost=True``)."""
-        unknown = set(fields) - GPU_KEYS
-        if unknown:
-            raise ValueError(f"unknown GPU fields {sorted(unknown)}; known: {sorted(GPU_KEYS)}")
-        state = self.state(name)
-        for gpu in state.get("gpus", []):
-            if gpu.get("index") == index:
-                gpu.update(fields)
-                write_state(self.host(name).state_file, state)
-                return gpu
-        raise KeyError(f"host {name!r} has no GPU with index {index}")
-
-    def add_gpu(self, name: str, gpu: dict[str, Any]) -> None:
-        """Append a GPU to a host (a new card appearing, SPEC S10)."""
-        state = self.state(name)
-        state.setdefault("gpus", []).append(dict(gpu))
-        write_state(self.host(name).state_file, state)
-
-    def add_xid(self, name: str, gpu: int, xid: int, *, time: float | None = None,
-                pid: int | None = None, process: str | None = None, text: str | None = None) -> None:
-        """Append a kernel-log Xid line for one GPU of a host."""
-        state = self.state(name)
-        entries = state.setdefault("xid", [])
-        when = time if time is not None else 1000.0 + 17.123457 * (len(entries) + 1)
-        entry: dict[str, Any] = {"time": when, "gpu": gpu, "xid": xid, "pid": pid, "name": process}
-        if text:
-            entry["text"] = text
-        entries.append(entry)
-        write_state(self.host(name).state_file, state)
-
     # -- faults --------------------------------------------------------------------------------
-
-    def inject_fault(self, name: str, kind: str) -> None:
-        """Turn a host-level fault on (see ``state.FAULTS``)."""
-        self._set_fault(name, kind, on=True)
-
-    def clear_fault(self, name: str, kind: str) -> None:
-        """Turn a host-level fault off again."""
-        self._set_fault(name, kind, on=False)
-
-    def faults(self, name: str) -> list[str]:
-        return list(self.state(name).get("faults", []))
-
-    def _set_fault(self, name: str, kind: str, *, on: bool) -> None:
-        if kind not in FAULTS:
-            raise ValueError(f"unknown fault {kind!r}; known: {', '.join(FAULTS)}")
-        state = self.state(name)
-        current = list(state.get("faults", []))
-        if on == (kind in current):
-            return
-        self._apply_process_fault(name, kind, on=on)
-        current = [f for f in current if f != kind] + ([kind] if on else [])
-        state["faults"] = current
-        write_state(self.host(name).state_file, state)
 
     def _apply_process_fault(self, name: str, kind: str, *, on: bool) -> None:
         host = self.host(name)
         sshd = self._sshd[name]
         if kind == "nvidia_smi_missing":
-            self._set_nvidia_smi_present(host, present=not on)
+            set_nvidia_smi_present(host.bin_dir, present=not on, system_path=SYSTEM_PATH)
         elif kind == "host_down":
             if on:
                 self._stop_host_processes(name)
@@ -391,24 +275,6 @@ class EmulatedCluster:
         if pid is None:
             return []
         return [p for p in procs.descendants(pid) if procs.command_line(p).startswith(b"sshd")]
-
-    def _set_nvidia_smi_present(self, host: EmulatedHost, *, present: bool) -> None:
-        script = host.bin_dir / "nvidia-smi"
-        parked = host.bin_dir / ".nvidia-smi.parked"
-        real = [d for d in SYSTEM_PATH if os.access(os.path.join(d, "nvidia-smi"), os.X_OK)]
-        if present:
-            if parked.exists():
-                os.replace(parked, script)
-            return
-        if script.exists():
-            os.replace(script, parked)
-        if real:
-            # A real nvidia-smi further down PATH would answer instead: shadow it with what the
-            # shell says when a command is missing.
-            script.write_text(
-                "#!/bin/sh\necho \"sh: 1: nvidia-smi: not found\" >&2\nexit 127\n", encoding="utf-8"
-            )
-            script.chmod(0o755)
 
 
 __all__ = ["EmulatedCluster", "EmulatedHost", "SshdError"]

@@ -160,3 +160,23 @@ def write_tool_scripts(bin_dir: Path, python: str, package_root: Path) -> None:
             encoding="utf-8",
         )
         script.chmod(0o755)
+
+
+def set_nvidia_smi_present(bin_dir: Path, *, present: bool,
+                           system_path: Sequence[str] = ("/usr/local/bin", "/usr/bin", "/bin")) -> None:
+    """Put the host's fake ``nvidia-smi`` back, or park it (the ``nvidia_smi_missing`` fault).
+
+    While parked, where a real ``nvidia-smi`` sits further down ``PATH`` (``system_path``), a shim
+    answers what the shell says when the command is missing, so the real one never answers.
+    """
+    script = bin_dir / "nvidia-smi"
+    parked = bin_dir / ".nvidia-smi.parked"
+    if present:
+        if parked.exists():
+            os.replace(parked, script)
+        return
+    if script.exists():
+        os.replace(script, parked)
+    if any(os.access(os.path.join(d, "nvidia-smi"), os.X_OK) for d in system_path):
+        script.write_text("#!/bin/sh\necho \"sh: 1: nvidia-smi: not found\" >&2\nexit 127\n", encoding="utf-8")
+        script.chmod(0o755)

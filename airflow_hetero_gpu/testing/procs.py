@@ -81,6 +81,20 @@ def with_env(name: str, value: str, *, prefix: bool = False) -> list[int]:
     return found
 
 
+def with_env_in(name: str, values: set[str]) -> list[int]:
+    """Processes whose environment sets ``name`` to one of ``values`` (one scan of /proc)."""
+    needles = {f"{name}={value}".encode() for value in values}
+    found = []
+    for pid in all_pids():
+        try:
+            env = (PROC / str(pid) / "environ").read_bytes()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        if not needles.isdisjoint(env.split(b"\0")):
+            found.append(pid)
+    return found
+
+
 def with_env_marker(marker: str, *, prefix: bool = False) -> list[int]:
     """Processes an emulated host started: ``HETERO_GPU_EMU_MARKER=<marker>`` (or a prefix)."""
     return with_env("HETERO_GPU_EMU_MARKER", marker, prefix=prefix)

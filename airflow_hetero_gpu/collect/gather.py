@@ -1,0 +1,135 @@
+"""What the collector runs on a host, and how it reads the answers.
+
+Three constant command lines (nothing from the user is ever interpolated into them): the
+``nvidia-smi --query-gpu`` query (or the NVML agent), ``nvidia-smi topo -m`` and the kernel-log
+Xid read. :func:`gather` runs them on one connected client and returns the capture files.
+"""
+
+from __future__ import annotations
+
+import re
+
+import paramiko
+
+from airflow_hetero_gpu.capture.directory import QUERY_FIELDS
+from airflow_hetero_gpu.capture.query import EXTRA_HEALTH_FIELDS
+from airflow_hetero_gpu.collect.command import CommandResult, run_command
+from airflow_hetero_gpu.collect.nvml import AgentReply, agent_command, agent_script, parse_agent_reply
+from airflow_hetero_gpu.collect.reasons import HostFailure, first_line
+
+#: Constant remote command lines: nothing from the user is ever interpolated into them.
+QUERY_COMMAND = f"nvidia-smi --query-gpu={QUERY_FIELDS} --format=csv"
+#: Older spellings of extra health fields, tried when a driver refuses the current one.
+OLDER_FIELD_NAMES = {"clocks_event_reasons.hw_slowdown": "clocks_throttle_reasons.hw_slowdown"}
+TOPO_COMMAND = "nvidia-smi topo -m"
+#: The journal first (readable without root for members of adm/systemd-journal), else dmesg
+#: (readable without root unless kernel.dmesg_restrict=1). Exit 1 with no output = no Xids.
+XID_COMMAND = "journalctl -k -q --no-pager -g 'NVRM: Xid' 2>/dev/null || dmesg | grep 'NVRM: Xid'"
+
+_KERNEL_LOG_DENIED = re.compile(
+    r"operation not permitted|permission denied|read kernel buffer failed|no journal files|"
+    r"not seeing messages from other users|insufficient permissions|command not found",
+    re.IGNORECASE,
+)
+
+CAPTURE_FILES = ("query.csv", "topo.txt", "xid.log")
+
+
+def _nvidia_smi_failure(result: CommandResult) -> HostFailure:
+    if result.returncode == 127:
+        return HostFailure("nvidia-smi: command not found")
+    return HostFailure(f"nvidia-smi exit {result.returncode}: {first_line(result.stdout, result.stderr)}")
+
+
+def _has_query_header(stdout: str) -> bool:
+    return any(line.startswith("index") for line in stdout.splitlines())
+
+
+def _nvml_query(client: paramiko.SSHClient, command_timeout: float, python: str) -> AgentReply:
+    """Run the NVML agent on the host (its source on stdin); a timeout fails the host."""
+    result = run_command(client, agent_command(python), command_timeout, "NVML agent", stdin=agent_script())
+    if result.returncode == 127:
+        return AgentReply(None, f"{python}: command not found")
+    if result.returncode != 0:
+        return AgentReply(None, f"{python} exit {result.returncode}: {first_line(result.stderr, result.stdout)}")
+    reply = parse_agent_reply(result.stdout)
+    if reply.ok and not _has_query_header(reply.query_csv or ""):
+        return AgentReply(None, f"agent output has no CSV header: {first_line(reply.query_csv or '')}")
+    return reply
+
+
+_INVALID_FIELD = re.compile(r'Field "(?P<field>[^"]+)" is not a valid field to query')
+
+
+def _smi_query(client: paramiko.SSHClient, command_timeout: float, warnings: list[str]) -> CommandResult:
+    """``nvidia-smi --query-gpu`` with the SPEC fields plus :data:`EXTRA_HEALTH_FIELDS`.
+
+    A driver that does not know an extra field refuses the whole query (``Field "x" is not a
+    valid field to query.``, exit 2): the field is asked for under its older name where it has
+    one, else left out, and the query runs again; the SPEC fields are always asked for.
+    """
+    extra = list(EXTRA_HEALTH_FIELDS)
+    while True:
+        fields = ",".join([QUERY_FIELDS, *extra])
+        query = run_command(client, f"nvidia-smi --query-gpu={fields} --format=csv", command_timeout,
+                            "nvidia-smi --query-gpu")
+        match = _INVALID_FIELD.search(query.stdout) if query.returncode == 2 else None
+        if match is None or not extra:
+            return query
+        field = match["field"]
+        if field not in extra:  # refused one of the SPEC fields: nothing more to leave out
+            extra = []
+        elif field in OLDER_FIELD_NAMES:
+            extra[extra.index(field)] = OLDER_FIELD_NAMES[field]
+        else:
+            extra.remove(field)
+            warnings.append(f"nvidia-smi does not know {field}; its health rule is off for this host")
+
+
+def _query(client: paramiko.SSHClient, command_timeout: float, nvml_python: str | None,
+           warnings: list[str]) -> tuple[str, str]:
+    """(query.csv text, its source): the NVML agent when asked (``nvml_python`` set) and able,
+    else nvidia-smi."""
+    if nvml_python is not None:
+        reply = _nvml_query(client, command_timeout, nvml_python)
+        if reply.ok and reply.query_csv is not None:
+            lost = [ln for ln in reply.query_csv.splitlines() if ln.startswith("Unable to determine")]
+            if lost:
+                warnings.append(f"nvml: {lost[0]}")
+            return reply.query_csv, "nvml"
+        warnings.append(f"NVML agent not used ({reply.error}); used nvidia-smi")
+    query = _smi_query(client, command_timeout, warnings)
+    if not _has_query_header(query.stdout):
+        raise _nvidia_smi_failure(query)
+    if query.returncode != 0:
+        # The real tool exits non-zero when a GPU's handle is lost but still prints the others.
+        warnings.append(f"nvidia-smi exit {query.returncode}: {first_line(query.stdout)}")
+    return query.stdout, "nvidia-smi"
+
+
+def gather(client: paramiko.SSHClient, command_timeout: float, read_kernel_log: bool,
+           nvml_python: str | None = None) -> tuple[dict[str, str], list[str], str]:
+    """Run the capture commands on one host: ({file name: text}, warnings, query source).
+
+    ``nvml_python``: the host interpreter to run the NVML agent with; None: nvidia-smi only.
+    """
+    warnings: list[str] = []
+    query_text, source = _query(client, command_timeout, nvml_python, warnings)
+    topo = run_command(client, TOPO_COMMAND, command_timeout, TOPO_COMMAND)
+    if topo.returncode != 0:
+        failure = _nvidia_smi_failure(topo)
+        raise HostFailure(f"topo -m: {failure}")
+    files = {"query.csv": query_text, "topo.txt": topo.stdout}
+    if read_kernel_log:
+        xid = run_command(client, XID_COMMAND, command_timeout, "kernel log read")
+        lines = [line for line in xid.stdout.splitlines() if "NVRM: Xid" in line]
+        # exit 1 with no line is "no Xid"; a denial shows on stderr (other stderr text, such as
+        # what a login shell's rc files print, is noise)
+        if lines or xid.returncode in (0, 1) and not _KERNEL_LOG_DENIED.search(xid.stderr):
+            files["xid.log"] = "".join(line + "\n" for line in lines)
+        else:
+            warnings.append(f"kernel log not readable: {first_line(xid.stderr, xid.stdout)}")
+    return files, warnings, source
+
+
+__all__ = ["CAPTURE_FILES", "QUERY_COMMAND", "TOPO_COMMAND", "XID_COMMAND", "gather"]
