@@ -16,7 +16,7 @@ from airflow_hetero_gpu.collect.ssh import collect_captures
 from airflow_hetero_gpu.collect.targets import SshTarget
 from airflow_hetero_gpu.hooks.hetero_gpu import HeteroGpuHook
 from airflow_hetero_gpu.testing.demo import small_hosts
-from airflow_hetero_gpu.testing.pytest_fixtures import embedded_cluster  # noqa: F401
+from cluster_fixtures import embedded_cluster  # noqa: F401
 
 
 def _key(byte: int) -> paramiko.Ed25519Key:

@@ -20,7 +20,7 @@ from airflow_hetero_gpu.collect.limits import OpenFilesLimitError, ensure_open_f
 from airflow_hetero_gpu.collect.ssh import collect_captures
 from airflow_hetero_gpu.collect.targets import SshTarget
 from airflow_hetero_gpu.testing.demo import small_hosts
-from airflow_hetero_gpu.testing.pytest_fixtures import embedded_cluster  # noqa: F401
+from cluster_fixtures import embedded_cluster  # noqa: F401
 from airflow_hetero_gpu.testing.sshd import Sshd, find_sshd, free_port, generate_key
 
 ROOT = Path(__file__).resolve().parents[1]

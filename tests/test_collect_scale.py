@@ -18,7 +18,7 @@ from airflow_hetero_gpu.collect.targets import parse_hosts_file
 from airflow_hetero_gpu.testing import nvsmi
 from airflow_hetero_gpu.testing.demo import small_hosts
 from airflow_hetero_gpu.testing.fleets import scale_hosts
-from airflow_hetero_gpu.testing.pytest_fixtures import embedded_cluster  # noqa: F401
+from cluster_fixtures import embedded_cluster  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 FLEET = 200

@@ -91,3 +91,35 @@ def test_demo_ui_serves_on_the_chosen_port_and_sigterm_leaves_nothing_behind(tmp
     assert procs.with_env("AIRFLOW_HOME", home) == []  # every Airflow component is gone
     sshds = subprocess.run(["pgrep", "-f", str(tmp_path / demo_dir)], capture_output=True, text=True).stdout
     assert sshds == ""  # and every emulated host's sshd
+
+
+def test_without_sshd_the_demo_chooses_the_embedded_server_and_says_so(tmp_path, monkeypatch):
+    import io
+
+    from airflow_hetero_gpu import demo_setup
+    from airflow_hetero_gpu.testing.cluster import EmulatedCluster
+    from airflow_hetero_gpu.testing.embedded import EmbeddedCluster
+
+    monkeypatch.setattr(demo_setup, "sshd_available", lambda: False)  # what a machine without OpenSSH answers
+    out = io.StringIO()
+    assert isinstance(demo_setup.demo_cluster(tmp_path / "a", "auto", out), EmbeddedCluster)
+    assert out.getvalue() == ("emulated hosts: the embedded SSH server (asyncssh, one process for all hosts), "
+                              "OpenSSH's sshd is not installed here\n")
+    with pytest.raises(demo_setup.DemoError, match="--ssh-server sshd: OpenSSH's sshd or ssh-keygen is not installed"):
+        demo_setup.demo_cluster(tmp_path / "b", "sshd", out)
+    monkeypatch.setattr(demo_setup, "sshd_available", lambda: True)
+    assert isinstance(demo_setup.demo_cluster(tmp_path / "c", "auto", io.StringIO()), EmulatedCluster)
+
+
+@pytest.mark.slow
+def test_the_demo_runs_end_to_end_on_the_embedded_ssh_server(tmp_path):
+    """What a user without OpenSSH gets: the same run, the hosts served by one asyncssh process."""
+    pytest.importorskip("torch", reason="the demo trains with torch (CPU build)")
+    proc = _demo(tmp_path, "--ssh-server", "embedded", "--epochs", "2", stdout=subprocess.PIPE,
+                 stderr=subprocess.STDOUT)
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out[-6000:]
+    assert "emulated hosts: the embedded SSH server (asyncssh, one process for all hosts), as asked" in out
+    assert "decision: pool 'finetune+llm-pretrain@NVIDIA H200' -> hgx-h200 GPU 0,1,2,3" in out
+    assert "] epoch 2 loss " in out and "DAG run finished: success" in out
+    assert [p for p in _left_behind(tmp_path) if (tmp_path / p).is_dir()] == []

@@ -25,7 +25,7 @@ from airflow_hetero_gpu.testing import nvsmi, procs
 from airflow_hetero_gpu.testing.cluster import EmulatedCluster
 from airflow_hetero_gpu.testing.demo import FAULTY_GPU, small_hosts
 from airflow_hetero_gpu.testing.embedded import EmbeddedCluster, EmbeddedServerError
-from airflow_hetero_gpu.testing.pytest_fixtures import embedded_cluster  # noqa: F401
+from cluster_fixtures import embedded_cluster  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -27,7 +27,7 @@ from airflow_hetero_gpu.launch import JobFailure
 from airflow_hetero_gpu.launch.command import WATCHDOG_GRACE_S
 from airflow_hetero_gpu.launch.orphans import KILL_WAIT_S
 from airflow_hetero_gpu.testing.demo import small_hosts
-from airflow_hetero_gpu.testing.pytest_fixtures import embedded_cluster  # noqa: F401
+from cluster_fixtures import embedded_cluster  # noqa: F401
 
 
 @pytest.fixture
