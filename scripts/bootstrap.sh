@@ -82,6 +82,15 @@ system() {
   return 1
 }
 
+# The line of pip's log that says what went wrong: its last ERROR line (not the bare "ERROR:
+# Exception:" before a traceback), else the log's last line (a traceback's message).
+pip_reason() {
+  local line
+  line=$(grep -E '^[[:space:]]*ERROR: ' "$1" | grep -v -E 'ERROR: Exception:[[:space:]]*$' | tail -n1)
+  [ -n "$line" ] || line=$(grep -v -E '^[[:space:]]*$' "$1" | tail -n1)
+  printf '%s' "$line" | sed -E 's/^[[:space:]]+//' | cut -c1-300
+}
+
 venv() {
   local python=${1:-python3} dir=${2:-.venv} log
   if ! { [ -x "$python" ] || on_path "$python"; }; then
@@ -107,7 +116,7 @@ venv() {
   log="$dir/pip-install.log"
   echo "installing the package and its test extra into $dir (pip; log: $log)" >&2
   if ! { "$dir/bin/python" -m pip install -q --upgrade pip && "$dir/bin/python" -m pip install -q -e '.[test]'; } >"$log" 2>&1; then
-    say "pip could not install the Python packages ($(grep -m1 -E '^ERROR' "$log" || tail -n1 "$log")); full log: $log"
+    say "pip could not install the Python packages ($(pip_reason "$log")); full log: $log"
     return 1
   fi
   touch "$dir/.installed"
