@@ -143,6 +143,9 @@ class AirflowDeployment:
             "AIRFLOW__API__HOST": "127.0.0.1",
             "AIRFLOW__API__PORT": str(self.port),
             "AIRFLOW__API__WORKERS": "1",
+            # a task's calls to the api-server: on a loaded machine one can take longer than the
+            # default 5 s, and a try that gives up fails for no reason of its own
+            "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
             "AIRFLOW__API_AUTH__JWT_SECRET": os.urandom(16).hex(),
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
