@@ -16,6 +16,8 @@ alone and the server's CPU does not compete with its interpreter):
 - ``old``: the baseline, measured in the same run at the default ``max_parallel``
   (``--baseline-reps`` times): the previous factory (:func:`legacy_client_factory` below:
   ``load_host_keys()`` per connection, no ``TCP_NODELAY``), everything else the same;
+- ``keys`` (with ``--ablation``): the old factory given the shipped host-key store, so the
+  difference to ``new`` is ``TCP_NODELAY`` alone;
 - ``cli``: the real ``hetero-gpu collect --hosts-file`` command at the default ``--max-parallel``
   (interpreter start and imports included), once per repetition.
 
@@ -46,23 +48,36 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import paramiko  # noqa: E402
 
-from airflow_hetero_gpu.collect.clients import PARAMIKO_LOG_CHANNEL, paramiko_client_factory  # noqa: E402
+from airflow_hetero_gpu.collect.clients import (  # noqa: E402
+    PARAMIKO_LOG_CHANNEL,
+    HostKeyStore,
+    host_key_name,
+    paramiko_client_factory,
+)
 from airflow_hetero_gpu.collect.ssh import DEFAULT_MAX_PARALLEL, collect_captures  # noqa: E402
 from airflow_hetero_gpu.collect.targets import SshTarget, parse_hosts_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def legacy_client_factory(identity_file: str, known_hosts: str, connect_timeout: float = 10):
+def legacy_client_factory(identity_file: str, known_hosts: str, connect_timeout: float = 10, *,
+                          keys_once: bool = False):
     """The factory before this change: known_hosts loaded for every client, paramiko's own socket
-    (no TCP_NODELAY). Kept here only as the benchmark's baseline."""
+    (no TCP_NODELAY). Kept here only as the benchmark's baseline. ``keys_once`` (the ``keys``
+    mode) gives it the shipped host-key store, to tell the two changes apart."""
+    store = HostKeyStore(known_hosts) if keys_once else None
 
     def factory(target: SshTarget, connect_timeout: float | None = None) -> paramiko.SSHClient:
         timeout = connect_timeout if connect_timeout is not None else default_timeout
         client = paramiko.SSHClient()
         client.set_log_channel(PARAMIKO_LOG_CHANNEL)
         try:
-            client.load_host_keys(str(known_hosts))
+            if store is None:
+                client.load_host_keys(str(known_hosts))
+            else:
+                name = host_key_name(target.address, target.port)
+                for key_type, key in store.keys_for(name).items():
+                    client.get_host_keys().add(name, key_type, key)
             client.set_missing_host_key_policy(paramiko.RejectPolicy())
             client.connect(hostname=target.address, port=target.port,
                            username=target.user or getpass.getuser(), key_filename=str(identity_file),
@@ -83,11 +98,13 @@ def legacy_client_factory(identity_file: str, known_hosts: str, connect_timeout:
 
 def child(args: argparse.Namespace) -> int:
     targets = parse_hosts_file(args.hosts_file)
-    make = legacy_client_factory if args.mode == "old" else paramiko_client_factory
+    factory = {"old": lambda: legacy_client_factory(args.identity_file, args.known_hosts),
+               "keys": lambda: legacy_client_factory(args.identity_file, args.known_hosts, keys_once=True),
+               "new": lambda: paramiko_client_factory(args.identity_file, args.known_hosts)}[args.mode]()
     with tempfile.TemporaryDirectory(prefix="collect-scale-") as out:
         before = resource.getrusage(resource.RUSAGE_SELF)
         started = time.perf_counter()
-        report = collect_captures(targets, out, make(args.identity_file, args.known_hosts),
+        report = collect_captures(targets, out, factory,
                                   max_parallel=args.parallel, connect_timeout=60, command_timeout=60,
                                   retries=0)
         wall = time.perf_counter() - started
@@ -143,11 +160,13 @@ def _children_cpu() -> float:
 
 
 def measure(cluster: Any, root: Path, size: int, parallels: list[int], reps: int, cli: bool,
-            baseline_reps: int) -> dict[tuple[str, int], list[dict[str, Any]]]:
+            baseline_reps: int, ablation: bool = False) -> dict[tuple[str, int], list[dict[str, Any]]]:
     hosts_file = cluster.write_hosts_file(root / f"hosts-{size}", [h.name for h in cluster.hosts[:size]])
     modes = [("new", p) for p in parallels]
     if baseline_reps:
         modes.append(("old", DEFAULT_MAX_PARALLEL))
+    if ablation:
+        modes += [("keys", p) for p in parallels]
     if cli:
         modes.append(("cli", DEFAULT_MAX_PARALLEL))
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {m: [] for m in modes}
@@ -170,12 +189,15 @@ def measure(cluster: Any, root: Path, size: int, parallels: list[int], reps: int
 def report(size: int, runs: dict[tuple[str, int], list[dict[str, Any]]]) -> None:
     print(f"{size} hosts")
     print(f"  {'mode':<4} {'P':>3} {'median s':>9} {'min s':>7} {'max s':>7} {'collector CPU/host':>18} "
-          f"{'server CPU/host':>15} {'ok':>5} {'old/new':>7}")
+          f"{'server CPU/host':>15} {'ok':>5} {'old/this':>8}")
     old = {p: statistics.median(r["wall"] for r in v) for (m, p), v in runs.items() if m == "old"}
+    keys = {p: statistics.median(r["wall"] for r in v) for (m, p), v in runs.items() if m == "keys"}
     for (mode, parallel), values in runs.items():
         walls = [r["wall"] for r in values]
         med = statistics.median(walls)
-        ratio = f"{old[parallel] / med:6.1f}x" if mode == "new" and parallel in old else ""
+        ratio = f"{old[parallel] / med:6.1f}x" if mode in ("new", "keys") and parallel in old else ""
+        if mode == "new" and parallel in keys:
+            ratio += f" (keys/new {keys[parallel] / med:.2f}x)"
         print(f"  {mode:<4} {parallel:>3} {med:9.2f} {min(walls):7.2f} {max(walls):7.2f} "
               f"{1000 * statistics.median(r['cpu'] for r in values) / size:15.1f} ms "
               f"{1000 * statistics.median(r['server_cpu'] for r in values) / size:12.1f} ms "
@@ -198,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="repetitions of the old client (0: none; it re-reads known_hosts, "
                              "about 0.7 s of CPU per host with 1,000 entries)")
     parser.add_argument("--no-cli", action="store_true", help="skip the hetero-gpu collect command")
+    parser.add_argument("--ablation", action="store_true",
+                        help="also the old client with host keys read once but no TCP_NODELAY ('keys')")
     parser.add_argument("--processes", type=int, default=1, help="server processes of the emulated fleet")
     args = parser.parse_args(argv)
     if args.command == "_child":
@@ -221,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                     cluster.set_state(host.name, nvidia_smi_delay_s=args.delay)
             for size in sizes:
                 runs = measure(cluster, root, size, parallels, args.reps, cli=not args.no_cli,
-                               baseline_reps=args.baseline_reps)
+                               baseline_reps=args.baseline_reps, ablation=args.ablation)
                 report(size, runs)
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
     return 0

@@ -60,11 +60,14 @@ def test_a_killed_launcher_ends_the_job_through_stdin_eof(two_hosts, tmp_path):
     assert_nothing_left(job_id, timeout=WATCHDOG_GRACE_S + KILL_WAIT_S + 5)
 
 
-def test_a_failing_host_ends_the_other(two_hosts):
+def test_a_failing_host_ends_the_other(two_hosts, tmp_path):
     job_id = new_job_id("emb-fail")
     lines = Lines()
-    script = 'if [ "$HETERO_GPU_NODE_RANK" = 1 ]; then sleep 0.5; echo boom >&2; exit 4; fi; exec sleep 60'
-    job = command_job(two_hosts, job_id, ("sh", "-c", script), lines, kill_grace=2.0)
+    # node02 fails once node01's share runs (both "hosts" are this machine: a file says so)
+    script = ('if [ "$HETERO_GPU_NODE_RANK" = 1 ]; then while [ ! -e "$1" ]; do sleep 0.05; done; '
+              'echo boom >&2; exit 4; fi; touch "$1"; exec sleep 60')
+    job = command_job(two_hosts, job_id, ("sh", "-c", script, "sh", str(tmp_path / "running")), lines,
+                      kill_grace=2.0)
     with pytest.raises(JobFailure) as caught:
         job.run(timeout=60)
     assert (caught.value.host, caught.value.exit_code, caught.value.tail[-1]) == ("node02", 4, "boom")

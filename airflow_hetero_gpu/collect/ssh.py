@@ -240,5 +240,11 @@ def collect_captures(targets: Sequence[SshTarget] | Iterable[SshTarget], out_dir
     return CollectReport(out_dir=out, hosts=results, seconds=time.monotonic() - started)
 
 
-__all__ = ["CollectReport", "DEFAULT_MAX_PARALLEL", "HostFailure", "HostResult", "OpenFilesLimitError",
-           "collect_captures", "collect_host", "paramiko_client_factory"]
+__all__ = [
+    "CollectReport", "DEFAULT_MAX_PARALLEL", "HostFailure", "HostResult", "OpenFilesLimitError",
+    "collect_captures", "collect_host",
+    # where they used to live, kept importable from here
+    "CAPTURE_FILES", "ClientFactory", "CommandResult", "HostKeyStore", "PARAMIKO_LOG_CHANNEL",
+    "QUERY_COMMAND", "QUERY_FIELDS", "TOPO_COMMAND", "XID_COMMAND", "classify_connect_error",
+    "gather", "paramiko_client_factory", "run_command",
+]

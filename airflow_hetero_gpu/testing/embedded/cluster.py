@@ -260,7 +260,7 @@ class EmbeddedCluster(HostStateMethods):
             fleet = {"user": self.user, "home": os.path.expanduser("~"), "client_keys": [client_pub],
                      "path_tail": list(self._software_path()), "hosts": entries[number::self.processes]}
             path = self.root / f"fleet-{number}.json"
-            path.write_text(json.dumps(fleet, indent=1) + "\n", encoding="utf-8")
+            path.write_text(json.dumps(fleet) + "\n", encoding="utf-8")
             files.append(path)
         return files
 
