@@ -1,29 +1,36 @@
 # The two commands a new machine needs:  `make demo`  and  `make test`.
+# Both bring in what they need first (scripts/bootstrap.sh, also used by .ci/run): as root on
+# Debian/Ubuntu the missing system packages, then .venv with the package and its test extra.
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
+PORT   ?= 8080
 
-.PHONY: venv test demo demo-ui bench clean
+.PHONY: venv system-demo system-test test demo demo-ui bench clean
 
 $(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
-	touch $(STAMP)
+	@scripts/bootstrap.sh venv $(PYTHON) $(VENV)
 
 venv: $(STAMP)
 
-test: $(STAMP)
+system-demo:
+	@scripts/bootstrap.sh system demo
+
+system-test:
+	@scripts/bootstrap.sh system test
+
+test: system-test $(STAMP)
 	$(PY) -m pytest -q
 
-# the retraining DAG on an emulated five-host cluster (real sshd, real torchrun on CPU)
-demo: $(STAMP)
-	$(PY) -m airflow_hetero_gpu.demo --dags-folder dags
+# the retraining DAG on an emulated five-host cluster (real sshd, or the embedded SSH server
+# where sshd cannot be installed; real torchrun on CPU)
+demo: system-demo $(STAMP)
+	@$(PY) -m airflow_hetero_gpu.demo --dags-folder dags
 
-# the same cluster behind `airflow standalone` (http://localhost:8080); Ctrl-C stops it all
-demo-ui: $(STAMP)
-	$(PY) -m airflow_hetero_gpu.demo --dags-folder dags --ui
+# the same cluster behind `airflow standalone` (http://localhost:$(PORT)); Ctrl-C or SIGTERM stops it all
+demo-ui: system-demo $(STAMP)
+	@$(PY) -m airflow_hetero_gpu.demo --dags-folder dags --ui --port $(PORT)
 
 bench: $(STAMP)
 	$(PY) benchmarks/plan_latency.py

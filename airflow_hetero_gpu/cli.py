@@ -14,7 +14,7 @@ from typing import Sequence
 from airflow_hetero_gpu import __version__
 from airflow_hetero_gpu.cli_output import EXIT_BAD_INPUT, EXIT_NO_CAPACITY, EXIT_OK, fmt, render_plan, table
 from airflow_hetero_gpu.cli_types import mib, non_negative_float, positive_int
-from airflow_hetero_gpu.errors import HeteroGpuError
+from airflow_hetero_gpu.errors import HeteroGpuError, RequestError
 
 
 
@@ -114,6 +114,11 @@ def cmd_plan(args) -> int:
     gpu_type = args.gpu_type[0] if args.gpu_type and len(args.gpu_type) == 1 else (tuple(args.gpu_type) if args.gpu_type else None)
     request = PlanRequest(args.gpus, gpu_type, args.task_type, args.gpu_memory)
     cluster = _load(args)
+    from airflow_hetero_gpu.core.request_check import never_satisfiable
+
+    mistake = never_satisfiable(cluster, request)
+    if mistake:  # a card or task type the fleet does not have: bad input (2), not "no capacity" (3)
+        raise RequestError(mistake)
     if args.reserve:
         from airflow_hetero_gpu.ledger.cli import reserve_for_cli
 

@@ -2,7 +2,8 @@
 
 ``python -m airflow_hetero_gpu.demo`` (what ``make demo`` runs):
 
-1. starts the emulated cluster (real sshd per host on 127.0.0.x, nvidia-smi emulated): two
+1. starts the emulated cluster (real sshd per host on 127.0.0.x, or the embedded SSH server
+   where OpenSSH's is not installed; nvidia-smi emulated): two
    8 x A100-SXM4-80GB NVSwitch hosts (one half busy), an 8 x V100 DGX-1, a 4 x RTX 4090 PCIe box
    and an 8 x H200 host with a faulty GPU, under two leaf switches and a spine;
 2. configures an embedded Airflow (SQLite metadata database in a temporary AIRFLOW_HOME, one ssh
@@ -10,46 +11,29 @@
 3. runs the ``hetero_gpu_retrain`` DAG with ``airflow dags test``: the health gate, the placement
    (every pool's stage, reason and score terms), real torchrun training on CPU across the chosen
    GPUs' hosts, the evaluation;
-4. prints the placement explanation and the training loss, and stops everything it started.
+4. prints the placement explanation and the training loss, keeps the DAG run's log in a file of
+   its own, and stops everything it started (also on SIGTERM: ``demo_setup.stop_on_signals``).
 
-``python -m airflow_hetero_gpu.demo --ui`` (``make demo-ui``) starts the same cluster and runs
-``airflow standalone`` against it, so the DAGs and the cluster page can be clicked through.
+``python -m airflow_hetero_gpu.demo --ui [--port N]`` (``make demo-ui [PORT=N]``) starts the same
+cluster and runs ``airflow standalone`` against it (``demo_ui.py``), so the DAGs and the cluster
+page can be clicked through.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from airflow_hetero_gpu.testing.airflow_env import airflow_command, airflow_env, connection_env, dags_test, migrate
-from airflow_hetero_gpu.testing.cluster import EmulatedCluster
-from airflow_hetero_gpu.testing.demo import demo_hosts
+from airflow_hetero_gpu.demo_setup import SSH_SERVERS, DemoError, Stopped, demo_cluster, demo_env, stop_on_signals
+from airflow_hetero_gpu.demo_ui import DEFAULT_PORT, run_ui
+from airflow_hetero_gpu.testing.airflow_env import dags_test, migrate
+from airflow_hetero_gpu.testing.sshd import SshdError
 
 DEMO_DAG = "hetero_gpu_retrain"
-
-CLUSTER_YAML = """\
-# The demo fleet's task types: the NVSwitch A100 and H200 boxes take pre-training and
-# fine-tuning, the RTX 4090 box fine-tuning and vision; the V100s keep their default.
-task_types:
-  hosts:
-    "dgx-a*": [llm-pretrain, finetune]
-    "hgx-*": [llm-pretrain, finetune]
-  models:
-    "RTX 4090": [finetune, cv]
-"""
-
-TOPOLOGY_CONF = """\
-# Two leaf switches under a spine (Slurm topology.conf syntax)
-SwitchName=leaf1 Nodes=dgx-a[1-2],hgx-h200
-SwitchName=leaf2 Nodes=dgx1-v100,rtx-box
-SwitchName=spine Switches=leaf[1-2]
-"""
 
 _PREFIX = re.compile(r"^\d{4}-\d\d-\d\dT[\d:.]+Z \[\w+\s*\] ")
 _TAIL = re.compile(r"\s+\[[\w.]+\]\s+loc=\S+\s*$")
@@ -103,76 +87,50 @@ class Narrator:
         self.out.flush()
 
 
-def _env(root: Path, cluster: EmulatedCluster, dags: Path) -> dict[str, str]:
-    conns, ids = connection_env(cluster)
-    config = root / "cluster.yaml"
-    config.write_text(CLUSTER_YAML)
-    topology = root / "topology.conf"
-    topology.write_text(TOPOLOGY_CONF)
-    return airflow_env(root / "airflow", dags, {
-        **conns,
-        "AIRFLOW__HETERO_GPU__SSH_CONN_IDS": ",".join(f"{h}={c}" for h, c in ids.items()),
-        "AIRFLOW__HETERO_GPU__CAPTURES_DIR": str(root / "captures"),
-        "AIRFLOW__HETERO_GPU__CLUSTER_CONFIG": str(config),
-        "AIRFLOW__HETERO_GPU__TOPOLOGY_CONF": str(topology),
-        "AIRFLOW__HETERO_GPU__LEDGER_URL": f"sqlite:///{root / 'ledger.db'}",
-        "HETERO_GPU_CHECKPOINT_ROOT": str(root / "checkpoints"),
-        "PYTHONPATH": os.pathsep.join(p for p in (str(dags), os.environ.get("PYTHONPATH", "")) if p),
-    })
+def keep_log(text: str) -> Path:
+    """The DAG run's log in a new file of this run's own (``$TMPDIR/hetero-gpu-demo-*-dag-run.log``):
+    never a fixed name another user's run may own."""
+    handle = tempfile.NamedTemporaryFile("w", prefix="hetero-gpu-demo-", suffix="-dag-run.log", delete=False,
+                                         encoding="utf-8")
+    with handle:
+        handle.write(text)
+    return Path(handle.name)
 
 
-def run_demo(dags: Path, *, epochs: int, gpus: int, keep: bool = False, out=sys.stdout) -> int:
+def run_demo(dags: Path, *, epochs: int, gpus: int, keep: bool = False, ssh_server: str = "auto",
+             out=sys.stdout) -> int:
     root = Path(tempfile.mkdtemp(prefix="hetero-gpu-demo-"))
-    try:
-        out.write(f"demo directory: {root}\n")
-        with EmulatedCluster(root / "cluster", demo_hosts()) as cluster:
-            for host in cluster.hosts:
-                out.write(f"  emulated host {host.name:10s} ssh {cluster.user}@{host.address}:{host.port}\n")
-            env = _env(root, cluster, dags)
-            out.write("preparing Airflow (SQLite metadata database)...\n")
+    narrator = Narrator(out)
+    with stop_on_signals():
+        try:
+            out.write(f"demo directory: {root}\n")
+            with demo_cluster(root / "cluster", ssh_server, out) as cluster:
+                for host in cluster.hosts:
+                    out.write(f"  emulated host {host.name:10s} ssh {cluster.user}@{host.address}:{host.port}\n")
+                env = demo_env(root, cluster, dags)
+                out.write("preparing Airflow (SQLite metadata database)...\n")
+                out.flush()
+                migrate(env)
+                out.write(f"running DAG {DEMO_DAG}: gate -> train ({gpus} GPUs, {epochs} epochs) -> evaluate\n")
+                out.flush()
+                result = dags_test(DEMO_DAG, env, conf={"gpu_count": gpus, "epochs": epochs}, stream=narrator)
+                ok = result.returncode == 0 and "state=success" in result.stdout
+                out.write(f"\n{'demo finished' if ok else 'demo FAILED'}\n")
+                return 0 if ok else 1
+        except Stopped as sig:
+            out.write(f"\ndemo stopped ({sig}): stopping the emulated hosts and removing {root}\n")
+            return 143
+        except KeyboardInterrupt:
+            out.write(f"\ndemo interrupted: stopping the emulated hosts and removing {root}\n")
+            return 130
+        finally:
+            if narrator.lines:
+                out.write(f"DAG run log: {keep_log(''.join(narrator.lines))}\n")
+            if keep:
+                out.write(f"demo directory kept: {root}\n")
+            else:
+                shutil.rmtree(root, ignore_errors=True)
             out.flush()
-            migrate(env)
-            out.write(f"running DAG {DEMO_DAG}: gate -> train ({gpus} GPUs, {epochs} epochs) -> evaluate\n")
-            out.flush()
-            narrator = Narrator(out)
-            result = dags_test(DEMO_DAG, env, conf={"gpu_count": gpus, "epochs": epochs}, stream=narrator)
-            (root / "dag-run.log").write_text("".join(narrator.lines))
-            ok = result.returncode == 0 and "state=success" in result.stdout
-            out.write(f"\n{'demo finished' if ok else 'demo FAILED'}; full log: {root / 'dag-run.log'}\n")
-            return 0 if ok else 1
-    finally:
-        if not keep:
-            log = root / "dag-run.log"
-            if log.exists():
-                saved = Path(tempfile.gettempdir()) / "hetero-gpu-demo-dag-run.log"
-                shutil.copyfile(log, saved)
-                out.write(f"(log kept at {saved})\n")
-            shutil.rmtree(root, ignore_errors=True)
-
-
-def run_ui(dags: Path, out=sys.stdout) -> int:
-    root = Path(tempfile.mkdtemp(prefix="hetero-gpu-demo-ui-"))
-    try:
-        with EmulatedCluster(root / "cluster", demo_hosts()) as cluster:
-            env = _env(root, cluster, dags)
-            env["AIRFLOW__HETERO_GPU__REFRESH_SECONDS"] = "30"
-            migrate(env)
-            out.write("starting `airflow standalone` on http://localhost:8080 (admin password: see its output "
-                      f"or {root / 'airflow' / 'simple_auth_manager_passwords.json.generated'}); Ctrl-C stops "
-                      "everything\n")
-            out.flush()
-            proc = subprocess.Popen([*airflow_command(), "standalone"], env=env)
-            try:
-                return proc.wait()
-            except KeyboardInterrupt:
-                proc.terminate()
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                return 0
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,15 +139,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--gpus", type=int, default=4)
     ap.add_argument("--ui", action="store_true", help="run `airflow standalone` against the emulated cluster")
+    ap.add_argument("--port", type=int, default=DEFAULT_PORT,
+                    help=f"with --ui: the port of Airflow's UI (default {DEFAULT_PORT})")
+    ap.add_argument("--ssh-server", choices=SSH_SERVERS, default="auto",
+                    help="the emulated hosts' SSH server: a real sshd each, the embedded one, or sshd "
+                         "where installed (auto, the default)")
     ap.add_argument("--keep", action="store_true", help="keep the demo directory")
     args = ap.parse_args(argv)
     dags = (args.dags_folder or default_dags_folder()).resolve()
     if not (dags / f"{DEMO_DAG}.py").exists():
         print(f"demo: {dags} has no {DEMO_DAG}.py (give --dags-folder)", file=sys.stderr)
         return 2
-    if args.ui:
-        return run_ui(dags)
-    return run_demo(dags, epochs=args.epochs, gpus=args.gpus, keep=args.keep)
+    try:
+        if args.ui:
+            return run_ui(dags, port=args.port, ssh_server=args.ssh_server)
+        return run_demo(dags, epochs=args.epochs, gpus=args.gpus, keep=args.keep, ssh_server=args.ssh_server)
+    except (DemoError, SshdError, RuntimeError, OSError) as err:
+        print(f"demo: {' '.join(str(err).split())[:2000]}", file=sys.stderr)
+        return 2 if isinstance(err, DemoError) else 1
 
 
 if __name__ == "__main__":

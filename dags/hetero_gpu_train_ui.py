@@ -1,7 +1,8 @@
 """Train on demand: trigger from the Airflow UI and fill in the form.
 
 The form is Airflow's own (Params with JSON-schema validation): a card type from a list (or any),
-a GPU count, a training-task type from cluster.yaml, and the number of epochs.
+a GPU count, a training-task type from cluster.yaml (or any), and the number of epochs. Every
+default can be submitted as it is: "any" (or an emptied field) lets the evaluation choose.
 """
 
 from __future__ import annotations
@@ -31,8 +32,11 @@ CARD_TYPES = [
         "gpu_type": Param("any", type="string", enum=CARD_TYPES, title="Card type",
                           description="'any' lets the evaluation choose among every pool"),
         "gpu_count": Param(2, type="integer", minimum=1, maximum=64, title="GPUs"),
-        "task_type": Param("", type="string", title="Training-task type",
-                           description="a task type of cluster.yaml's task_types; empty for any"),
+        # "any" rather than an empty string: Airflow's form counts an empty string as a missing
+        # required value; a cleared field sends null, which also means any
+        "task_type": Param("any", type=["string", "null"], title="Training-task type",
+                           examples=["any", "finetune", "llm-pretrain", "cv"],
+                           description="'any', or a task type of cluster.yaml's task_types"),
         "epochs": Param(5, type="integer", minimum=1, maximum=10000, title="Epochs"),
     },
     doc_md=__doc__,
@@ -42,7 +46,7 @@ def hetero_gpu_train_ui():
         task_id="train",
         gpu_count="{{ params.gpu_count }}",
         gpu_type="{{ '' if params.gpu_type == 'any' else params.gpu_type }}",
-        task_type="{{ params.task_type }}",
+        task_type="{{ '' if params.task_type in (None, '', 'any') else params.task_type }}",
         script=TRAIN_SCRIPT,
         script_args=["--epochs", "{{ params.epochs }}"],
         checkpoint_dir=CHECKPOINT_ROOT + "/{{ dag.dag_id }}/{{ run_id | replace(':', '_') | replace('+', '_') }}",

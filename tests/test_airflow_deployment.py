@@ -48,8 +48,11 @@ def airflow(fleet):
            "capacity_poll_interval": 1, "capacity_timeout": 600}
     command_cfg = {"script": None, "gpu_count": 2, "command": ["sh", "-c", 'echo "token=$API_TOKEN"'],
                    "env": {"API_TOKEN": SECRET}}
+    # the first try holds after epoch 2 until the test has killed it (and touched the file), so
+    # it cannot finish first; the retry finds the file and trains straight through
     retry_cfg = {"wait_for_capacity": False, "deferrable": False, "lease_seconds": 9,
-                 "script_args": ["--epochs", "30", "--sleep", "0.3"]}
+                 "script_args": ["--epochs", "30", "--hold-after-epoch", "2",
+                                 "--hold-file", str(root / "retry-released")]}
     with AirflowDeployment(root / "airflow", DAGS, {
         **conns, "HG_TEST_CONFIG": json.dumps(cfg), "HG_TEST_COMMAND_CONFIG": json.dumps(command_cfg),
         "HG_TEST_RETRY_CONFIG": json.dumps(retry_cfg),
@@ -126,6 +129,7 @@ def test_task_process_sigkilled_then_airflow_retries_it(airflow, fleet):
     (job_id,) = [r.job_id for r in _live(cfg["ledger_url"])]
     victim = _task_process(airflow)
     os.kill(victim, signal.SIGKILL)
+    (Path(airflow.cfg["workdir"]) / "retry-released").touch()  # a try started from now does not hold
     state = airflow.wait_for_state("hg_retry_test", run_id, None, {"success", "failed"}, timeout=420)
     log = airflow.task_log("hg_retry_test", run_id, "train")
     assert state == "success", log[-6000:]

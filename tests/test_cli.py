@@ -169,3 +169,33 @@ def test_the_worked_example_of_docs_algorithm_md():
     assert "decision: pool 'cv+finetune@NVIDIA GeForce RTX 4090' -> rtx-1 GPU 0" in r.stdout
     assert "E = 0.7778  (load balance 0.9563, fragmentation 0.0000, topology 1.0000, free blocks 0.9107;" in r.stdout
     assert "evaluation 0.704933 below cv+finetune@NVIDIA GeForce RTX 4090's 0.777768" in r.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--gpu-type", "H100"], "gpu_type 'H100': the fleet has no GPU of that card type; its card types: "
+                             "NVIDIA A100-SXM4-80GB, NVIDIA GeForce RTX 4090, Tesla V100-SXM2-32GB"),
+    (["--gpu-type", "H100", "--gpu-type", "B200*"], "gpu_type 'H100' or 'B200*': the fleet has no GPU"),
+    (["--task-type", "llm"], "task_type 'llm': no pool of the fleet supports it; the fleet's task types: "
+                             "Tesla V100-SXM2-32GB, cv, finetune, llm-pretrain"),
+    (["--gpu-type", "V100-SXM2-32GB", "--task-type", "finetune"],
+     "task_type 'finetune': no GPU of card type 'V100-SXM2-32GB' supports it; those support: Tesla V100-SXM2-32GB"),
+])
+def test_a_card_or_task_type_the_fleet_lacks_is_bad_input_not_no_capacity(args, message):
+    """Exit 2 (bad input) with one line naming what the fleet has; exit 3 stays for capacity."""
+    r = run("plan", "--captures", str(SAMPLE), "--gpus", "2", *args)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert r.stdout == ""
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("hetero-gpu plan: error: ")
+    assert message in r.stderr
+    # the same card type that exists, but asked for more GPUs than are free: still a capacity answer
+    assert run("plan", "--captures", str(SAMPLE), "--gpus", "9", "--gpu-type", "V100-SXM2-32GB").returncode == 3
+
+
+def test_the_readme_sample_plan_is_what_the_command_prints():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = readme.split("```console\n$ ", 1)[1].split("\n```", 1)[0]
+    command, shown = block.split("\n", 1)
+    assert command == "hetero-gpu plan --captures airflow_hetero_gpu/samples/cluster --gpus 4 --task-type finetune"
+    r = run(*command.split()[1:], cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.rstrip("\n") == shown.rstrip("\n")

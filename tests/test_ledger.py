@@ -147,10 +147,16 @@ def test_expire_returns_the_freed_jobs(ledger, cluster, clock):
 
 
 def test_lease_runs_on_the_database_clock(ledger_db_url, cluster):  # noqa: F811
+    """The reservation is live until its lease has run out on the database's clock, and not a
+    moment longer: waited for, not slept on (a loaded machine may take longer than a lease
+    between two calls)."""
     with Ledger.from_url(ledger_db_url) as led:  # real clock: PostgreSQL's, or this machine's
-        led.reserve("short", cluster, PlanRequest(1), lease_seconds=0.3)
-        assert led.get("short") is not None
-        time.sleep(0.5)
+        started = time.monotonic()
+        assert led.reserve("short", cluster, PlanRequest(1), lease_seconds=1.0).decision is not None
+        while led.get("short") is not None:
+            assert time.monotonic() - started < 60, "the lease never ran out"
+            time.sleep(0.05)
+        assert time.monotonic() - started >= 0.95  # it did not run out early
         with pytest.raises(NoLiveReservation):
             led.renew("short", 1)
         assert led.release("short") is False

@@ -90,10 +90,15 @@ def test_killing_the_task_stops_every_process_and_releases(airflow_home, two_hos
 def test_an_evicted_gpu_is_replaced_and_the_job_resumes(airflow_home, two_hosts, tmp_path):
     """A GPU of the running job is evicted (as the health sensor does): the operator swaps it for
     a healthy GPU of the pool in the ledger (SPEC §8), restarts the workers on the new set, and
-    they resume from the checkpoint."""
+    they resume from the checkpoint.
+
+    No race between clocks: the job holds after epoch 3 (its checkpoint written) until the
+    operator has replaced the GPU and stopped the workers (the hold ends only when the test sees
+    the restart); the restarted job resumes past epoch 3 and does not hold again."""
     from airflow_hetero_gpu.core.model import GpuKey
 
     ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    release = tmp_path / "release"
     evicted: list[str] = []
 
     def on_line(line: str) -> None:
@@ -103,16 +108,21 @@ def test_an_evicted_gpu_is_replaced_and_the_job_resumes(airflow_home, two_hosts,
                 victim = res.gpus[-1]
                 ledger.evict(GpuKey(victim.host, victim.index), victim.uuid, ["ecc"])
                 evicted.append(f"{victim.host}:{victim.index}")
+        if re.search(r"job \S+: restarting on ", line):  # the old workers are stopped by now
+            release.touch()
 
     proc, pump, lines, out, cfg = start_dag(
         airflow_home, two_hosts, tmp_path, "evict", on_line, gpu_count=2, ledger_url=ledger_url,
-        script_args=["--epochs", "8", "--sleep", "0.5"], checkpoint_dir=str(tmp_path / "ckpt"))
-    finish(proc, pump, timeout=400)
+        script_args=["--epochs", "8", "--hold-after-epoch", "3", "--hold-file", str(release)],
+        checkpoint_dir=str(tmp_path / "ckpt"))
+    finish(proc, pump, timeout=600)
     log = "".join(lines)
+    (tmp_path / "dag-run.log").write_text(log)
     assert proc.returncode == 0, log[-6000:]
     assert evicted == ["node01:1"]  # both GPUs of node01 were chosen (best fit on one host)
     assert re.search(r"GPU node01:1 replaced by node02:0", log), log[-4000:]
-    assert re.search(r"rank 0 resumed from epoch [3-8]", log), log[-4000:]
+    assert re.search(r"rank 0 resumed from epoch 3", log), log[-4000:]
+    assert losses(log)[-1] < losses(log)[0] and len(re.findall(r"epoch 8 loss", log)) == 1
     decision = json.loads(out.read_text())
     assert decision["run"]["restarts"] == 1
     assert decision["run"]["gpus"] == [{"host": "node01", "index": 0}, {"host": "node02", "index": 0}]
@@ -156,8 +166,8 @@ def test_a_second_run_waits_deferred_until_the_first_releases(airflow_home, two_
             home_b, two_hosts, tmp_path, "b", on_b, gpu_count=4, script_args=["--epochs", "2"],
             wait_for_capacity=True, deferrable=True, capacity_poll_interval=1)
         try:
-            proc_a.wait(timeout=300)
-            proc_b.wait(timeout=300)
+            proc_a.wait(timeout=600)
+            proc_b.wait(timeout=600)
             pump_a.join(10)
             pump_b.join(10)
         finally:
@@ -171,3 +181,19 @@ def test_a_second_run_waits_deferred_until_the_first_releases(airflow_home, two_
     assert proc_b.returncode == 0, log_b[-4000:]
     assert marks["b_deferred"] < marks["a_released"] < marks["b_training"], marks
     assert json.loads(out_b.read_text())["hosts"] == ["node01", "node02"]
+
+
+def test_a_card_type_the_fleet_does_not_have_fails_at_once_naming_the_types(airflow_home, two_hosts, tmp_path):
+    """gpu_type names a card no host has: a mistake, not a shortage. Even with wait_for_capacity
+    the task fails at once and without retries (AirflowFailException), naming the card types
+    the fleet has; nothing is reserved."""
+    r, out, cfg = run_dag(airflow_home, two_hosts, tmp_path, gpu_count=2, gpu_type="H100",
+                          wait_for_capacity=True, capacity_timeout=3600, script_args=["--epochs", "1"])
+    log = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert re.search(r"AirflowFailException: gpu_type 'H100': the fleet has no GPU of that card type; "
+                     r"its card types: NVIDIA A100-SXM4-80GB", log), log[-4000:]
+    assert "no pool can host" not in log and "re-planning" not in log
+    assert not out.exists()
+    with Ledger.from_url(cfg["ledger_url"]) as ledger:
+        assert ledger.live_reservations() == []

@@ -46,7 +46,8 @@ def test_plugin_module_is_light():
     assert r.returncode == 0, r.stderr[-2000:]
     name, heavy, ours = json.loads(r.stdout.strip().splitlines()[-1])
     assert (name, heavy) == ("hetero_gpu", [])
-    assert set(ours) <= {"airflow_hetero_gpu", "airflow_hetero_gpu.plugins", "airflow_hetero_gpu.plugins.cluster_page"}
+    assert set(ours) <= {"airflow_hetero_gpu", "airflow_hetero_gpu.plugins", "airflow_hetero_gpu.plugins.cluster_page",
+                         "airflow_hetero_gpu.plugins.paths"}
 
 
 def _make_ledger(url: str) -> None:
@@ -252,6 +253,8 @@ def test_missing_captures_and_ledger_are_reported(tmp_path, monkeypatch):
     assert not (tmp_path / "hetero_gpu_ledger.db").exists()
     cluster, src = sources.read_inventory(sources.PageSettings(captures_dir=str(tmp_path / "none")))
     assert cluster is None and src["status"] == "missing" and "does not exist" in src["message"]
+    # the empty state names the DAG that collects, and that it starts paused
+    assert "hetero_gpu_health_watch DAG collects it; it starts paused: unpause it" in src["message"]
     (tmp_path / "broken" / "hosts" / "h1").mkdir(parents=True)
     (tmp_path / "broken" / "hosts" / "h1" / "query.csv").write_text("index, name\n0, X\n")
     cluster, src = sources.read_inventory(sources.PageSettings(captures_dir=str(tmp_path / "broken")))

@@ -224,7 +224,9 @@ def test_watch_stops_processes_of_jobs_without_a_reservation(fleet, capfd):
     for host in ("node01", "node02"):
         _marked_sleep(cluster, host, "dead-job")
     _marked_sleep(cluster, "node02", "live-job")
-    time.sleep(0.5)
+    deadline = time.monotonic() + 60  # the detached processes exist once they exec'd with the markers
+    while (_marked("dead-job"), _marked("live-job")) != (2, 1) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert (_marked("dead-job"), _marked("live-job")) == (2, 1)
 
     assert plain.poke({}) is False  # sweep_orphans is off by default

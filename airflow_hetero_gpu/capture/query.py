@@ -124,6 +124,17 @@ def _number(unit: str | None) -> Callable[[str], float]:
     return convert
 
 
+def _percent(raw: str) -> float:
+    """A percentage, 0 to 100 (``35 %``): nvidia-smi never reports more."""
+    value = _PERCENT_NUMBER(raw)
+    if value > 100:
+        raise ValueError(f"{_quote(raw)} is above 100 %")
+    return value
+
+
+_PERCENT_NUMBER = _number("%")
+
+
 def _integer(raw: str) -> int:
     if not raw.isascii() or not raw.isdigit():
         raise ValueError(f"not a non-negative integer: {_quote(raw)}")
@@ -162,7 +173,7 @@ _FIELDS: dict[str, _Field] = {
     "pci.bus_id": _Field("pci_bus_id", normalize_bus_id),
     "memory.total": _Field("memory_total_mib", _number("MiB"), "MiB"),
     "memory.used": _Field("memory_used_mib", _number("MiB"), "MiB"),
-    "utilization.gpu": _Field("utilization_pct", _number("%"), "%"),
+    "utilization.gpu": _Field("utilization_pct", _percent, "%"),
     "temperature.gpu": _Field("temperature_c", _number("C"), "C"),
     "power.draw": _Field("power_w", _number("W"), "W"),
     "power.limit": _Field("power_limit_w", _number("W"), "W"),

@@ -21,8 +21,12 @@ Start it with torchrun (it reads RANK, LOCAL_RANK and WORLD_SIZE from torchrun's
   the rendezvous, so a host is the stable way to name where the crash happens).
 - ``--stop-file PATH``: finish successfully after the epoch during which PATH appears on rank
   0's host (a clean early stop that needs no signal).
+- ``--hold-after-epoch E --hold-file PATH``: after epoch E (its loss printed and its checkpoint
+  written), every rank waits until PATH appears on rank 0's host, printing ``holding after epoch
+  E until PATH appears`` once; a run resumed past epoch E does not hold. Tests use it to make a
+  job wait for an event (a GPU replaced, a database back) instead of racing it against a clock.
 - SIGTERM (what torchrun and the launcher send to stop a job) stops the loop after the current
-  step; the process then exits with status 143.
+  step (or during a hold); the process then exits with status 143.
 
 Needs only PyTorch: this file is copied to, or installed on, the training hosts.
 """
@@ -77,7 +81,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fail-host", default=None)
     parser.add_argument("--stop-file", type=Path, default=None,
                         help="finish successfully after the epoch during which this file appears on rank 0's host")
+    parser.add_argument("--hold-after-epoch", type=int, default=None,
+                        help="after this epoch, wait until --hold-file appears on rank 0's host")
+    parser.add_argument("--hold-file", type=Path, default=None)
     args = parser.parse_args(argv)
+    if (args.hold_after_epoch is None) != (args.hold_file is None):
+        parser.error("--hold-after-epoch and --hold-file go together")
     if args.epochs < 1 or args.samples < 1 or args.batch_size < 1 or args.log_every < 1:
         parser.error("--epochs, --samples, --batch-size and --log-every must be at least 1")
     return args
@@ -212,6 +221,9 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
             if rank == 0:
                 say(f"stop file {args.stop_file} found: finishing after epoch {epoch}")
             break
+        if args.hold_after_epoch == epoch and not hold(args.hold_file, rank, epoch, device):
+            say(f"rank {rank}: SIGTERM received, stopping while holding after epoch {epoch}", err=True)
+            return SIGTERM_EXIT_CODE
         if args.sleep > 0:
             deadline = time.monotonic() + args.sleep
             while not Stop.requested and time.monotonic() < deadline:
@@ -219,6 +231,23 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
     if rank == 0:
         say("training done")
     return 0
+
+
+def hold(path: Path, rank: int, epoch: int, device: torch.device, poll: float = 0.1) -> bool:
+    """Wait, on every rank, until ``path`` exists on rank 0's host: True then, False on SIGTERM.
+
+    Every rank takes part in one small all-reduce per poll (the file seen by rank 0, a SIGTERM
+    seen by any rank), so all of them leave the wait in the same step."""
+    if rank == 0:
+        say(f"holding after epoch {epoch} until {path} appears")
+    while True:
+        flags = torch.tensor([float(rank == 0 and path.exists()), float(Stop.requested)], device=device)
+        dist.all_reduce(flags)
+        if flags[1].item() > 0:
+            return False
+        if flags[0].item() > 0:
+            return True
+        time.sleep(poll)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -79,8 +79,13 @@ class Placement:
         from airflow_hetero_gpu.cli_output import render_plan
         from airflow_hetero_gpu.ledger import LedgerError, LedgerUrlError, ReservationConflict
 
+        from airflow_hetero_gpu.core.request_check import never_satisfiable
+
         op = self.op
         cluster = self.fresh_cluster()
+        mistake = never_satisfiable(cluster, self.request)
+        if mistake:  # no wait and no retry can bring a card or task type the fleet does not have
+            raise self._fail(mistake)
         try:
             # the lease surely lasts lease_seconds from here (time taken before the call)
             op._lease_from = time.monotonic()

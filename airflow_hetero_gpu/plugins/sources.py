@@ -184,7 +184,9 @@ def read_inventory(settings: PageSettings) -> tuple[Any, dict]:
     root = Path(settings.captures_dir)
     if not root.is_dir():
         src.update(status="missing", message=(
-            f"No inventory yet: the capture directory {root} does not exist (has the collection DAG run?)."))
+            f"No inventory yet: the capture directory {root} does not exist. The hetero_gpu_health_watch "
+            "DAG collects it; it starts paused: unpause it (DAGs, hetero_gpu_health_watch, the toggle) and it "
+            "collects within 10 minutes."))
         return None, src
     try:
         cluster, collected = _INVENTORY.load(settings.captures_dir)

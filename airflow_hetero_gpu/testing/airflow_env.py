@@ -101,10 +101,14 @@ def dags_test(dag_id: str, env: Mapping[str, str], *, conf: Mapping | None = Non
     proc = subprocess.Popen(cmd, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append(line)
-        stream(line)
-    proc.wait(timeout=timeout)
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            stream(line)
+        proc.wait(timeout=timeout)
+    except BaseException:  # interrupted (a signal, Ctrl-C, a timeout): the run goes with us
+        _stop(proc)
+        raise
     return subprocess.CompletedProcess(cmd, proc.returncode, "".join(lines), "")
 
 
@@ -130,6 +134,17 @@ def metadata_env(url: str | None) -> dict[str, str]:
     if url.startswith("postgresql+psycopg://"):
         env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC"] = url
     return env
+
+
+def _stop(proc: subprocess.Popen, grace: float = 10) -> None:
+    """SIGTERM (the task's on_kill stops its job), then SIGKILL after ``grace`` seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 class AirflowDeployment:

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     from airflow_hetero_gpu.core.inventory import load_cluster
     from airflow_hetero_gpu.core.model import PlanRequest
     from airflow_hetero_gpu.core.planner import plan
-    from airflow_hetero_gpu.demo import CLUSTER_YAML, TOPOLOGY_CONF
+    from airflow_hetero_gpu.demo_setup import CLUSTER_YAML, TOPOLOGY_CONF
     from airflow_hetero_gpu.plugins import model, topology_svg
     from airflow_hetero_gpu.testing import sshd_available
     from airflow_hetero_gpu.testing.cluster import EmulatedCluster
