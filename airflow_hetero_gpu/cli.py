@@ -12,7 +12,7 @@ import sys
 from typing import Sequence
 
 from airflow_hetero_gpu import __version__
-from airflow_hetero_gpu.cli_types import mib, positive_int
+from airflow_hetero_gpu.cli_types import mib, non_negative_float, positive_int
 from airflow_hetero_gpu.errors import HeteroGpuError
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_NO_CAPACITY = 0, 2, 3
@@ -38,9 +38,10 @@ def _fmt(x: float | None, digits: int = 3) -> str:
 
 
 def _load(args):
-    from airflow_hetero_gpu.core.inventory import load_cluster
+    from airflow_hetero_gpu.core.inventory import XidRule, load_cluster
 
-    return load_cluster(args.captures, args.config)
+    rule = None if args.xid_window is None else XidRule.offline(args.xid_window)
+    return load_cluster(args.captures, args.config, xid_rule=rule)
 
 
 def _ledger_state(args):
@@ -185,6 +186,9 @@ def cmd_plan(args) -> int:
 def _captures_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--captures", required=True, metavar="DIR", help="capture directory (SPEC §2)")
     p.add_argument("--config", metavar="FILE", help="cluster.yaml (default: DIR/cluster.yaml when present)")
+    p.add_argument("--xid-window", type=non_negative_float, metavar="SECONDS",
+                   help="count a kernel-log Xid line of DIR when logged within SECONDS of the capture "
+                        "(default: cluster.yaml's thresholds.xid_window_s, 3600; 0: no Xid line counts)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 

@@ -277,7 +277,7 @@ def test_lost_gpu_is_kept_in_query_csv_with_a_warning(emulated_cluster, tmp_path
 ])
 def test_kernel_log_reading(emulated_cluster, tmp_path, faults, read_kernel_log, xid_file, warning):
     cluster = emulated_cluster(small_hosts(1, gpus=1))
-    cluster.add_xid("node01", 0, 79)
+    cluster.add_xid("node01", 0, 79, time=1017.123457)
     for fault in faults:
         cluster.inject_fault("node01", fault)
     result = collect(cluster, tmp_path / "out", read_kernel_log=read_kernel_log).hosts[0]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from airflow_hetero_gpu.capture.query import QueryResult, parse_query_csv
@@ -38,6 +39,9 @@ class HostCapture:
     xid: list[XidEvent] = field(default_factory=list)
     error: str | None = None  # why collecting from this host failed (its GPUs are unreachable)
     notes: list[str] = field(default_factory=list)  # things worth telling, not failures
+    # when the kernel log was read (xid.log's modification time: the collector writes it then);
+    # the offline Xid rule ages journal lines against it (core/inventory.py)
+    captured_at: datetime | None = None
 
 
 @dataclass
@@ -84,6 +88,7 @@ def read_host(host_dir: Path) -> HostCapture:
     x = host_dir / "xid.log"
     if x.exists():
         cap.xid = parse_xid_log(_read_text(x), str(x))
+        cap.captured_at = datetime.fromtimestamp(x.stat().st_mtime).astimezone()
     return cap
 
 

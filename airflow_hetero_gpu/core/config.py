@@ -60,6 +60,9 @@ class Thresholds(_Strict):
     # Optional rules on fields older drivers lack (they never fire where the field is absent).
     check_row_remap: StrictBool = True
     check_hw_slowdown: StrictBool = True
+    # A capture directory read without a ledger: an Xid line counts when logged within this
+    # many seconds of the capture (readers with a ledger take Xids from its evictions instead).
+    xid_window_s: Number = Field(3600, ge=0)
 
     @model_validator(mode="after")
     def _ordered(self) -> "Thresholds":

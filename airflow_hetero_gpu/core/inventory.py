@@ -1,11 +1,26 @@
-"""From a capture directory to the planner's cluster (S1, S2): GPUs with health, wiring, tiers."""
+"""From a capture directory to the planner's cluster (S1, S2): GPUs with health, wiring, tiers.
+
+Kernel-log Xid lines are *events*, not states: the log keeps every Xid since boot. Which of them
+count as a health fact here is an explicit :class:`XidRule`:
+
+* :data:`XIDS_FROM_LEDGER` (readers with a ledger: the operator, the triggers, the health
+  watch, ``--ledger`` readers of the stored inventory): no Xid line marks a GPU here; the ledger's
+  eviction records carry them (an Xid evicts once, ``uncordon`` and readmission clear it);
+* :meth:`XidRule.offline` (a capture directory read without a ledger): a line counts when it was
+  logged within ``window_s`` of the capture's time (``thresholds.xid_window_s`` of cluster.yaml,
+  ``--xid-window`` on the command line; 0 counts none). A line whose prefix has no wall-clock
+  time (plain ``dmesg``: seconds since boot) counts, because it may be recent. docs/health.md.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 from airflow_hetero_gpu.capture.directory import CaptureSet, HostCapture, read_capture_dir
 from airflow_hetero_gpu.capture.slurm import SwitchTopology
+from airflow_hetero_gpu.capture.xid import XidEvent, line_time
 from airflow_hetero_gpu.core.cluster import Cluster, build_cluster
 from airflow_hetero_gpu.core.config import ClusterConfig, load_config
 from airflow_hetero_gpu.core.health import GpuFacts, health_reasons
@@ -13,15 +28,58 @@ from airflow_hetero_gpu.core.model import Gpu
 from airflow_hetero_gpu.core.topology import HostWiring, NetworkTiers
 
 
-def host_gpus(cap: HostCapture, config: ClusterConfig) -> list[Gpu]:
-    """The GPUs of one host with their health (SPEC §4)."""
+@dataclass(frozen=True)
+class XidRule:
+    """Which kernel-log Xid lines of a capture count as health facts (module docstring).
+
+    ``window_s`` ``None`` or 0: none (with a ledger, its evictions carry the Xids); else lines
+    logged at most ``window_s`` seconds before the capture's time (``HostCapture.captured_at``)
+    count, and so do lines without a wall-clock time.
+    """
+
+    window_s: float | None
+
+    @classmethod
+    def offline(cls, window_s: float) -> "XidRule":
+        if window_s < 0:
+            raise ValueError(f"xid window must not be negative, got {window_s:g}")
+        return cls(float(window_s))
+
+    def counts(self, event: XidEvent, cap: HostCapture) -> bool:
+        if not self.window_s:
+            return False
+        if cap.captured_at is None:
+            return True  # no capture time: nothing to age the line against
+        when = line_time(event.text, cap.captured_at)
+        if when is None:
+            return True  # seconds since boot (plain dmesg): may be recent
+        return cap.captured_at - when <= timedelta(seconds=self.window_s)
+
+    def describe(self) -> str:
+        if not self.window_s:
+            return "Xid lines ignored"
+        return f"Xid lines logged within {self.window_s:g} s of the capture count"
+
+
+#: The rule of every reader that has a ledger: Xid lines are evictions there, not states here.
+XIDS_FROM_LEDGER = XidRule(None)
+
+
+def host_gpus(cap: HostCapture, config: ClusterConfig, xid_rule: XidRule | None = None) -> list[Gpu]:
+    """The GPUs of one host with their health (SPEC §4).
+
+    ``xid_rule``: which Xid lines count (default: the offline rule with cluster.yaml's
+    ``thresholds.xid_window_s``).
+    """
     th = config.thresholds
+    rule = xid_rule if xid_rule is not None else XidRule.offline(th.xid_window_s)
     host_error = cap.error
     rows = cap.query.rows if cap.query else []
     lost = cap.query.lost if cap.query else []
     xids_by_bus: dict[str, list[int]] = {}
     for ev in cap.xid:
-        xids_by_bus.setdefault(ev.pci_bus_id, []).append(ev.xid)
+        if rule.counts(ev, cap):
+            xids_by_bus.setdefault(ev.pci_bus_id, []).append(ev.xid)
     gpus: list[Gpu] = []
     for r in rows:
         facts = GpuFacts.from_row(r, host_error=host_error,
@@ -59,14 +117,19 @@ def host_gpus(cap: HostCapture, config: ClusterConfig) -> list[Gpu]:
     return gpus
 
 
-def cluster_from_captures(captures: CaptureSet, config: ClusterConfig | None = None) -> Cluster:
-    """Build the planner's cluster from parsed captures."""
+def cluster_from_captures(captures: CaptureSet, config: ClusterConfig | None = None, *,
+                          xid_rule: XidRule | None = None) -> Cluster:
+    """Build the planner's cluster from parsed captures.
+
+    ``xid_rule``: :data:`XIDS_FROM_LEDGER` for readers with a ledger; default the offline rule
+    (cluster.yaml's ``thresholds.xid_window_s``) for a capture directory read on its own.
+    """
     config = config or ClusterConfig()
     gpus: list[Gpu] = []
     wiring: dict[str, HostWiring] = {}
     errors: dict[str, str] = {}
     for name, cap in captures.hosts.items():
-        gpus.extend(host_gpus(cap, config))
+        gpus.extend(host_gpus(cap, config, xid_rule))
         if cap.error is not None:
             errors[name] = cap.error
         if cap.topo is not None:
@@ -91,9 +154,11 @@ def network_tiers(switches: SwitchTopology) -> NetworkTiers:
     )
 
 
-def load_cluster(captures_dir: str | Path, config_path: str | Path | None = None) -> Cluster:
-    """Read a capture directory (SPEC §2) and its cluster.yaml (``--config`` overrides it)."""
+def load_cluster(captures_dir: str | Path, config_path: str | Path | None = None, *,
+                 xid_rule: XidRule | None = None) -> Cluster:
+    """Read a capture directory (SPEC §2) and its cluster.yaml (``--config`` overrides it);
+    ``xid_rule`` as in :func:`cluster_from_captures`."""
     captures = read_capture_dir(captures_dir)
     if config_path is None and captures.config_path is not None:
         config_path = captures.config_path
-    return cluster_from_captures(captures, load_config(config_path))
+    return cluster_from_captures(captures, load_config(config_path), xid_rule=xid_rule)

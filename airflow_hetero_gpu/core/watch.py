@@ -42,7 +42,7 @@ from airflow_hetero_gpu.capture.directory import CaptureSet
 from airflow_hetero_gpu.core.cluster import Cluster
 from airflow_hetero_gpu.core.config import ClusterConfig, Thresholds
 from airflow_hetero_gpu.core.health import GpuFacts, health_reasons
-from airflow_hetero_gpu.core.inventory import cluster_from_captures
+from airflow_hetero_gpu.core.inventory import XIDS_FROM_LEDGER, cluster_from_captures
 from airflow_hetero_gpu.core.model import GpuKey, PlanRequest, PlanResult
 from airflow_hetero_gpu.core.planner import cluster_state, plan
 
@@ -225,7 +225,7 @@ def evaluate(captures: CaptureSet, config: ClusterConfig,
     """
     markers = markers or {}
     th = config.thresholds
-    raw = cluster_from_captures(captures, config)
+    raw = cluster_from_captures(captures, config, xid_rule=XIDS_FROM_LEDGER)  # new Xids: below
     rows: dict[str, dict[int, Any]] = {}
     lines_by_bus: dict[str, dict[str, list[Any]]] = {}
     for name, cap in captures.hosts.items():

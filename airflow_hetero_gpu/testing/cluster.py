@@ -34,6 +34,7 @@ from airflow_hetero_gpu.testing.state import (
     GPU_KEYS,
     STATE_FILE,
     HostSpec,
+    current_uptime,
     read_state,
     write_state,
 )
@@ -302,10 +303,11 @@ class EmulatedCluster:
 
     def add_xid(self, name: str, gpu: int, xid: int, *, time: float | None = None,
                 pid: int | None = None, process: str | None = None, text: str | None = None) -> None:
-        """Append a kernel-log Xid line for one GPU of a host."""
+        """Append a kernel-log Xid line for one GPU of a host, logged now (``time``: at that
+        uptime in seconds instead)."""
         state = self.state(name)
         entries = state.setdefault("xid", [])
-        when = time if time is not None else 1000.0 + 17.123457 * (len(entries) + 1)
+        when = time if time is not None else current_uptime(state)
         entry: dict[str, Any] = {"time": when, "gpu": gpu, "xid": xid, "pid": pid, "name": process}
         if text:
             entry["text"] = text

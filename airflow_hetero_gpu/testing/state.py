@@ -9,7 +9,9 @@ State file format (every key optional unless noted)::
     {
       "hostname": "dgx-a1",                      # required
       "driver_version": "535.183.01",
-      "boot_time": 1735689600,                   # epoch seconds; journalctl timestamps
+      "boot_time": 1735689600,                   # epoch seconds; journalctl timestamps (HostSpec:
+                                                 # a minute before the host's last Xid, so its
+                                                 # kernel log is recent; see DEFAULT_UPTIME_S)
       "gpus": [ {GPU}, ... ],
       "topology": {"sample": "8x-a100-sxm-nv12-4nic-hgx-2numa"}   # a shipped real sample
                | {"matrix": [["X", "NV12"], ["NV12", "X"]],          # or a generated matrix
@@ -32,6 +34,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import time
 import uuid as _uuid
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
@@ -56,6 +60,9 @@ FAULTS = (
 STATE_FAULTS = ("driver_gone", "no_devices", "journal_denied", "dmesg_denied")
 
 STATE_FILE = "state.json"
+
+#: Uptime of a host whose spec has no kernel-log entries when its state is first written.
+DEFAULT_UPTIME_S = 600.0
 
 
 @dataclass
@@ -112,6 +119,18 @@ class HostSpec:
     driver_version: str = "535.183.01"
     xid: list[Any] = field(default_factory=list)
     faults: list[str] = field(default_factory=list)
+    boot_time: int | None = None  # epoch seconds; None: a minute before the last Xid entry
+
+    def default_boot_time(self, now: float | None = None) -> int:
+        """A boot time that makes the spec's kernel log recent: the last entry a minute ago."""
+        uptimes = [DEFAULT_UPTIME_S]
+        for entry in self.xid:
+            if isinstance(entry, str):
+                match = re.match(r"^\[\s*(\d+\.\d+)\]", entry)
+                uptimes.append(float(match.group(1)) if match else 0.0)
+            else:
+                uptimes.append(float(entry.get("time", 0.0)))
+        return int((time.time() if now is None else now) - max(uptimes) - 60)
 
     def to_state(self) -> dict[str, Any]:
         gpus = []
@@ -123,7 +142,7 @@ class HostSpec:
         return {
             "hostname": self.name,
             "driver_version": self.driver_version,
-            "boot_time": 1_735_689_600,
+            "boot_time": self.boot_time if self.boot_time is not None else self.default_boot_time(),
             "gpus": gpus,
             "topology": dict(self.topology),
             "xid": list(self.xid),
@@ -157,6 +176,14 @@ def validate_state(state: Mapping[str, Any]) -> None:
     topology = state.get("topology") or {}
     if "sample" not in topology and "matrix" not in topology:
         raise ValueError("state: 'topology' needs 'sample' or 'matrix'")
+
+
+def current_uptime(state: Mapping[str, Any], now: float | None = None) -> float:
+    """Seconds since the host's boot (``boot_time``) now, rounded to microseconds, and after
+    its last kernel-log entry (the log stays in time order)."""
+    uptime = round((time.time() if now is None else now) - float(state.get("boot_time", 0)), 6)
+    last = max((float(e.get("time", 0.0)) for e in state.get("xid", []) if isinstance(e, Mapping)), default=0.0)
+    return max(uptime, round(last + 0.000001, 6))
 
 
 def read_state(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -66,7 +66,7 @@ class CapacityTrigger(BaseTrigger):
     def check(self, ledger_url: str | None) -> tuple[bool, str]:
         """Plan once (blocking; run in a thread): (placed, every pool's reason)."""
         from airflow_hetero_gpu.core.config import config_from_mapping, load_config
-        from airflow_hetero_gpu.core.inventory import cluster_from_captures
+        from airflow_hetero_gpu.core.inventory import XIDS_FROM_LEDGER, cluster_from_captures
         from airflow_hetero_gpu.capture.directory import read_capture_dir
         from airflow_hetero_gpu.core.model import PlanRequest
         from airflow_hetero_gpu.ledger import Ledger
@@ -76,7 +76,7 @@ class CapacityTrigger(BaseTrigger):
             config = config_from_mapping(self.config, source="cluster_config")
         else:
             config = load_config(self.config or captures.config_path)
-        cluster = cluster_from_captures(captures, config.with_weights(self.weights))
+        cluster = cluster_from_captures(captures, config.with_weights(self.weights), xid_rule=XIDS_FROM_LEDGER)
         gpu_type = self.request.get("gpu_type")
         request = PlanRequest(int(self.request["gpus"]), tuple(gpu_type) if isinstance(gpu_type, list) else gpu_type,
                               self.request.get("task_type"), self.request.get("gpu_memory_mib"))
