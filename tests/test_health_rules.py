@@ -66,7 +66,8 @@ def test_rules(facts, overrides, reasons):
 
 def test_every_rule_is_registered_once():
     names = [r.__name__ for r in RULES]
-    assert names == ["unreachable", "lost", "ecc", "retired_pages", "row_remap", "temperature", "hw_slowdown", "xid"]
+    assert names == ["unreachable", "lost", "ecc", "retired_pages", "row_remap", "temperature", "hw_slowdown",
+                     "fabric", "xid"]
 
 
 @pytest.mark.parametrize("data, message", [

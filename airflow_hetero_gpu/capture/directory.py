@@ -7,6 +7,8 @@ DIR/
   hosts/<host>/query.csv    nvidia-smi --query-gpu=<FIELDS> --format=csv
   hosts/<host>/topo.txt     nvidia-smi topo -m
   hosts/<host>/xid.log      optional
+  hosts/<host>/mig.txt      nvidia-smi -L, where a GPU has MIG enabled (optional)
+  hosts/<host>/mig-usage.txt  nvidia-smi (the table), with mig.txt (optional)
   hosts/<host>/error.txt    present when collecting from that host failed
 ```
 """
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from airflow_hetero_gpu.capture.mig import MigListing, MigUsage, parse_mig_list, parse_mig_usage
 from airflow_hetero_gpu.capture.query import QueryResult, parse_query_csv
 from airflow_hetero_gpu.capture.slurm import SwitchTopology, parse_topology_conf
 from airflow_hetero_gpu.capture.topo import TopoMatrix, parse_topo
@@ -42,6 +45,8 @@ class HostCapture:
     # when the kernel log was read (xid.log's modification time: the collector writes it then);
     # the offline Xid rule ages journal lines against it (core/inventory.py)
     captured_at: datetime | None = None
+    mig: MigListing | None = None  # mig.txt: the MIG devices of MIG-enabled GPUs
+    mig_usage: MigUsage | None = None  # mig-usage.txt: their memory and processes
 
 
 @dataclass
@@ -89,6 +94,12 @@ def read_host(host_dir: Path) -> HostCapture:
     if x.exists():
         cap.xid = parse_xid_log(_read_text(x), str(x))
         cap.captured_at = datetime.fromtimestamp(x.stat().st_mtime).astimezone()
+    m = host_dir / "mig.txt"
+    if m.exists():
+        cap.mig = parse_mig_list(_read_text(m), str(m))
+    u = host_dir / "mig-usage.txt"
+    if u.exists():
+        cap.mig_usage = parse_mig_usage(_read_text(u), str(u))
     return cap
 
 

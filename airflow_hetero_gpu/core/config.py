@@ -50,6 +50,9 @@ class Weights(_Strict):
 class Thresholds(_Strict):
     busy_utilization: Number = Field(0.10, ge=0, le=1)
     full_utilization: Number = Field(0.90, ge=0, le=1)
+    # The load assumed for a GPU whose utilization nvidia-smi cannot tell ([N/A]): 1 (busy),
+    # so an unknown GPU is never taken for an idle one (docs/concepts.md).
+    unknown_utilization: Number = Field(1.0, ge=0, le=1)
     max_temperature_c: Number = 90
     # SPEC §8: an evicted GPU comes back after this many consecutive healthy checks.
     readmit_after_healthy_checks: StrictInt = Field(3, ge=1)

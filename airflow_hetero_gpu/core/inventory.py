@@ -23,8 +23,10 @@ from airflow_hetero_gpu.capture.slurm import SwitchTopology
 from airflow_hetero_gpu.capture.xid import XidEvent, line_time
 from airflow_hetero_gpu.core.cluster import Cluster, build_cluster
 from airflow_hetero_gpu.core.config import ClusterConfig, load_config
+from airflow_hetero_gpu.capture.query import QueryRow
+from airflow_hetero_gpu.core.cardtype import mig_card_type
 from airflow_hetero_gpu.core.health import GpuFacts, health_reasons
-from airflow_hetero_gpu.core.model import Gpu
+from airflow_hetero_gpu.core.model import Fabric, Gpu
 from airflow_hetero_gpu.core.topology import HostWiring, NetworkTiers
 
 
@@ -86,22 +88,27 @@ def host_gpus(cap: HostCapture, config: ClusterConfig, xid_rule: XidRule | None 
                                   xids=xids_by_bus.get(r.pci_bus_id, ()) if r.pci_bus_id else ())
         reasons = health_reasons(facts, th)
         util = None if r.utilization_pct is None else r.utilization_pct / 100.0
-        gpus.append(
-            Gpu(
-                host=cap.host,
-                index=r.index,
-                uuid=r.uuid or f"{cap.host}-gpu{r.index}",
-                name=r.name,
-                memory_total_mib=r.memory_total_mib,
-                memory_used_mib=r.memory_used_mib,
-                utilization=util,
-                temperature_c=r.temperature_c,
-                power_w=r.power_w,
-                pci_bus_id=r.pci_bus_id,
-                healthy=not reasons,
-                reasons=reasons,
-            )
+        gpu = Gpu(
+            host=cap.host,
+            index=r.index,
+            uuid=r.uuid or f"{cap.host}-gpu{r.index}",
+            name=r.name,
+            memory_total_mib=r.memory_total_mib,
+            memory_used_mib=r.memory_used_mib,
+            utilization=util,
+            temperature_c=r.temperature_c,
+            power_w=r.power_w,
+            pci_bus_id=r.pci_bus_id,
+            healthy=not reasons,
+            reasons=reasons,
+            mig_mode=r.mig_mode_current,
+            mig_pending=r.mig_mode_pending,
+            unschedulable=_mig_holds(r),
+            fabric=_fabric(r),
         )
+        gpus.append(gpu)
+        if _enabled(r.mig_mode_current):
+            gpus.extend(mig_instances(cap, gpu))
     # A GPU nvidia-smi could not open ("Unable to determine the device handle ...") has no row;
     # it takes the lowest index missing from the rows, in the order the messages came.
     if lost:
@@ -115,6 +122,72 @@ def host_gpus(cap: HostCapture, config: ClusterConfig, xid_rule: XidRule | None 
                     pci_bus_id=dev.pci_bus_id, healthy=False, reasons=health_reasons(facts, th))
             )
     return gpus
+
+
+def _enabled(mode: str | None) -> bool:
+    return (mode or "").strip().lower() == "enabled"
+
+
+def _mig_holds(r: QueryRow) -> tuple[str, ...]:
+    """Why a GPU is never handed out whole: MIG on (its instances are), a mode change pending."""
+    out = []
+    if _enabled(r.mig_mode_current):
+        out.append("mig-enabled")
+    if r.mig_mode_current is not None and r.mig_mode_pending is not None and \
+            r.mig_mode_current.strip().lower() != r.mig_mode_pending.strip().lower():
+        out.append("mig-mode-change-pending")
+    return tuple(out)
+
+
+def _fabric(r: QueryRow) -> Fabric | None:
+    values = (r.fabric_state, r.fabric_status, r.fabric_clique_id, r.fabric_cluster_uuid,
+              r.fabric_health_summary, r.fabric_health_bandwidth)
+    if all(v is None for v in values):
+        return None
+    return Fabric(*values, tray_index=r.tray_index)
+
+
+def _note(cap: HostCapture, text: str) -> None:
+    if text not in cap.notes:  # the same captures may be read more than once
+        cap.notes.append(text)
+
+
+def mig_instances(cap: HostCapture, gpu: Gpu) -> list[Gpu]:
+    """The MIG instances of a MIG-enabled GPU (``mig.txt``), as schedulable units of their own
+    card type (``<GPU name> MIG <profile>``).
+
+    Memory comes from ``mig-usage.txt`` (the instance's share); utilization, which the driver
+    does not report per instance, is 1 when compute processes run on the instance and 0 when
+    none do (``None``, counted busy, without ``mig-usage.txt``). Health is the GPU's; a pending
+    MIG mode change holds the instances too.
+    """
+    if cap.mig is None:
+        _note(cap, f"GPU {gpu.index} has MIG enabled but no mig.txt lists its instances: none handed out")
+        return []
+    devices = cap.mig.of(gpu.index)
+    listed_uuid = cap.mig.gpus.get(gpu.index)
+    if listed_uuid is not None and gpu.uuid and listed_uuid != gpu.uuid:
+        _note(cap, f"GPU {gpu.index}: mig.txt lists {listed_uuid}, query.csv {gpu.uuid}: instances not used")
+        return []
+    out = []
+    holds = tuple(h for h in gpu.unschedulable if h != "mig-enabled")
+    for dev in devices:
+        usage = cap.mig_usage.devices.get((gpu.index, dev.device)) if cap.mig_usage is not None else None
+        if usage is not None:
+            busy = bool(cap.mig_usage.processes_on(usage))
+            memory_total, memory_used, util = usage.memory_total_mib, usage.memory_used_mib, (1.0 if busy else 0.0)
+        else:
+            memory_total = memory_used = util = None
+        out.append(Gpu(
+            host=gpu.host, index=gpu.index, instance=dev.device, uuid=dev.uuid,
+            name=mig_card_type(gpu.name, dev.profile), memory_total_mib=memory_total,
+            memory_used_mib=memory_used, utilization=util, temperature_c=gpu.temperature_c,
+            pci_bus_id=gpu.pci_bus_id, healthy=gpu.healthy, reasons=gpu.reasons,
+            mig_profile=dev.profile, gpu_uuid=gpu.uuid, unschedulable=holds,
+        ))
+    if not devices:
+        _note(cap, f"GPU {gpu.index} has MIG enabled and no MIG instances")
+    return out
 
 
 def cluster_from_captures(captures: CaptureSet, config: ClusterConfig | None = None, *,
@@ -140,6 +213,8 @@ def cluster_from_captures(captures: CaptureSet, config: ClusterConfig | None = N
         net = network_tiers(captures.switches)
     cluster = build_cluster(gpus, wiring, net, config, errors)
     cluster.host_notes = {n: list(c.notes) for n, c in captures.hosts.items() if c.notes}
+    for host, note in cluster.host_domain_notes.items():
+        cluster.host_notes.setdefault(host, []).append(note)
     return cluster
 
 

@@ -50,8 +50,10 @@ HARD = "hard"
 SOFT = "soft"
 UNREACHABLE = "unreachable"
 
-#: Reasons whose eviction waits for consecutive bad checks; every other reason is hard.
-SOFT_REASONS = frozenset({"temperature", "hw-slowdown"})
+#: Reasons whose eviction waits for consecutive bad checks; every other reason is hard. A fabric
+#: registration in progress and degraded fabric bandwidth often clear by themselves (route
+#: recovery); a fabric error or an unhealthy fabric does not.
+SOFT_REASONS = frozenset({"temperature", "hw-slowdown", "fabric-registering", "fabric-degraded"})
 
 # What a step asks of the ledger.
 OK = "ok"                        # not evicted, nothing wrong
