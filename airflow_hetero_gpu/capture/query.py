@@ -29,7 +29,7 @@ from airflow_hetero_gpu.capture.busid import normalize_bus_id
 from airflow_hetero_gpu.errors import CaptureError
 
 __all__ = ["EXTRA_HEALTH_FIELDS", "FABRIC_FIELDS", "MIG_FIELDS", "OPTIONAL_FIELDS", "REQUIRED_FIELDS",
-           "LostDevice", "QueryResult", "QueryRow", "parse_query_csv"]
+           "LostDevice", "QueryResult", "QueryRow", "field_group", "parse_query_csv"]
 
 REQUIRED_FIELDS = ("index", "name", "memory.total")
 
@@ -50,6 +50,16 @@ FABRIC_FIELDS = ("fabric.state", "fabric.status", "fabric.cliqueId", "fabric.clu
                  "fabric.health.summary", "fabric.health.bandwidth", "platform.tray_index")
 #: Every field beyond SPEC §2 the collector asks for where the driver knows it.
 OPTIONAL_FIELDS = EXTRA_HEALTH_FIELDS + MIG_FIELDS + FABRIC_FIELDS
+#: Fields that drivers learnt together: a driver that refuses one refuses the others, so the
+#: collector leaves out the whole group at once (one query less per field on an older driver).
+FIELD_GROUPS: tuple[tuple[str, ...], ...] = (
+    MIG_FIELDS, FABRIC_FIELDS[:4], FABRIC_FIELDS[4:6], FABRIC_FIELDS[6:],
+)
+
+
+def field_group(name: str) -> tuple[str, ...]:
+    """The optional fields that go with ``name`` (just ``name`` for the health fields)."""
+    return next((g for g in FIELD_GROUPS if name in g), (name,))
 
 PROBLEM_VALUES = {"[unknown error]": "unknown-error", "[gpu requires reset]": "requires-reset"}
 

@@ -33,7 +33,8 @@ from typing import Any, Callable, Iterable, Sequence
 import paramiko
 
 from airflow_hetero_gpu.capture.directory import QUERY_FIELDS
-from airflow_hetero_gpu.capture.query import EXTRA_HEALTH_FIELDS
+from airflow_hetero_gpu.capture.query import EXTRA_HEALTH_FIELDS, OPTIONAL_FIELDS, field_group, parse_query_csv
+from airflow_hetero_gpu.errors import CaptureError
 from airflow_hetero_gpu.collect.nvml import AgentReply, agent_command, agent_script, parse_agent_reply
 from airflow_hetero_gpu.collect.targets import SshTarget
 from airflow_hetero_gpu.fsutil import atomic_write
@@ -51,6 +52,10 @@ QUERY_COMMAND = f"nvidia-smi --query-gpu={QUERY_FIELDS} --format=csv"
 #: Older spellings of extra health fields, tried when a driver refuses the current one.
 OLDER_FIELD_NAMES = {"clocks_event_reasons.hw_slowdown": "clocks_throttle_reasons.hw_slowdown"}
 TOPO_COMMAND = "nvidia-smi topo -m"
+#: Where a GPU has MIG enabled: its MIG devices (mig.txt) and the table with their memory and
+#: processes (mig-usage.txt).
+MIG_LIST_COMMAND = "nvidia-smi -L"
+MIG_USAGE_COMMAND = "nvidia-smi"
 #: The journal first (readable without root for members of adm/systemd-journal), else dmesg
 #: (readable without root unless kernel.dmesg_restrict=1). Exit 1 with no output = no Xids.
 XID_COMMAND = "journalctl -k -q --no-pager -g 'NVRM: Xid' 2>/dev/null || dmesg | grep 'NVRM: Xid'"
@@ -61,7 +66,7 @@ _KERNEL_LOG_DENIED = re.compile(
     re.IGNORECASE,
 )
 
-CAPTURE_FILES = ("query.csv", "topo.txt", "xid.log")
+CAPTURE_FILES = ("query.csv", "topo.txt", "xid.log", "mig.txt", "mig-usage.txt")
 ERROR_FILE = "error.txt"
 
 ClientFactory = Callable[..., paramiko.SSHClient]
@@ -273,13 +278,15 @@ _INVALID_FIELD = re.compile(r'Field "(?P<field>[^"]+)" is not a valid field to q
 
 
 def _smi_query(client: paramiko.SSHClient, command_timeout: float, warnings: list[str]) -> CommandResult:
-    """``nvidia-smi --query-gpu`` with the SPEC fields plus :data:`EXTRA_HEALTH_FIELDS`.
+    """``nvidia-smi --query-gpu`` with the SPEC fields plus ``OPTIONAL_FIELDS`` (health, MIG
+    mode, NVLink fabric).
 
     A driver that does not know an extra field refuses the whole query (``Field "x" is not a
     valid field to query.``, exit 2): the field is asked for under its older name where it has
-    one, else left out, and the query runs again; the SPEC fields are always asked for.
+    one, else left out with the fields that came with it (``field_group``), and the query runs
+    again; the SPEC fields are always asked for.
     """
-    extra = list(EXTRA_HEALTH_FIELDS)
+    extra = list(OPTIONAL_FIELDS)
     while True:
         fields = ",".join([QUERY_FIELDS, *extra])
         query = run_command(client, f"nvidia-smi --query-gpu={fields} --format=csv", command_timeout,
@@ -292,9 +299,13 @@ def _smi_query(client: paramiko.SSHClient, command_timeout: float, warnings: lis
             extra = []
         elif field in OLDER_FIELD_NAMES:
             extra[extra.index(field)] = OLDER_FIELD_NAMES[field]
-        else:
+        elif field in EXTRA_HEALTH_FIELDS or field in OLDER_FIELD_NAMES.values():
             extra.remove(field)
             warnings.append(f"nvidia-smi does not know {field}; its health rule is off for this host")
+        else:
+            group = field_group(field)
+            extra = [f for f in extra if f not in group]
+            warnings.append(f"nvidia-smi does not know {field}; {', '.join(group)} not read on this host")
 
 
 def _query(client: paramiko.SSHClient, command_timeout: float, nvml_python: str | None,
@@ -331,6 +342,8 @@ def gather(client: paramiko.SSHClient, command_timeout: float, read_kernel_log: 
         failure = _nvidia_smi_failure(topo)
         raise HostFailure(f"topo -m: {failure}")
     files = {"query.csv": query_text, "topo.txt": topo.stdout}
+    if _mig_enabled(query_text):
+        files.update(_mig_files(client, command_timeout, warnings))
     if read_kernel_log:
         xid = run_command(client, XID_COMMAND, command_timeout, "kernel log read")
         lines = [line for line in xid.stdout.splitlines() if "NVRM: Xid" in line]
@@ -343,6 +356,28 @@ def gather(client: paramiko.SSHClient, command_timeout: float, read_kernel_log: 
     return files, warnings, source
 
 
+def _mig_enabled(query_text: str) -> bool:
+    try:
+        rows = parse_query_csv(query_text, "query.csv").rows
+    except CaptureError:
+        return False  # the reader will say what is wrong with it
+    return any((r.mig_mode_current or "").lower() == "enabled" for r in rows)
+
+
+def _mig_files(client: paramiko.SSHClient, command_timeout: float, warnings: list[str]) -> dict[str, str]:
+    """mig.txt and mig-usage.txt; without mig.txt the host's MIG GPUs hand out nothing."""
+    listing = run_command(client, MIG_LIST_COMMAND, command_timeout, MIG_LIST_COMMAND)
+    if listing.returncode != 0 or "MIG " not in listing.stdout:
+        warnings.append(f"MIG devices not listed ({MIG_LIST_COMMAND}: {_first_line(listing.stdout, listing.stderr)})")
+        return {}
+    usage = run_command(client, MIG_USAGE_COMMAND, command_timeout, MIG_USAGE_COMMAND)
+    if usage.returncode != 0:
+        warnings.append(f"MIG usage not read ({MIG_USAGE_COMMAND}: {_first_line(usage.stdout, usage.stderr)}): "
+                        "MIG instances count as busy")
+        return {"mig.txt": listing.stdout}
+    return {"mig.txt": listing.stdout, "mig-usage.txt": usage.stdout}
+
+
 # --------------------------------------------------------------------------------------------
 # Writing
 # --------------------------------------------------------------------------------------------
@@ -351,10 +386,12 @@ def gather(client: paramiko.SSHClient, command_timeout: float, read_kernel_log: 
 def _write_success(host_dir: Path, files: dict[str, str]) -> list[str]:
     for name, text in files.items():
         atomic_write(host_dir / name, text)
-    try:
-        (host_dir / ERROR_FILE).unlink()
-    except FileNotFoundError:
-        pass
+    # a stale error, or a MIG listing of a host whose GPUs no longer have MIG enabled
+    for name in (ERROR_FILE, *(f for f in ("mig.txt", "mig-usage.txt") if f not in files)):
+        try:
+            (host_dir / name).unlink()
+        except FileNotFoundError:
+            pass
     return sorted(files)
 
 

@@ -1,7 +1,9 @@
 """Write a capture directory (SPEC §2) from emulated host specs, without SSH.
 
 The files hold exactly what the emulated ``nvidia-smi`` prints for those hosts (the same
-renderer the fake tools use), so tests and samples exercise the real readers.
+renderer the fake tools use) for the collector's commands (the query with its optional fields,
+``topo -m``, and ``-L`` plus the table where a GPU has MIG on), so tests and samples exercise
+the real readers.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from pathlib import Path
 from typing import Iterable
 
 from airflow_hetero_gpu.capture.directory import QUERY_FIELDS
+from airflow_hetero_gpu.capture.query import OPTIONAL_FIELDS
 from airflow_hetero_gpu.testing import nvsmi
 from airflow_hetero_gpu.testing.state import HostSpec
 
@@ -28,9 +31,13 @@ def write_capture_dir(
         state = spec.to_state()
         d = root / "hosts" / spec.name
         d.mkdir(parents=True, exist_ok=True)
-        text, _rc = nvsmi.query_gpu(state, QUERY_FIELDS, "csv")
+        text, _rc = nvsmi.query_gpu(state, ",".join([QUERY_FIELDS, *OPTIONAL_FIELDS]), "csv")
         (d / "query.csv").write_text(text)
         (d / "topo.txt").write_text(nvsmi.topo_text(state))
+        if any(str(g.get("mig_mode") or "").lower() == "enabled" for g in state["gpus"]):
+            # what the collector adds where MIG is on (collect/ssh.py)
+            (d / "mig.txt").write_text(nvsmi.list_gpus(state)[0])
+            (d / "mig-usage.txt").write_text(nvsmi.table_text(state))
         xid = "".join(line for line in nvsmi.dmesg_text(state).splitlines(True) if "NVRM: Xid" in line)
         if xid:
             (d / "xid.log").write_text(xid)

@@ -28,6 +28,14 @@ State file format (every key optional unless noted)::
 
 A GPU (``{GPU}``) uses the keys of :class:`GpuSpec`; ``null`` prints ``[N/A]``; ``overrides``
 maps a query field name to the raw text to print (``{"temperature.gpu": "[Unknown Error]"}``).
+
+MIG: ``"mig_mode": "Enabled"`` with ``"mig_devices"`` (:func:`mig_devices` builds them: profile,
+GPU and compute instance ids, memory, engines, UUID, ``processes``) prints MIG lines under the
+GPU in ``-L``, the "MIG devices" block of the table, and ``[N/A]`` utilization;
+``"mig_pending"`` differs from ``mig_mode`` while a mode change waits for a GPU reset.
+NVLink fabric: ``"fabric": {"state": "Completed", "status": "Success", "clique_id": 1,
+"cluster_uuid": "...", "health_summary": "Healthy", "bandwidth": "Full"}`` and
+``"tray_index"`` (:func:`nvl72_rack` builds whole racks, in :mod:`.demo`).
 """
 
 from __future__ import annotations
@@ -100,6 +108,12 @@ class GpuSpec:
     lost: bool = False
     lost_reason: str = "Unknown Error"
     overrides: dict[str, str] = field(default_factory=dict)
+    mig_mode: str | None = None              # "Enabled" / "Disabled"; None: no MIG ([N/A])
+    mig_pending: str | None = None           # after the next reset; None: as mig_mode
+    mig_devices: list[dict[str, Any]] = field(default_factory=list)
+    processes: list[dict[str, Any]] = field(default_factory=list)  # {"pid", "name", "memory_mib"}
+    fabric: dict[str, Any] | None = None     # None: no NVLink fabric (bare N/A)
+    tray_index: int | None = None
 
     def to_state(self) -> dict[str, Any]:
         return asdict(self)
@@ -153,6 +167,35 @@ class HostSpec:
 def gpu_uuid(host: str, index: int) -> str:
     """A stable, realistic-looking GPU UUID for (host, index)."""
     return "GPU-" + str(_uuid.uuid5(_uuid.NAMESPACE_DNS, f"{host}.gpu{index}.hetero-gpu.invalid"))
+
+
+def mig_uuid(host: str, index: int, device: int) -> str:
+    """A stable MIG device UUID for (host, GPU index, MIG device index), in the R470+ form."""
+    return "MIG-" + str(_uuid.uuid5(_uuid.NAMESPACE_DNS, f"{host}.gpu{index}.mig{device}.hetero-gpu.invalid"))
+
+
+#: What one MIG device of a profile reports on an 80 GB A100/H100 (memory and BAR1 in MiB, SMs,
+#: copy engines, encoders, decoders, OFA, JPEG): the 1g.10gb, 2g.20gb and 3g.40gb rows are the
+#: real H100 table's (table-h100-mig-4-instances-idle.txt); the others are scaled from them.
+MIG_PROFILES: dict[str, dict[str, int]] = {
+    "1g.10gb": {"memory_total_mib": 9984, "bar1_total_mib": 6184, "sm": 16, "ce": 1, "enc": 0, "dec": 1, "ofa": 0, "jpg": 1},
+    "2g.20gb": {"memory_total_mib": 20096, "bar1_total_mib": 12369, "sm": 32, "ce": 2, "enc": 0, "dec": 2, "ofa": 0, "jpg": 2},
+    "3g.40gb": {"memory_total_mib": 40448, "bar1_total_mib": 24739, "sm": 60, "ce": 3, "enc": 0, "dec": 3, "ofa": 0, "jpg": 3},
+    "4g.40gb": {"memory_total_mib": 40448, "bar1_total_mib": 24739, "sm": 64, "ce": 4, "enc": 0, "dec": 4, "ofa": 0, "jpg": 4},
+    "7g.80gb": {"memory_total_mib": 80896, "bar1_total_mib": 49478, "sm": 132, "ce": 8, "enc": 0, "dec": 7, "ofa": 1, "jpg": 7},
+}
+
+
+def mig_devices(host: str, index: int, profiles: list[str], *, first_gpu_instance: int = 1) -> list[dict[str, Any]]:
+    """MIG devices for a GPU's state (``mig_devices``), one per profile, idle, with stable UUIDs."""
+    out = []
+    for device, profile in enumerate(profiles):
+        if profile not in MIG_PROFILES:
+            raise ValueError(f"unknown MIG profile {profile!r}; known: {', '.join(MIG_PROFILES)}")
+        out.append({"profile": profile, "gpu_instance": first_gpu_instance + device, "compute_instance": 0,
+                    "memory_used_mib": 9, "uuid": mig_uuid(host, index, device), "processes": [],
+                    **MIG_PROFILES[profile]})
+    return out
 
 
 def validate_state(state: Mapping[str, Any]) -> None:
