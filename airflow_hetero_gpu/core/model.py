@@ -16,12 +16,51 @@ class GpuKey(NamedTuple):
     MIG device index on that GPU (``None``: the whole GPU).
 
     Code that needs the physical GPU of a key uses :attr:`gpu`; ``host, index, instance = key``
-    unpacks every key (a two-name unpacking of a key is a bug).
+    unpacks every key (a two-name unpacking of a key is a bug). A whole-GPU key equals and
+    hashes like the plain ``(host, index)`` pair, so keys read back from JSON or a database row
+    as pairs still find their GPU; keys order by (host, index, instance), the whole GPU first.
     """
 
     host: str
     index: int
     instance: int | None = None
+
+    def _pair_or_self(self):
+        return (self.host, self.index) if self.instance is None else tuple(self)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, tuple):
+            return self._pair_or_self() == (other._pair_or_self() if isinstance(other, GpuKey) else
+                                            (other[:2] if len(other) == 3 and other[2] is None else other))
+        return NotImplemented
+
+    def __ne__(self, other: object) -> bool:
+        result = self.__eq__(other)
+        return result if result is NotImplemented else not result
+
+    def __hash__(self) -> int:
+        return hash(self._pair_or_self())
+
+    def _order(self, other):
+        mine = self.sort_key
+        theirs = other.sort_key if isinstance(other, GpuKey) else GpuKey(*other).sort_key
+        return mine, theirs
+
+    def __lt__(self, other):  # type: ignore[override]
+        a, b = self._order(other)
+        return a < b
+
+    def __le__(self, other):  # type: ignore[override]
+        a, b = self._order(other)
+        return a <= b
+
+    def __gt__(self, other):  # type: ignore[override]
+        a, b = self._order(other)
+        return a > b
+
+    def __ge__(self, other):  # type: ignore[override]
+        a, b = self._order(other)
+        return a >= b
 
     def __str__(self) -> str:
         if self.instance is None:
