@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from airflow_hetero_gpu.core.model import GpuKey
 from airflow_hetero_gpu.errors import HeteroGpuError
 from airflow_hetero_gpu.ledger.errors import LedgerError
 
@@ -398,7 +399,8 @@ class HeteroTrainOperator(BaseOperator):
             for host, sweep in kill_orphans(job_id, list(targets.values()), factory).items():
                 if sweep.found:
                     self.log.warning("stopped %d leftover process(es) of job %s on %s", len(sweep.found), job_id, host)
-            gpus = [(g.host, g.index) for g in decision.gpus]
+            gpus = [g.key for g in decision.gpus]  # in rank order along the network tree
+            self._devices = {g.key: g.cuda_device for g in decision.gpus}
             while True:
                 outcome, facts = self._run_once(job_id, gpus, targets, factory)
                 runs.append(facts)
@@ -423,24 +425,25 @@ class HeteroTrainOperator(BaseOperator):
         final = runs[-1]["gpus"]
         out = result.to_json()["decision"]
         if restarts:  # the GPUs the job finished on; the first placement stays in run.initial_gpus
-            by_key = {(g.host, g.index): g for g in decision.gpus}
-            out["gpus"] = [by_key[k].ref() if k in by_key else {"host": k[0], "index": k[1]} for k in final]
-            out["hosts"] = list(dict.fromkeys(h for h, _ in final))
+            by_key = {g.key: g for g in decision.gpus}
+            out["gpus"] = [by_key[k].ref() if k in by_key else _key_json(k) for k in final]
+            out["hosts"] = list(dict.fromkeys(k[0] for k in final))
         out["job_id"] = job_id
         out["run"] = {"duration_s": round(time.monotonic() - started, 3), "restarts": restarts,
                       "hosts": runs[-1]["hosts"], "exit_codes": runs[-1]["exit_codes"],
-                      "gpus": [{"host": h, "index": i} for h, i in final],
-                      "initial_gpus": [{"host": g.host, "index": g.index} for g in decision.gpus]}
+                      "gpus": [_key_json(k) for k in final],
+                      "initial_gpus": [_key_json(g.key) for g in decision.gpus]}
         return out
 
     def _run_once(self, job_id, gpus, targets, factory) -> tuple[str, dict[str, Any]]:
         from airflow_hetero_gpu.launch.command import Command, LaunchSpec, Torchrun
         from airflow_hetero_gpu.launch.remote import torchrun_job
 
-        by_host: dict[str, list[int]] = {}
-        for h, i in gpus:
-            by_host.setdefault(h, []).append(i)
-        placements = [(targets[h], tuple(sorted(ix))) for h, ix in by_host.items()]
+        by_host: dict[str, list[int | str]] = {}  # hosts in rank order, as the GPU list has them
+        for key in gpus:
+            by_host.setdefault(key[0], []).append(self._device(key))
+        placements = [(targets[h], tuple(sorted(ix, key=str) if any(isinstance(i, str) for i in ix) else sorted(ix)))
+                      for h, ix in by_host.items()]
         args = list(self.script_args or [])
         if self.checkpoint_dir:
             args += ["--checkpoint-dir", self.checkpoint_dir]
@@ -525,7 +528,26 @@ class HeteroTrainOperator(BaseOperator):
             raise AirflowException(f"job {job_id}: the reservation was released or its lease expired; "
                                    "the workers were stopped") from None
 
-    def _replacement_needed(self, job_id: str, gpus: list[tuple[str, int]]) -> list[tuple[str, int]] | None:
+    def _device(self, key) -> int | str:
+        """What CUDA_VISIBLE_DEVICES names a GPU of the job by: its index, or a MIG instance's
+        ``MIG-<uuid>`` (from the decision or the ledger's record of the reservation)."""
+        key = GpuKey(*key)
+        if key.instance is None:
+            return key.index
+        device = getattr(self, "_devices", {}).get(key)
+        if device is None:
+            raise self._fail(f"no MIG UUID known for {key}: the ledger's reservation lacks it")
+        return device
+
+    def _learn_devices(self, reserved_gpus) -> None:
+        devices = getattr(self, "_devices", None)
+        if devices is None:
+            devices = self._devices = {}
+        for g in reserved_gpus:
+            if g.key.instance is not None and g.uuid:
+                devices[g.key] = g.uuid
+
+    def _replacement_needed(self, job_id: str, gpus: list[tuple]) -> list[tuple] | None:
         """The job's new GPU set when the ledger changed it (a replacement), else None.
 
         A GPU of the job evicted without a replacement yet: try to replace it now (SPEC §8); with
@@ -534,7 +556,8 @@ class HeteroTrainOperator(BaseOperator):
         res = self.ledger.get(job_id)
         if res is None:
             return None
-        current = [(g.host, g.index) for g in res.gpus]
+        current = [g.key for g in res.gpus]
+        self._learn_devices(res.gpus)
         if sorted(current) != sorted(gpus):
             return current
         evicted = self.ledger.evicted_map()
@@ -546,7 +569,7 @@ class HeteroTrainOperator(BaseOperator):
         for key in bad:
             new = self.ledger.replace(job_id, key, cluster, reasons=evicted[key])
             if new is None:
-                msg = f"job {job_id}: GPU {key[0]}:{key[1]} is abnormal ({', '.join(evicted[key])}) and no healthy GPU of its pool can replace it"
+                msg = f"job {job_id}: GPU {key} is abnormal ({', '.join(evicted[key])}) and no healthy GPU of its pool can replace it"
                 if self.on_no_replacement == "fail":
                     if self._job is not None:
                         self._job.kill()
@@ -555,11 +578,12 @@ class HeteroTrainOperator(BaseOperator):
                     self._waiting_for.add(key)
                     self.log.warning("%s; waiting for one (on_no_replacement='wait')", msg)
             else:
-                self.log.info("job %s: GPU %s:%s replaced by %s:%s", job_id, key[0], key[1], new.host, new.index)
+                self.log.info("job %s: GPU %s replaced by %s", job_id, key, new)
                 changed = True
         if changed:
             res = self.ledger.get(job_id)
-            return [(g.host, g.index) for g in res.gpus]
+            self._learn_devices(res.gpus)
+            return [g.key for g in res.gpus]
         return None
 
     def _release(self, job_id: str, patience: float = 30.0) -> None:
@@ -630,8 +654,14 @@ def _as_int(value: Any, name: str) -> int:
     return number
 
 
-def _fmt_gpus(gpus: Sequence[tuple[str, int]]) -> str:
+def _fmt_gpus(gpus: Sequence[tuple]) -> str:
     by: dict[str, list[str]] = {}
-    for h, i in gpus:
-        by.setdefault(h, []).append(str(i))
+    for key in gpus:
+        key = GpuKey(*key)
+        by.setdefault(key.host, []).append(str(key.index) if key.instance is None else f"{key.index} MIG {key.instance}")
     return "; ".join(f"{h} GPU {','.join(ix)}" for h, ix in by.items())
+
+
+def _key_json(key) -> dict[str, Any]:
+    key = GpuKey(*key)
+    return {"host": key.host, "index": key.index, **({} if key.instance is None else {"instance": key.instance})}
