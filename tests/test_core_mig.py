@@ -180,3 +180,18 @@ def test_cli_plans_an_instance_and_refuses_two(tmp_path):
         (None, "A100-SXM4-80GB"[-11:]), (0, "MIG 3g.40gb"), (1, "MIG 2g.20gb"), (2, "MIG 1g.10gb"), (3, "MIG 1g.10gb")]
     assert under[0]["mig"] == {"mode": "Enabled", "pending": "Enabled"} and under[0]["unschedulable"] == ["mig-enabled"]
     assert under[1]["mig"]["gpu_uuid"] == under[0]["uuid"]
+
+
+def test_the_health_watch_judges_the_gpu_and_its_instances_follow(tmp_path):
+    from airflow_hetero_gpu.capture.directory import read_capture_dir
+    from airflow_hetero_gpu.core.config import ClusterConfig
+    from airflow_hetero_gpu.core.watch import evaluate
+
+    specs = hosts()
+    enable_mig(specs[0], 0).ecc_uncorrected_volatile = 2
+    captures = read_capture_dir(write_capture_dir(tmp_path, specs, topology_conf=TOPOLOGY_CONF))
+    ev = evaluate(captures, ClusterConfig())
+    observed = [o.key for o in ev.observations]
+    assert GpuKey("a100-1", 0) in observed and all(GpuKey(*k).instance is None for k in observed)
+    assert len(observed) == 32  # the 32 physical GPUs, no instance
+    assert [g.reasons for g in ev.cluster.gpus if g.host == "a100-1" and g.index == 0] == [("ecc",)] * 5

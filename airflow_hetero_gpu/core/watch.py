@@ -238,7 +238,12 @@ def evaluate(captures: CaptureSet, config: ClusterConfig,
         lines_by_bus[name] = by_bus
     gpus = []
     observations = []
+    judged: dict[GpuKey, tuple[str, ...]] = {}
     for g in raw.gpus:
+        if g.instance is not None:  # a MIG instance is as healthy as its GPU (judged first: order)
+            reasons = judged.get(g.key.gpu, g.reasons)
+            gpus.append(replace(g, healthy=not reasons, reasons=reasons))
+            continue
         cap = captures.hosts[g.host]
         events = lines_by_bus[g.host].get(g.pci_bus_id, []) if g.pci_bus_id else []
         start, marker = split_new_lines([e.text for e in events], markers.get(g.key))
@@ -249,6 +254,7 @@ def evaluate(captures: CaptureSet, config: ClusterConfig,
         else:  # a GPU nvidia-smi could not open: the inventory placed it at a free index
             facts = GpuFacts(host_error=cap.error, lost=True, xids=new_xids)
         reasons = health_reasons(facts, th)
+        judged[g.key] = reasons
         gpus.append(replace(g, healthy=not reasons, reasons=reasons))
         observations.append(Observation(g.key, g.uuid, reasons, marker))
     cluster = Cluster(gpus, dict(raw.wiring), raw.net, raw.config, dict(raw.host_errors))
