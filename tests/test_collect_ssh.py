@@ -12,7 +12,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from airflow_hetero_gpu.capture.query import EXTRA_HEALTH_FIELDS
+from airflow_hetero_gpu.capture.query import OPTIONAL_FIELDS
 from airflow_hetero_gpu.collect.ssh import (
     QUERY_FIELDS,
     atomic_write,
@@ -30,7 +30,7 @@ DRIVER_GONE = ("nvidia-smi exit 9: NVIDIA-SMI has failed because it couldn't com
                "driver. Make sure that the latest NVIDIA driver is installed and running.")
 
 #: What the collector asks nvidia-smi for: the SPEC fields plus the optional health fields.
-COLLECTED_FIELDS = ",".join([QUERY_FIELDS, *EXTRA_HEALTH_FIELDS])
+COLLECTED_FIELDS = ",".join([QUERY_FIELDS, *OPTIONAL_FIELDS])
 
 
 def factory_for(cluster, **kwargs):
