@@ -12,10 +12,10 @@ import sys
 from typing import Sequence
 
 from airflow_hetero_gpu import __version__
+from airflow_hetero_gpu.cli_output import EXIT_BAD_INPUT, EXIT_NO_CAPACITY, EXIT_OK, fmt, render_plan, table
 from airflow_hetero_gpu.cli_types import mib, non_negative_float, positive_int
 from airflow_hetero_gpu.errors import HeteroGpuError
 
-EXIT_OK, EXIT_BAD_INPUT, EXIT_NO_CAPACITY = 0, 2, 3
 
 
 class _Parser(argparse.ArgumentParser):
@@ -23,18 +23,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {' '.join(message.split())}\n")
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A plain left-aligned text table."""
-    cells = [[("" if c is None else str(c)) for c in row] for row in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
-    line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
-    return "\n".join([line(list(headers)), line(["-" * w for w in widths])] + [line(r) for r in cells])
-
-
-def _fmt(x: float | None, digits: int = 3) -> str:
-    return "-" if x is None else f"{x:.{digits}f}"
 
 
 def _load(args):
@@ -61,8 +49,8 @@ def cmd_inventory(args) -> int:
         print(json.dumps([g.to_json() for g in cluster.gpus], indent=2))
         return EXIT_OK
     rows = [
-        (g.host, g.index, g.name, g.uuid, _fmt(g.memory_total_mib, 0), _fmt(g.memory_used_mib, 0),
-         _fmt(g.utilization, 2), _fmt(g.temperature_c, 0), _fmt(g.power_w, 1), _fmt(g.base_load, 2),
+        (g.host, g.index, g.name, g.uuid, fmt(g.memory_total_mib, 0), fmt(g.memory_used_mib, 0),
+         fmt(g.utilization, 2), fmt(g.temperature_c, 0), fmt(g.power_w, 1), fmt(g.base_load, 2),
          "yes" if g.healthy else "no", ",".join(g.reasons))
         for g in cluster.gpus
     ]
@@ -108,49 +96,6 @@ def cmd_pools(args) -> int:
 
 
 # --- plan -------------------------------------------------------------------------------------
-def render_plan(result) -> str:
-    """The readable form of a plan: the decision, every pool with stage/reason/score, the sick."""
-    req = result.request
-    lines = [
-        "request: {} GPU{}{}{}{}".format(
-            req.gpus, "s" if req.gpus > 1 else "",
-            f", card type {' or '.join(req.gpu_types)}" if req.gpu_types else "",
-            f", task type {req.task_type}" if req.task_type else "",
-            f", {req.gpu_memory_mib:g} MiB free each" if req.gpu_memory_mib else "",
-        )
-    ]
-    d = result.decision
-    if d is None:
-        lines.append("decision: no pool can host the job now")
-    else:
-        by_host: dict[str, list[str]] = {}
-        for g in d.gpus:
-            by_host.setdefault(g.host, []).append(str(g.index))
-        where = "; ".join(f"{h} GPU {','.join(ix)}" for h, ix in by_host.items())
-        s = d.score
-        lines.append(f"decision: pool {d.pool!r} -> {where}")
-        lines.append(
-            f"          E = {s.total:.4f}  (load balance {s.load_balance:.4f}, fragmentation "
-            f"{s.fragmentation:.4f}, topology {s.topology:.4f}, free blocks {_fmt(s.free_blocks, 4)}; "
-            f"mean distance {d.mean_distance:.4g})"
-        )
-    lines.append("")
-    rows = []
-    for p in result.pools:
-        sc = p.score
-        rows.append((p.pool, p.stage, p.gpus, p.healthy, p.available,
-                     _fmt(sc.load_balance if sc else None), _fmt(sc.fragmentation if sc else None),
-                     _fmt(sc.topology if sc else None), _fmt(sc.free_blocks if sc else None),
-                     _fmt(sc.total if sc else None), p.reason or ""))
-    lines.append(table(["POOL", "STAGE", "GPUS", "HEALTHY", "AVAIL", "LB", "FR", "TS", "FB", "E", "REASON"], rows))
-    if result.unhealthy:
-        lines.append("")
-        lines.append("unhealthy: " + ", ".join(f"{g.host} GPU{g.index} ({'+'.join(g.reasons)})" for g in result.unhealthy))
-    for host, err in sorted(result.host_errors.items()):
-        lines.append(f"host {host}: collection failed: {err}")
-    return "\n".join(lines)
-
-
 def cmd_plan(args) -> int:
     from airflow_hetero_gpu.core.model import PlanRequest
     from airflow_hetero_gpu.core.planner import plan

@@ -30,10 +30,11 @@ from typing import Any, Iterator
 from airflow_hetero_gpu.collect.nvml import agent_command
 from airflow_hetero_gpu.collect.ssh import CollectReport, collect_captures, paramiko_client_factory
 from airflow_hetero_gpu.collect.targets import parse_hosts_arg
+from airflow_hetero_gpu.cli_output import EXIT_NOTHING_COLLECTED, EXIT_OK
 from airflow_hetero_gpu.cli_types import non_negative_int, positive_int, positive_seconds
 from airflow_hetero_gpu.errors import HeteroGpuError
 
-EXIT_COLLECTED, EXIT_BAD_INPUT, EXIT_NOTHING_COLLECTED = 0, 2, 4
+EXIT_COLLECTED = EXIT_OK
 
 
 def register(subparsers: Any) -> None:

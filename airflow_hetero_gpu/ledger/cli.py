@@ -11,7 +11,7 @@ import argparse
 import json
 from datetime import datetime, timezone
 
-from airflow_hetero_gpu.cli import EXIT_OK, table
+from airflow_hetero_gpu.cli_output import EXIT_OK, table
 from airflow_hetero_gpu.core.cluster import Cluster
 from airflow_hetero_gpu.core.config import ClusterConfig
 from airflow_hetero_gpu.core.model import GpuKey, PlanRequest, PlanResult

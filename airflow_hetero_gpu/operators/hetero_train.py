@@ -31,12 +31,13 @@ from datetime import timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from airflow.providers.common.compat.sdk import conf
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_hetero_gpu.core.model import GpuKey
 from airflow_hetero_gpu.errors import HeteroGpuError
 from airflow_hetero_gpu.ledger.errors import LedgerError
+from airflow_hetero_gpu.operators.messages import key_json, pool_reasons
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -88,7 +89,8 @@ class HeteroTrainOperator(BaseOperator):
     :param wait_for_capacity: when no pool fits now, wait for one instead of failing.
     :param capacity_timeout: seconds to wait for capacity.
     :param capacity_poll_interval: seconds between two re-plans while waiting.
-    :param deferrable: wait for capacity in the triggerer instead of holding a worker slot.
+    :param deferrable: wait for capacity in the triggerer instead of holding a worker slot
+        (default: ``[operators] default_deferrable``, as for Airflow's own operators).
     :param on_no_replacement: ``"fail"`` or ``"wait"`` when a GPU of the running job turns abnormal
         and no healthy GPU of its pool can replace it.
     :param max_restarts: restarts of the workers on a new GPU set (after replacements) before the
@@ -105,13 +107,15 @@ class HeteroTrainOperator(BaseOperator):
         where ``torchrun`` is not on the remote PATH).
     :param rdzv_port: rendezvous port: ``"probe"`` a free port on the first host (default),
         ``"derive"`` from the job id, or a number.
+    :param rdzv_host: the address the other hosts reach the rendezvous (the first host) at, when
+        its SSH address is not the right one (a management network, a bastion in front).
     :param job_id: reservation and job id; default stable per task instance (a retry gets its
         GPUs back).
     """
 
     template_fields: Sequence[str] = (
         "gpu_count", "gpu_type", "training_task_type", "gpu_memory_mib", "script", "script_args", "command",
-        "env", "workdir", "captures_dir", "checkpoint_dir", "weights", "job_id",
+        "env", "workdir", "captures_dir", "checkpoint_dir", "weights", "job_id", "rdzv_host",
     )
     template_fields_renderers = {"env": "json", "script_args": "json", "command": "json", "weights": "json"}
     ui_color = "#d9ead3"
@@ -138,7 +142,7 @@ class HeteroTrainOperator(BaseOperator):
         wait_for_capacity: bool = False,
         capacity_timeout: float = 3600.0,
         capacity_poll_interval: float = 30.0,
-        deferrable: bool = False,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         on_no_replacement: str = "fail",
         max_restarts: int = 3,
         checkpoint_dir: str | None = None,
@@ -146,6 +150,7 @@ class HeteroTrainOperator(BaseOperator):
         host_timeout: float = 60.0,
         launcher: Sequence[str] = ("torchrun",),
         rdzv_port: int | str = "probe",
+        rdzv_host: str | None = None,
         job_id: str | None = None,
         **kwargs: Any,
     ) -> None:
@@ -178,11 +183,11 @@ class HeteroTrainOperator(BaseOperator):
         self.host_timeout = host_timeout
         self.launcher = launcher
         self.rdzv_port = rdzv_port
+        self.rdzv_host = rdzv_host
         self.job_id = job_id
         self._job = None
         self._lease_from = time.monotonic()
         self._ledger_obj: Ledger | None = None
-        self._waiting_for: set[tuple[str, int]] = set()
 
     # --- validation ---------------------------------------------------------------------------
     def _fail(self, message: str) -> AirflowFailException:
@@ -306,7 +311,7 @@ class HeteroTrainOperator(BaseOperator):
                 mask_secret(value)
 
     def _reserve(self, job_id: str, request: PlanRequest, context: Context) -> PlanResult:
-        from airflow_hetero_gpu.cli import render_plan
+        from airflow_hetero_gpu.cli_output import render_plan
 
         cluster = self._cluster()
         from airflow_hetero_gpu.ledger import LedgerError, LedgerUrlError, ReservationConflict
@@ -341,7 +346,7 @@ class HeteroTrainOperator(BaseOperator):
         the first time this task instance found no room (``waiting_since``, epoch seconds)."""
         from airflow_hetero_gpu.settings import setting
 
-        reasons = _reasons(result)
+        reasons = pool_reasons(result)
         if not self.wait_for_capacity:
             raise AirflowException(f"no pool can host {request.gpus} GPU(s) now: {reasons}")
         since = float(waiting_since) if waiting_since else time.time()
@@ -377,17 +382,36 @@ class HeteroTrainOperator(BaseOperator):
             result = self._reserve(job_id, request, context)
             if result.decision is not None:
                 return result
-            reasons = _reasons(result)
+            reasons = pool_reasons(result)
         raise AirflowException(f"no pool could host the job within {float(self.capacity_timeout):g} s: {reasons}")
 
     # --- running ------------------------------------------------------------------------------
+    def _launch_spec(self, job_id: str):
+        from airflow_hetero_gpu.launch.command import Command, LaunchSpec, Torchrun
+
+        args = list(self.script_args or [])
+        if self.checkpoint_dir:
+            args += ["--checkpoint-dir", self.checkpoint_dir]
+        if self.script:
+            program = Torchrun(self.script, tuple(args), max_restarts=0, launcher=tuple(self.launcher))
+        else:
+            program = Command(tuple(self.command))
+        try:
+            return LaunchSpec(job_id, program, env=dict(self.env or {}), workdir=self.workdir)
+        except ValueError as err:
+            raise self._fail(str(err)) from None
+
+    def _on_line(self, host: str, rank: int, stream: str, line: str) -> None:
+        self.log.info("[%s rank %d] %s", host, rank, line)
+
     def _run(self, job_id: str, result: PlanResult, context: Context) -> dict[str, Any]:
         from airflow_hetero_gpu.launch.orphans import kill_orphans
+        from airflow_hetero_gpu.operators.gpu_set import GpuSetWatch
+        from airflow_hetero_gpu.operators.lease import LeaseKeeper
+        from airflow_hetero_gpu.operators.run_loop import RunSettings, TrainingRun
 
         decision = result.decision
         started = time.monotonic()
-        restarts = 0
-        runs: list[dict[str, Any]] = []
         try:
             try:
                 targets = self.hook.ssh_targets()
@@ -399,21 +423,18 @@ class HeteroTrainOperator(BaseOperator):
             for host, sweep in kill_orphans(job_id, list(targets.values()), factory).items():
                 if sweep.found:
                     self.log.warning("stopped %d leftover process(es) of job %s on %s", len(sweep.found), job_id, host)
-            gpus = [g.key for g in decision.gpus]  # in rank order along the network tree
-            self._devices = {g.key: g.cuda_device for g in decision.gpus}
-            while True:
-                outcome, facts = self._run_once(job_id, gpus, targets, factory)
-                runs.append(facts)
-                if outcome == "done":
-                    break
-                # outcome == "restart": the ledger's GPU set changed (replacement)
-                restarts += 1
-                if restarts > self.max_restarts:
-                    raise AirflowException(
-                        f"job {job_id}: GPUs replaced {restarts} times, more than max_restarts={self.max_restarts}")
-                gpus = facts["next_gpus"]
-                self.log.info("job %s: restarting on %s (restart %d of at most %d), resuming from its checkpoint",
-                              job_id, _fmt_gpus(gpus), restarts, self.max_restarts)
+            kill = lambda: self._job.kill() if self._job is not None else None  # noqa: E731
+            lease = LeaseKeeper(lambda: self.ledger, job_id, self.lease_seconds, log=self.log, kill=kill,
+                                lease_from=self._lease_from)
+            gpu_set = GpuSetWatch(lambda: self.ledger, job_id, self.on_no_replacement, cluster=self._cluster,
+                                  kill=kill, log=self.log)
+            settings = RunSettings(self._launch_spec(job_id), rdzv_port=self.rdzv_port, rdzv_host=self.rdzv_host,
+                                   host_timeout=float(self.host_timeout), max_restarts=self.max_restarts,
+                                   on_line=self._on_line)
+            run = TrainingRun(job_id, settings, targets, factory, lease=lease, gpu_set=gpu_set, log=self.log,
+                              on_job=self._set_job)
+            gpu_set.remember(decision.gpus)
+            runs, restarts = run.run([g.key for g in decision.gpus])  # rank order along the network tree
         except BaseException:
             # whatever stopped us (a failure, a timeout, the task being killed): nothing of the
             # job may outlive the task, and its GPUs go back at once
@@ -426,165 +447,17 @@ class HeteroTrainOperator(BaseOperator):
         out = result.to_json()["decision"]
         if restarts:  # the GPUs the job finished on; the first placement stays in run.initial_gpus
             by_key = {g.key: g for g in decision.gpus}
-            out["gpus"] = [by_key[k].ref() if k in by_key else _key_json(k) for k in final]
+            out["gpus"] = [by_key[k].ref() if k in by_key else key_json(k) for k in final]
             out["hosts"] = list(dict.fromkeys(k[0] for k in final))
         out["job_id"] = job_id
         out["run"] = {"duration_s": round(time.monotonic() - started, 3), "restarts": restarts,
                       "hosts": runs[-1]["hosts"], "exit_codes": runs[-1]["exit_codes"],
-                      "gpus": [_key_json(k) for k in final],
-                      "initial_gpus": [_key_json(g.key) for g in decision.gpus]}
+                      "gpus": [key_json(k) for k in final],
+                      "initial_gpus": [key_json(g.key) for g in decision.gpus]}
         return out
 
-    def _run_once(self, job_id, gpus, targets, factory) -> tuple[str, dict[str, Any]]:
-        from airflow_hetero_gpu.launch.command import Command, LaunchSpec, Torchrun
-        from airflow_hetero_gpu.launch.remote import torchrun_job
-
-        by_host: dict[str, list[int | str]] = {}  # hosts in rank order, as the GPU list has them
-        for key in gpus:
-            by_host.setdefault(key[0], []).append(self._device(key))
-        placements = [(targets[h], tuple(sorted(ix, key=str) if any(isinstance(i, str) for i in ix) else sorted(ix)))
-                      for h, ix in by_host.items()]
-        args = list(self.script_args or [])
-        if self.checkpoint_dir:
-            args += ["--checkpoint-dir", self.checkpoint_dir]
-        if self.script:
-            program = Torchrun(self.script, tuple(args), max_restarts=0, launcher=tuple(self.launcher))
-        else:
-            program = Command(tuple(self.command))
-        try:
-            spec = LaunchSpec(job_id, program, env=dict(self.env or {}), workdir=self.workdir)
-        except ValueError as err:
-            raise self._fail(str(err)) from None
-        log = self.log
-
-        def on_line(host: str, rank: int, stream: str, line: str) -> None:
-            log.info("[%s rank %d] %s", host, rank, line)
-
-        job = torchrun_job(spec, placements, factory, on_line=on_line, rdzv_port=self.rdzv_port,
-                           host_timeout=float(self.host_timeout),
-                           keepalive_interval=float(self.host_timeout) / 4)
+    def _set_job(self, job) -> None:
         self._job = job
-        self.log.info("job %s: starting on %s", job_id, _fmt_gpus(gpus))
-        job.start()
-        lease = float(self.lease_seconds)
-        renew_every = max(1.0, lease / 3)
-        check_every = min(renew_every, 5.0)
-        # the lease surely lasts until _lease_from + lease: its time is taken before the call
-        # that reserved (or renewed) it, never after
-        ledger_down_since: float | None = None
-        next_gpus = None
-        while True:
-            try:
-                res = job.wait(timeout=check_every)
-                break
-            except TimeoutError:
-                pass
-            now = time.monotonic()
-            try:
-                if now - self._lease_from >= renew_every:
-                    self._renew(job_id, job)
-                    self._lease_from = now
-                next_gpus = self._replacement_needed(job_id, gpus)
-            except LedgerError as err:
-                if ledger_down_since is None:
-                    ledger_down_since = now
-                left = self._lease_from + lease - time.monotonic()
-                if left <= check_every + 1.0:
-                    job.kill()
-                    raise AirflowException(
-                        f"job {job_id}: the ledger was unreachable for {time.monotonic() - ledger_down_since:.0f} s "
-                        f"and the lease runs out in {max(0.0, left):.0f} s: the workers were stopped so that "
-                        f"their GPUs cannot be given to another job while still in use; last error: {err}") from None
-                self.log.warning("job %s: the ledger is unreachable (%s); the job runs on while its lease lasts "
-                                 "(%.0f s left)", job_id, err, left)
-                continue
-            if ledger_down_since is not None:
-                self.log.info("job %s: the ledger is reachable again after %.0f s; lease renewed", job_id,
-                              now - ledger_down_since)
-                ledger_down_since = None
-            if next_gpus is not None:
-                self.log.warning("job %s: its GPU set changed in the ledger; stopping the workers", job_id)
-                job.kill()
-                res = job.wait()
-                break
-        facts = {"hosts": [r.host for r in res.hosts], "exit_codes": {r.host: r.exit_code for r in res.hosts},
-                 "gpus": gpus}
-        if next_gpus is not None:
-            facts["next_gpus"] = next_gpus
-            return "restart", facts
-        if res.failure is not None:
-            raise AirflowException(_failure_message(job_id, res))
-        if res.killed:
-            raise AirflowException(f"job {job_id} was killed")
-        return "done", facts
-
-    def _renew(self, job_id: str, job) -> None:
-        from airflow_hetero_gpu.ledger import NoLiveReservation
-
-        try:
-            self.ledger.renew(job_id, self.lease_seconds)
-        except NoLiveReservation:
-            job.kill()
-            raise AirflowException(f"job {job_id}: the reservation was released or its lease expired; "
-                                   "the workers were stopped") from None
-
-    def _device(self, key) -> int | str:
-        """What CUDA_VISIBLE_DEVICES names a GPU of the job by: its index, or a MIG instance's
-        ``MIG-<uuid>`` (from the decision or the ledger's record of the reservation)."""
-        key = GpuKey(*key)
-        if key.instance is None:
-            return key.index
-        device = getattr(self, "_devices", {}).get(key)
-        if device is None:
-            raise self._fail(f"no MIG UUID known for {key}: the ledger's reservation lacks it")
-        return device
-
-    def _learn_devices(self, reserved_gpus) -> None:
-        devices = getattr(self, "_devices", None)
-        if devices is None:
-            devices = self._devices = {}
-        for g in reserved_gpus:
-            if g.key.instance is not None and g.uuid:
-                devices[g.key] = g.uuid
-
-    def _replacement_needed(self, job_id: str, gpus: list[tuple]) -> list[tuple] | None:
-        """The job's new GPU set when the ledger changed it (a replacement), else None.
-
-        A GPU of the job evicted without a replacement yet: try to replace it now (SPEC §8); with
-        none available, ``on_no_replacement`` decides.
-        """
-        res = self.ledger.get(job_id)
-        if res is None:
-            return None
-        current = [g.key for g in res.gpus]
-        self._learn_devices(res.gpus)
-        if sorted(current) != sorted(gpus):
-            return current
-        evicted = self.ledger.evicted_map()
-        bad = [g for g in current if g in evicted]
-        if not bad:
-            return None
-        cluster = self._cluster()
-        changed = False
-        for key in bad:
-            new = self.ledger.replace(job_id, key, cluster, reasons=evicted[key])
-            if new is None:
-                msg = f"job {job_id}: GPU {key} is abnormal ({', '.join(evicted[key])}) and no healthy GPU of its pool can replace it"
-                if self.on_no_replacement == "fail":
-                    if self._job is not None:
-                        self._job.kill()
-                    raise AirflowException(msg)
-                if key not in self._waiting_for:
-                    self._waiting_for.add(key)
-                    self.log.warning("%s; waiting for one (on_no_replacement='wait')", msg)
-            else:
-                self.log.info("job %s: GPU %s replaced by %s", job_id, key, new)
-                changed = True
-        if changed:
-            res = self.ledger.get(job_id)
-            self._learn_devices(res.gpus)
-            return [g.key for g in res.gpus]
-        return None
 
     def _release(self, job_id: str, patience: float = 30.0) -> None:
         """Release the job's GPUs, retrying for ``patience`` s while the ledger is unreachable
@@ -619,28 +492,6 @@ class HeteroTrainOperator(BaseOperator):
             self._release(job.job_id, patience=5.0)
 
 
-def _failure_message(job_id: str, res) -> str:
-    """The first host that failed, every other host that failed with torchrun's root cause (the
-    crash may have started there: a dying peer makes the others fail too), and the first's tail."""
-    from airflow_hetero_gpu.launch.remote import summarize_tail
-
-    f = res.failure
-    others = [
-        f"{r.host} exited with {r.exit_code}" + (f" ({summarize_tail(r.tail)})" if summarize_tail(r.tail) else "")
-        for r in res.hosts if r.host != f.host and r.exit_code not in (0, None)
-    ]
-    head = f"job {job_id}: worker on {f.host} (node rank {f.rank}) exited with {f.exit_code} first"
-    if f.summary:
-        head += f" ({f.summary})"
-    if others:
-        head += "; also failed: " + "; ".join(others)
-    tail = "\n".join(f.tail[-20:])
-    return f"{head}. The other hosts were stopped. Last lines from {f.host}:\n{tail}"
-
-
-def _reasons(result: PlanResult) -> str:
-    return "; ".join(f"{p.pool}: {p.reason}" for p in result.pools) or "no GPUs collected"
-
 
 def _as_int(value: Any, name: str) -> int:
     if isinstance(value, bool):
@@ -652,16 +503,3 @@ def _as_int(value: Any, name: str) -> int:
     if not isinstance(number, int):
         raise AirflowFailException(f"{name}: expected a positive integer, got {value!r}")
     return number
-
-
-def _fmt_gpus(gpus: Sequence[tuple]) -> str:
-    by: dict[str, list[str]] = {}
-    for key in gpus:
-        key = GpuKey(*key)
-        by.setdefault(key.host, []).append(str(key.index) if key.instance is None else f"{key.index} MIG {key.instance}")
-    return "; ".join(f"{h} GPU {','.join(ix)}" for h, ix in by.items())
-
-
-def _key_json(key) -> dict[str, Any]:
-    key = GpuKey(*key)
-    return {"host": key.host, "index": key.index, **({} if key.instance is None else {"instance": key.instance})}

@@ -16,7 +16,7 @@ Two uses (``mode_kind``):
 
 Both modes log every eviction (host, index, uuid, reasons), readmission, replacement and new
 host/GPU/pool, emit metrics through Airflow's Stats, and return a JSON summary as XCom. The
-check itself is :class:`~airflow_hetero_gpu.triggers.gpu_health.HealthWatch`, shared with the
+check itself is :class:`~airflow_hetero_gpu.healthcheck.HealthWatch`, shared with the
 deferrable form (``deferrable=True``), so both decide alike. See docs/health.md.
 """
 
@@ -33,7 +33,8 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
 from airflow_hetero_gpu.fsutil import atomic_write
 from airflow_hetero_gpu.settings import setting
-from airflow_hetero_gpu.triggers.gpu_health import GpuHealthTrigger, HealthWatch, WatchSpec
+from airflow_hetero_gpu.healthcheck import HealthWatch, WatchSpec
+from airflow_hetero_gpu.triggers.gpu_health import GpuHealthTrigger
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

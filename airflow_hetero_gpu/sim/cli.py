@@ -16,10 +16,10 @@ import sys
 import time
 from pathlib import Path
 
+from airflow_hetero_gpu.cli_output import EXIT_OK
 from airflow_hetero_gpu.cli_types import non_negative_float, non_negative_int, positive_int
 from airflow_hetero_gpu.errors import HeteroGpuError
 
-EXIT_OK = 0
 DEFAULT_POLICIES = "seed,random,first-fit,best-fit,topology-only,fgd"
 DEFAULT_LOAD = 1.25
 DEFAULT_COMM_COST = 0.05

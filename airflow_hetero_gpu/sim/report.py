@@ -181,7 +181,7 @@ def comparison_lines(report: Mapping[str, Any]) -> list[str]:
 
 def render_text(report: Mapping[str, Any]) -> str:
     """The report as plain text tables."""
-    from airflow_hetero_gpu.cli import table
+    from airflow_hetero_gpu.cli_output import table
 
     t = report["trace"]
     s = report["settings"]

@@ -1,0 +1,75 @@
+"""The running job's lease: renewed every third of it, ridden out through a ledger outage.
+
+The lease surely lasts until ``lease_from + lease_seconds``, where ``lease_from`` is taken
+*before* the call that reserved or renewed it, never after (a slow call could otherwise make
+the job believe it holds its GPUs longer than it does). When the ledger cannot be reached, the
+job runs on while the lease lasts and is stopped shortly before it would run out, so its GPUs
+can never be given to another job while still in use.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from airflow.sdk.exceptions import AirflowException
+
+from airflow_hetero_gpu.ledger.errors import LedgerError, NoLiveReservation
+
+
+class LeaseKeeper:
+    """Renew ``job_id``'s lease as the run loop ticks; say when the job must stop.
+
+    ``ledger`` is a callable returning the open ledger (opened lazily by the operator);
+    ``kill`` stops the job's workers.
+    """
+
+    def __init__(self, ledger: Callable[[], Any], job_id: str, lease_seconds: float, *, log: Any,
+                 kill: Callable[[], None], lease_from: float | None = None):
+        self._ledger = ledger
+        self.job_id = job_id
+        self.lease = float(lease_seconds)
+        self.renew_every = max(1.0, self.lease / 3)
+        self.log = log
+        self._kill = kill
+        self.lease_from = time.monotonic() if lease_from is None else lease_from
+        self.down_since: float | None = None
+
+    def due(self, now: float) -> bool:
+        return now - self.lease_from >= self.renew_every
+
+    def left(self) -> float:
+        """Seconds the lease surely has left."""
+        return self.lease_from + self.lease - time.monotonic()
+
+    def renew(self, now: float) -> None:
+        """Renew now (``now`` taken before the call). A lost reservation stops the job."""
+        try:
+            self._ledger().renew(self.job_id, self.lease)
+        except NoLiveReservation:
+            self._kill()
+            raise AirflowException(f"job {self.job_id}: the reservation was released or its lease expired; "
+                                   "the workers were stopped") from None
+        self.lease_from = now
+
+    def outage(self, err: LedgerError, now: float, margin: float) -> None:
+        """The ledger could not be reached at this tick: run on while the lease lasts, or stop the
+        job (and raise) when less than ``margin`` seconds of it are left."""
+        if self.down_since is None:
+            self.down_since = now
+        left = self.left()
+        if left <= margin:
+            self._kill()
+            raise AirflowException(
+                f"job {self.job_id}: the ledger was unreachable for {time.monotonic() - self.down_since:.0f} s "
+                f"and the lease runs out in {max(0.0, left):.0f} s: the workers were stopped so that "
+                f"their GPUs cannot be given to another job while still in use; last error: {err}") from None
+        self.log.warning("job %s: the ledger is unreachable (%s); the job runs on while its lease lasts "
+                         "(%.0f s left)", self.job_id, err, left)
+
+    def reachable(self, now: float) -> None:
+        """A tick reached the ledger: log the end of an outage."""
+        if self.down_since is not None:
+            self.log.info("job %s: the ledger is reachable again after %.0f s; lease renewed", self.job_id,
+                          now - self.down_since)
+            self.down_since = None

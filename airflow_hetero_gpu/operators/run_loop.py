@@ -1,0 +1,122 @@
+"""The training's run loop: start torchrun on every host, tick until it ends, restart on a new GPU set.
+
+One *run* is one launch of the workers on one GPU set. While it runs, the loop ticks every
+``min(lease / 3, 5 s)``: renew the lease when due (:class:`~.lease.LeaseKeeper`), and ask the
+ledger whether the job's GPU set changed (:class:`~.gpu_set.GpuSetWatch`). A changed set
+stops the workers and starts a new run on the new set (resuming from the job's checkpoint), at
+most ``max_restarts`` times. Any worker failing ends the job with the first failure's message.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from airflow.sdk.exceptions import AirflowException
+
+from airflow_hetero_gpu.ledger.errors import LedgerError
+from airflow_hetero_gpu.operators.gpu_set import GpuSetWatch
+from airflow_hetero_gpu.operators.lease import LeaseKeeper
+from airflow_hetero_gpu.operators.messages import failure_message, fmt_gpus
+
+
+@dataclass
+class RunSettings:
+    """How to launch the workers (from the operator's arguments)."""
+
+    spec: Any  # launch.command.LaunchSpec
+    rdzv_port: int | str = "probe"
+    rdzv_host: str | None = None
+    host_timeout: float = 60.0
+    max_restarts: int = 3
+    on_line: Callable[[str, int, str, str], None] | None = None
+
+
+class TrainingRun:
+    """Runs one job to its end on the hosts of ``targets`` (host label -> SshTarget)."""
+
+    def __init__(self, job_id: str, settings: RunSettings, targets: Mapping[str, Any], factory: Any, *,
+                 lease: LeaseKeeper, gpu_set: GpuSetWatch, log: Any,
+                 on_job: Callable[[Any], None] = lambda job: None):
+        self.job_id = job_id
+        self.settings = settings
+        self.targets = targets
+        self.factory = factory
+        self.lease = lease
+        self.gpu_set = gpu_set
+        self.log = log
+        self._on_job = on_job
+        self.job = None
+
+    def kill(self) -> None:
+        if self.job is not None:
+            self.job.kill()
+
+    def run(self, gpus: Sequence[tuple[str, int]]) -> tuple[list[dict[str, Any]], int]:
+        """Run on ``gpus`` (restarting on replacements); returns every run's facts and the restarts."""
+        gpus = list(gpus)
+        restarts = 0
+        runs: list[dict[str, Any]] = []
+        while True:
+            outcome, facts = self.run_once(gpus)
+            runs.append(facts)
+            if outcome == "done":
+                return runs, restarts
+            # outcome == "restart": the ledger's GPU set changed (replacement)
+            restarts += 1
+            if restarts > self.settings.max_restarts:
+                raise AirflowException(f"job {self.job_id}: GPUs replaced {restarts} times, more than "
+                                       f"max_restarts={self.settings.max_restarts}")
+            gpus = facts["next_gpus"]
+            self.log.info("job %s: restarting on %s (restart %d of at most %d), resuming from its checkpoint",
+                          self.job_id, fmt_gpus(gpus), restarts, self.settings.max_restarts)
+
+    def run_once(self, gpus: Sequence[tuple]) -> tuple[str, dict[str, Any]]:
+        from airflow_hetero_gpu.launch.remote import torchrun_job
+
+        by_host: dict[str, list[int | str]] = {}  # hosts in rank order, as the GPU list has them
+        for key in gpus:
+            by_host.setdefault(key[0], []).append(self.gpu_set.device(key))
+        placements = [(self.targets[h], tuple(sorted(ix, key=str) if any(isinstance(i, str) for i in ix) else sorted(ix)))
+                      for h, ix in by_host.items()]
+        s = self.settings
+        job = torchrun_job(s.spec, placements, self.factory, on_line=s.on_line, rdzv_port=s.rdzv_port,
+                           rdzv_address=s.rdzv_host, host_timeout=float(s.host_timeout),
+                           keepalive_interval=float(s.host_timeout) / 4)
+        self.job = job
+        self._on_job(job)
+        self.log.info("job %s: starting on %s", self.job_id, fmt_gpus(gpus))
+        job.start()
+        check_every = min(self.lease.renew_every, 5.0)
+        next_gpus = None
+        while True:
+            try:
+                res = job.wait(timeout=check_every)
+                break
+            except TimeoutError:
+                pass
+            now = time.monotonic()
+            try:
+                if self.lease.due(now):
+                    self.lease.renew(now)
+                next_gpus = self.gpu_set.next_gpus(gpus)
+            except LedgerError as err:
+                self.lease.outage(err, now, margin=check_every + 1.0)
+                continue
+            self.lease.reachable(now)
+            if next_gpus is not None:
+                self.log.warning("job %s: its GPU set changed in the ledger; stopping the workers", self.job_id)
+                job.kill()
+                res = job.wait()
+                break
+        facts = {"hosts": [r.host for r in res.hosts], "exit_codes": {r.host: r.exit_code for r in res.hosts},
+                 "gpus": list(gpus)}
+        if next_gpus is not None:
+            facts["next_gpus"] = next_gpus
+            return "restart", facts
+        if res.failure is not None:
+            raise AirflowException(failure_message(self.job_id, res))
+        if res.killed:
+            raise AirflowException(f"job {self.job_id} was killed")
+        return "done", facts
