@@ -53,7 +53,8 @@ class Cluster:
         self.gpus = sorted(self.gpus, key=lambda g: g.key.sort_key)
         # task types come from the config (cluster.yaml's rules); stamp them on the GPUs
         self.gpus = [replace(g, task_types=self.config.task_types_for(g.host, g.name)) for g in self.gpus]
-        self.position = {g.key: i for i, g in enumerate(self.gpus)}
+        self.keys = [g.key for g in self.gpus]  # GpuKey by position
+        self.position = {k: i for i, k in enumerate(self.keys)}
         if len(self.position) != len(self.gpus):
             seen: set[GpuKey] = set()
             dup = next(g.key for g in self.gpus if g.key in seen or seen.add(g.key))

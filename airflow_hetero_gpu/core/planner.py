@@ -114,7 +114,7 @@ def _host_avail(view: PoolView, k: int) -> list[HostAvail]:
     out = []
     for s, e in zip(starts[keep].tolist(), ends[keep].tolist()):
         h = hid_l[s]
-        keys = tuple(c.gpus[p].key for p in pos_l[s:e])
+        keys = tuple(c.keys[p] for p in pos_l[s:e])
         out.append(HostAvail(c.hosts[h], keys, tuple(row_l[s:e]), c.host_matrix_ids[h]))
     return out
 

@@ -13,6 +13,9 @@ Version history
      evictions.
   3. ``gpu_watch``: what the health watch remembers per GPU between checks (consecutive bad
      checks per soft fault, the last kernel-log Xid line acted on).
+  4. MIG instances as units of their own: ``reservation_gpus.mig_instance`` (the MIG device
+     index on the GPU, :data:`WHOLE_GPU` for a whole GPU) joins the primary key, so two jobs can
+     hold two instances of one GPU at once while no unit is ever held twice.
 
 To add a version: append a step to :data:`STEPS` (never edit a released one) and update the
 table definitions below to the result.
@@ -71,7 +74,10 @@ class UtcDateTime(TypeDecorator):
         return value.astimezone(timezone.utc)
 
 
-# --- the current tables (version 3) -------------------------------------------------------------
+#: ``reservation_gpus.mig_instance`` of a whole GPU (a MIG instance has its MIG device index).
+WHOLE_GPU = -1
+
+# --- the current tables (version 4) -------------------------------------------------------------
 metadata = MetaData()
 
 schema_version = Table(
@@ -107,8 +113,10 @@ reservation_gpus = Table(
     Column("job_id", String(NAME), ForeignKey("reservations.job_id", ondelete="CASCADE"), nullable=False,
            index=True),
     Column("slot", Integer, nullable=False),  # the GPU's place in the job's GPU list (rank order)
-    Column("uuid", String(NAME), nullable=True),
-    PrimaryKeyConstraint("host", "gpu_index", name="pk_reservation_gpus"),  # one holder per GPU, ever
+    Column("uuid", String(NAME), nullable=True),  # a MIG instance's MIG-... UUID
+    # version 4
+    Column("mig_instance", Integer, nullable=False, server_default=str(WHOLE_GPU)),
+    PrimaryKeyConstraint("host", "gpu_index", "mig_instance", name="pk_reservation_gpus"),  # one holder per unit
     UniqueConstraint("job_id", "slot", name="uq_reservation_gpus_slot"),
 )
 
@@ -219,6 +227,38 @@ def _v3(conn: Connection) -> None:
     m.create_all(conn)
 
 
+def _v4(conn: Connection) -> None:
+    """``mig_instance`` joins ``reservation_gpus``' primary key; existing rows are whole GPUs."""
+    if conn.dialect.name == "sqlite":  # no ALTER of a primary key: rebuild the table, rows and all
+        conn.exec_driver_sql("ALTER TABLE reservation_gpus RENAME TO reservation_gpus_v3")
+        conn.exec_driver_sql("DROP INDEX IF EXISTS ix_reservation_gpus_job_id")
+        m = MetaData()
+        Table("reservations", m, Column("job_id", String(NAME), primary_key=True))  # for the FK only
+        rebuilt = Table(
+            "reservation_gpus", m,
+            Column("host", String(NAME), nullable=False),
+            Column("gpu_index", Integer, nullable=False),
+            Column("job_id", String(NAME), ForeignKey("reservations.job_id", ondelete="CASCADE"), nullable=False,
+                   index=True),
+            Column("slot", Integer, nullable=False),
+            Column("uuid", String(NAME), nullable=True),
+            Column("mig_instance", Integer, nullable=False, server_default=str(WHOLE_GPU)),
+            PrimaryKeyConstraint("host", "gpu_index", "mig_instance", name="pk_reservation_gpus"),
+            UniqueConstraint("job_id", "slot", name="uq_reservation_gpus_slot"),
+        )
+        rebuilt.create(conn)
+        conn.exec_driver_sql(
+            "INSERT INTO reservation_gpus (host, gpu_index, job_id, slot, uuid, mig_instance) "
+            f"SELECT host, gpu_index, job_id, slot, uuid, {WHOLE_GPU} FROM reservation_gpus_v3")
+        conn.exec_driver_sql("DROP TABLE reservation_gpus_v3")
+        return
+    conn.execute(AddColumn("reservation_gpus", Column("mig_instance", Integer, nullable=False,
+                                                      server_default=str(WHOLE_GPU))))
+    conn.exec_driver_sql("ALTER TABLE reservation_gpus DROP CONSTRAINT pk_reservation_gpus")
+    conn.exec_driver_sql("ALTER TABLE reservation_gpus ADD CONSTRAINT pk_reservation_gpus "
+                         "PRIMARY KEY (host, gpu_index, mig_instance)")
+
+
 @dataclass(frozen=True)
 class Step:
     version: int
@@ -230,6 +270,7 @@ STEPS: tuple[Step, ...] = (
     Step(1, "reservations, reservation GPUs, evictions", _v1),
     Step(2, "task identity, request and distance on reservations; readmission counter on evictions", _v2),
     Step(3, "health watch memory per GPU: soft-fault streaks, last Xid line acted on", _v3),
+    Step(4, "MIG instances: reservation GPUs keyed by (host, index, MIG instance)", _v4),
 )
 LATEST = STEPS[-1].version
 

@@ -4,7 +4,7 @@
 :mod:`airflow_hetero_gpu.ledger.db`): expire stale leases, read the live reservations and the
 evictions, run :func:`airflow_hetero_gpu.core.planner.plan` with them, insert the reservation and
 its k GPU rows, commit. Nobody else can plan in between, and the GPU rows' primary key
-(host, gpu_index) makes a double claim impossible even if this logic were wrong.
+(host, gpu_index, mig_instance) makes a double claim impossible even if this logic were wrong.
 """
 
 from __future__ import annotations
@@ -186,7 +186,8 @@ class Ledger:
             mean_distance=float(decision.mean_distance), **ident_values,
         ))
         conn.execute(insert(gpu_t), [
-            {"host": g.host, "gpu_index": g.index, "job_id": job_id, "slot": slot, "uuid": g.uuid or None}
+            {"host": g.host, "gpu_index": g.index, "mig_instance": _instance_column(g.instance), "job_id": job_id,
+             "slot": slot, "uuid": g.uuid or None}
             for slot, g in enumerate(decision.gpus)
         ])
 
@@ -255,7 +256,7 @@ class Ledger:
 
     def _load(self, conn: Connection, now: datetime, job_id: str | None = None) -> list[Reservation]:
         stmt = (
-            select(res_t, gpu_t.c.host, gpu_t.c.gpu_index, gpu_t.c.uuid, gpu_t.c.slot)
+            select(res_t, gpu_t.c.host, gpu_t.c.gpu_index, gpu_t.c.mig_instance, gpu_t.c.uuid, gpu_t.c.slot)
             .select_from(res_t.outerjoin(gpu_t, gpu_t.c.job_id == res_t.c.job_id))
             .where(res_t.c.expires_at > now)
             .order_by(res_t.c.job_id, gpu_t.c.slot)
@@ -269,19 +270,20 @@ class Ledger:
 
     def _reserved_map(self, conn: Connection, now: datetime) -> dict[GpuKey, str]:
         stmt = (
-            select(gpu_t.c.host, gpu_t.c.gpu_index, gpu_t.c.job_id)
+            select(gpu_t.c.host, gpu_t.c.gpu_index, gpu_t.c.mig_instance, gpu_t.c.job_id)
             .join(res_t, res_t.c.job_id == gpu_t.c.job_id)
             .where(res_t.c.expires_at > now)
         )
-        return {GpuKey(r.host, r.gpu_index): r.job_id for r in conn.execute(stmt)}
+        return {GpuKey(r.host, r.gpu_index, _instance(r.mig_instance)): r.job_id for r in conn.execute(stmt)}
 
     # --- evictions (S11) ------------------------------------------------------------------------
     def evict(self, key: tuple[str, int], uuid: str | None = None, reasons: Iterable[str] | str = ()) -> Eviction:
         """Record ``key`` as abnormal: it leaves every pool until readmitted.
 
-        Evicting an evicted GPU adds the new reasons and restarts its healthy-check count.
+        Evicting an evicted GPU adds the new reasons and restarts its healthy-check count. Health
+        is a GPU's: a MIG instance's key evicts its GPU, and so every instance of it.
         """
-        key = _check_key(key)
+        key = _check_key(key).gpu
         with self._write(f"evict GPU {key}") as (conn, now):
             return self._evict(conn, now, key, uuid, _check_reasons(reasons))
 
@@ -314,7 +316,7 @@ class Ledger:
         in a row readmits it (``ClusterConfig.thresholds.readmit_after_healthy_checks``). A healthy
         check of a GPU that is not evicted changes nothing.
         """
-        key = _check_key(key)
+        key = _check_key(key).gpu
         if isinstance(readmit_after, bool) or not isinstance(readmit_after, int) or readmit_after < 1:
             raise LedgerError(f"readmit_after: expected a positive integer, got {readmit_after!r}")
         where = and_(ev_t.c.host == key.host, ev_t.c.gpu_index == key.index)
@@ -418,7 +420,7 @@ class Ledger:
                 held = ", ".join(str(k) for k in res.keys)
                 raise LedgerError(f"replace: GPU {bad} is not held by job {job_id!r} (it holds {held})")
             evicted = self._evicted_map(conn)
-            evicted.setdefault(bad, why)
+            evicted.setdefault(bad.gpu, why)  # not a sibling instance of a faulty GPU either
             new = core_replacement(
                 cluster, res.keys, bad, reserved=self._reserved_map(conn, now), evicted=evicted, config=config,
                 gpu_memory_mib=(res.request or {}).get("gpu_memory_mib"),
@@ -428,10 +430,13 @@ class Ledger:
             old = next(g for g in res.gpus if g.key == bad)
             conn.execute(
                 update(gpu_t)
-                .where(gpu_t.c.job_id == job_id, gpu_t.c.host == bad.host, gpu_t.c.gpu_index == bad.index)
-                .values(host=new.host, gpu_index=new.index, uuid=cluster.gpu(new).uuid or None)
+                .where(gpu_t.c.job_id == job_id, gpu_t.c.host == bad.host, gpu_t.c.gpu_index == bad.index,
+                       gpu_t.c.mig_instance == _instance_column(bad.instance))
+                .values(host=new.host, gpu_index=new.index, mig_instance=_instance_column(new.instance),
+                        uuid=cluster.gpu(new).uuid or None)
             )
-            self._evict(conn, now, bad, uuid or old.uuid, why)
+            # health is a GPU's: a MIG instance's fault evicts its GPU (and with it every instance)
+            self._evict(conn, now, bad.gpu, uuid or (old.uuid if bad.instance is None else cluster.gpu(bad).gpu_uuid), why)
             self._hook("replace", job_id)
         return new
 
@@ -457,15 +462,27 @@ def _check_lease(seconds: object) -> timedelta:
 
 
 def _check_key(key: object) -> GpuKey:
+    """A GPU as (host, index), or a MIG instance as (host, index, instance)."""
     if isinstance(key, (str, bytes)):
         raise LedgerError(f"GPU: expected (host, index), got {key!r}")
     try:
-        host, index = key  # type: ignore[misc]
+        host, index, *rest = key  # type: ignore[misc]
     except (TypeError, ValueError):
         raise LedgerError(f"GPU: expected (host, index), got {key!r}") from None
-    if not isinstance(host, str) or not host or isinstance(index, bool) or not isinstance(index, int) or index < 0:
-        raise LedgerError(f"GPU: expected (host, index >= 0), got {key!r}")
-    return GpuKey(host, index)
+    instance = rest[0] if rest else None
+    if (not isinstance(host, str) or not host or isinstance(index, bool) or not isinstance(index, int) or index < 0
+            or len(rest) > 1 or (instance is not None and (isinstance(instance, bool) or not isinstance(instance, int)
+                                                           or instance < 0))):
+        raise LedgerError(f"GPU: expected (host, index >= 0[, MIG instance >= 0]), got {key!r}")
+    return GpuKey(host, index, instance)
+
+
+def _instance_column(instance: int | None) -> int:
+    return schema.WHOLE_GPU if instance is None else instance
+
+
+def _instance(column: int | None) -> int | None:
+    return None if column is None or column == schema.WHOLE_GPU else column
 
 
 def _check_reasons(reasons: Iterable[str] | str) -> tuple[str, ...]:
@@ -477,7 +494,8 @@ def _check_reasons(reasons: Iterable[str] | str) -> tuple[str, ...]:
 
 def _reservation(rows: Sequence[Any]) -> Reservation:
     first = rows[0]
-    gpus = tuple(ReservedGpu(r.host, r.gpu_index, r.uuid, r.slot) for r in rows if r.host is not None)
+    gpus = tuple(ReservedGpu(r.host, r.gpu_index, r.uuid, r.slot, _instance(r.mig_instance))
+                 for r in rows if r.host is not None)
     fields = ("dag_id", "run_id", "task_id", "try_number", "map_index")
     has_identity = any(getattr(first, f) is not None for f in fields)
     return Reservation(
@@ -500,7 +518,7 @@ def _existing_result(res: Reservation, cluster: Cluster, request: PlanRequest) -
     def gpu(g: ReservedGpu) -> Gpu:
         if g.key in cluster.position:
             return cluster.gpu(g.key)
-        return Gpu(g.host, g.index, g.uuid or "", pool.card_type if pool else res.pool)
+        return Gpu(g.host, g.index, g.uuid or "", pool.card_type if pool else res.pool, instance=g.instance)
 
     terms = {k: float(v) for k, v in res.score.items() if k != "total"}
     score = Score(terms, float(res.score.get("total", 0.0)))
