@@ -117,7 +117,7 @@ def _real_mig_host(root: Path, table: str, listing: str) -> Path:
 def test_the_inventory_of_a_real_mig_gpu(tmp_path):
     cluster = load_cluster(_real_mig_host(tmp_path, "table-h100-mig-4-instances-idle.txt", "L-h100-mig-4-instances.txt"))
     gpu, *instances = cluster.gpus
-    assert (gpu.key, gpu.unschedulable, gpu.healthy, gpu.utilization) == (("h100", 0, None), ("mig-enabled",), True, None)
+    assert (gpu.key, gpu.unschedulable, gpu.healthy, gpu.utilization) == (("h100", 0), ("mig-enabled",), True, None)
     assert [(i.key, i.name, i.memory_total_mib, i.memory_used_mib, i.utilization, i.uuid[:12]) for i in instances] == [
         (("h100", 0, 0), "NVIDIA H100 80GB HBM3 MIG 3g.40gb", 40448, 26, 0.0, "MIG-00000000"),
         (("h100", 0, 1), "NVIDIA H100 80GB HBM3 MIG 2g.20gb", 20096, 17, 0.0, "MIG-00000001"),
@@ -141,6 +141,6 @@ def test_a_listing_that_is_not_this_gpus_is_not_used(tmp_path):
     root = _real_mig_host(tmp_path, "table-h100-mig-4-instances-idle.txt", "L-a100-sxm4-80gb-mig-7x-1g.10gb.txt")
     captures = read_capture_dir(root)
     cluster = load_cluster(root)
-    assert [g.key for g in cluster.gpus] == [("h100", 0, None)]
+    assert [g.key for g in cluster.gpus] == [("h100", 0)]
     assert any("mig.txt lists GPU-7fdaf0a5" in note for note in cluster.host_notes["h100"])
     assert captures.hosts["h100"].mig is not None

@@ -120,7 +120,7 @@ def test_reserve_for_cli_then_reservations_and_release(ledger_db_url, capsys):  
     assert code == 0
     listed = json.loads(out)
     assert [r["job_id"] for r in listed] == ["job-7"]
-    assert [(g["host"], g["index"]) for g in listed[0]["gpus"]] == list(result.decision.keys)
+    assert [(g["host"], g["index"]) for g in listed[0]["gpus"]] == [tuple(k) for k in result.decision.keys]
     assert listed[0]["score"] == result.decision.score.to_json()
 
     code, out, _ = run(capsys, "reservations", "--ledger", ledger_db_url)

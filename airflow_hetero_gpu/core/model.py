@@ -6,61 +6,44 @@ Plain dataclasses, no Airflow, no I/O. Everything here serialises to the JSON of
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from airflow_hetero_gpu.errors import RequestError
 
 
-class GpuKey(NamedTuple):
-    """A schedulable unit's address: host name, nvidia-smi index and, for a MIG instance, its
-    MIG device index on that GPU (``None``: the whole GPU).
+class GpuKey(tuple):
+    """A schedulable unit's address: ``(host, index)`` for a whole GPU (host name, nvidia-smi
+    index), ``(host, index, instance)`` for a MIG instance (its MIG device index on that GPU).
 
-    Code that needs the physical GPU of a key uses :attr:`gpu`; ``host, index, instance = key``
-    unpacks every key (a two-name unpacking of a key is a bug). A whole-GPU key equals and
-    hashes like the plain ``(host, index)`` pair, so keys read back from JSON or a database row
-    as pairs still find their GPU; keys order by (host, index, instance), the whole GPU first.
+    A plain tuple of two or three items, so a whole GPU's key equals, hashes and sorts like the
+    ``(host, index)`` pair it always was (keys read back from JSON or database rows still find
+    their GPU, and an instance sorts right after its GPU). Code that handles MIG instances reads
+    ``key.instance`` (``None`` for a whole GPU) and ``key.gpu`` (the physical GPU's key); a
+    two-name unpacking ``host, index = key`` fails loudly on an instance's key.
     """
 
-    host: str
-    index: int
-    instance: int | None = None
+    __slots__ = ()
 
-    def _pair_or_self(self):
-        return (self.host, self.index) if self.instance is None else tuple(self)
+    def __new__(cls, host: str, index: int, instance: int | None = None) -> "GpuKey":
+        return tuple.__new__(cls, (host, index) if instance is None else (host, index, instance))
 
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, tuple):
-            return self._pair_or_self() == (other._pair_or_self() if isinstance(other, GpuKey) else
-                                            (other[:2] if len(other) == 3 and other[2] is None else other))
-        return NotImplemented
+    def __getnewargs__(self):  # pickle and copy call __new__ with the items
+        return tuple(self)
 
-    def __ne__(self, other: object) -> bool:
-        result = self.__eq__(other)
-        return result if result is NotImplemented else not result
+    @property
+    def host(self) -> str:
+        return self[0]
 
-    def __hash__(self) -> int:
-        return hash(self._pair_or_self())
+    @property
+    def index(self) -> int:
+        return self[1]
 
-    def _order(self, other):
-        mine = self.sort_key
-        theirs = other.sort_key if isinstance(other, GpuKey) else GpuKey(*other).sort_key
-        return mine, theirs
+    @property
+    def instance(self) -> int | None:
+        return self[2] if len(self) > 2 else None
 
-    def __lt__(self, other):  # type: ignore[override]
-        a, b = self._order(other)
-        return a < b
-
-    def __le__(self, other):  # type: ignore[override]
-        a, b = self._order(other)
-        return a <= b
-
-    def __gt__(self, other):  # type: ignore[override]
-        a, b = self._order(other)
-        return a > b
-
-    def __ge__(self, other):  # type: ignore[override]
-        a, b = self._order(other)
-        return a >= b
+    def __repr__(self) -> str:
+        extra = "" if self.instance is None else f", instance={self.instance}"
+        return f"GpuKey(host={self.host!r}, index={self.index!r}{extra})"
 
     def __str__(self) -> str:
         if self.instance is None:
