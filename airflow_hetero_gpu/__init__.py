@@ -6,7 +6,7 @@ the Airflow hook, operator, sensor and trigger are thin skins over it.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def get_provider_info() -> dict:

@@ -26,10 +26,29 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _load(args):
+    """The cluster: from ``--captures DIR``, else from the inventory of ``--ledger URL``."""
     from airflow_hetero_gpu.core.inventory import XidRule, load_cluster
 
-    rule = None if args.xid_window is None else XidRule.offline(args.xid_window)
-    return load_cluster(args.captures, args.config, xid_rule=rule)
+    if args.captures:
+        # a capture directory's Xid lines count when recent (--xid-window, cluster.yaml's
+        # thresholds.xid_window_s); a --ledger adds its evictions on top
+        rule = None if args.xid_window is None else XidRule.offline(args.xid_window)
+        return load_cluster(args.captures, args.config, xid_rule=rule)
+    if not getattr(args, "ledger", None):
+        raise HeteroGpuError("give --captures DIR (a capture directory) or --ledger URL (the ledger's inventory)")
+    from airflow_hetero_gpu.collect.freshness import FreshInventory
+    from airflow_hetero_gpu.core.config import load_config
+    from airflow_hetero_gpu.ledger import Ledger
+    from airflow_hetero_gpu.ledger.base import FILL_WITH
+
+    with Ledger.open_existing(args.ledger) as ledger:
+        stored = ledger.inventory()
+    if not stored.hosts:
+        raise HeteroGpuError(f"ledger {ledger.display_url} holds no inventory: {FILL_WITH}")
+    fresh = FreshInventory(stored, args.max_age if args.max_age is not None else float("inf"))
+    if not args.json:
+        print(fresh.describe())
+    return fresh.cluster(load_config(args.config) if args.config else None)
 
 
 def _ledger_state(args):
@@ -38,7 +57,7 @@ def _ledger_state(args):
         return {}, {}
     from airflow_hetero_gpu.ledger import Ledger
 
-    with Ledger.from_url(args.ledger) as ledger:  # reserved_map() counts live leases only
+    with Ledger.open_existing(args.ledger) as ledger:  # reserved_map() counts live leases only
         return ledger.reserved_map(), ledger.evicted_map()
 
 
@@ -128,12 +147,18 @@ def cmd_plan(args) -> int:
 
 
 # --- parser -----------------------------------------------------------------------------------
-def _captures_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--captures", required=True, metavar="DIR", help="capture directory (SPEC §2)")
-    p.add_argument("--config", metavar="FILE", help="cluster.yaml (default: DIR/cluster.yaml when present)")
+def _captures_args(p: argparse.ArgumentParser, ledger_help: str) -> None:
+    p.add_argument("--captures", metavar="DIR", help="capture directory (SPEC §2); without it, the inventory "
+                                                      "stored in --ledger")
+    p.add_argument("--ledger", metavar="URL", help=ledger_help)
+    p.add_argument("--max-age", type=non_negative_float, metavar="SECONDS",
+                   help="with the ledger's inventory: do not place on hosts whose inventory is older "
+                        "(the operator's inventory_max_age rule); default: no bound")
+    p.add_argument("--config", metavar="FILE", help="cluster.yaml (default: DIR/cluster.yaml, or the ledger's)")
     p.add_argument("--xid-window", type=non_negative_float, metavar="SECONDS",
-                   help="count a kernel-log Xid line of DIR when logged within SECONDS of the capture "
-                        "(default: cluster.yaml's thresholds.xid_window_s, 3600; 0: no Xid line counts)")
+                   help="with --captures: count a kernel-log Xid line of DIR when logged within SECONDS of the "
+                        "capture (default: cluster.yaml's thresholds.xid_window_s, 3600; 0: no Xid line counts); "
+                        "the ledger's inventory takes Xids from its evictions")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -145,22 +170,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser("inventory", help="one row per GPU with health")
-    _captures_args(p)
+    _captures_args(p, "ledger whose inventory to show (without --captures)")
     p.set_defaults(func=cmd_inventory)
 
     p = sub.add_parser("pools", help="the candidate pools")
-    _captures_args(p)
-    p.add_argument("--ledger", metavar="URL", help="ledger whose reservations and evictions to apply")
+    _captures_args(p, "ledger whose reservations and evictions to apply (and whose inventory, without --captures)")
     p.set_defaults(func=cmd_pools)
 
     p = sub.add_parser("plan", help="choose the scheduling pool and its GPUs (steps S3-S8)")
-    _captures_args(p)
+    _captures_args(p, "ledger database URL: reservations, evictions, and the inventory without --captures")
     p.add_argument("--gpus", required=True, type=positive_int, metavar="K", help="number of GPUs")
     p.add_argument("--gpu-type", action="append", metavar="T",
                    help="acceptable card type (repeat for several; glob patterns allowed)")
     p.add_argument("--task-type", metavar="T", help="training-task type the pool must support")
     p.add_argument("--gpu-memory", type=mib, metavar="MIB", help="free memory needed on each GPU")
-    p.add_argument("--ledger", metavar="URL", help="ledger database URL (reservations, evictions)")
     p.add_argument("--reserve", action="store_true", help="claim the chosen GPUs in the ledger")
     p.add_argument("--job-id", metavar="ID", help="job id of the reservation (with --reserve)")
     p.add_argument("--lease", type=positive_int, default=600, metavar="SECONDS",
@@ -176,10 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
 def _extra_commands():
     """Sub-commands that live beside their subsystem (collection, ledger, simulator)."""
     from airflow_hetero_gpu.collect.cli import register as collect_register
+    from airflow_hetero_gpu.healthcheck.cli import register as check_register
     from airflow_hetero_gpu.ledger.cli import register as ledger_register
     from airflow_hetero_gpu.sim.cli import register as simulate_register
 
-    return [collect_register, ledger_register, simulate_register]
+    return [collect_register, check_register, ledger_register, simulate_register]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,3 +24,8 @@ def atomic_write(path: str | os.PathLike[str], text: str) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def read_text(path: str | os.PathLike[str]) -> str:
+    """A text file as the readers of raw outputs take it (UTF-8, undecodable bytes replaced)."""
+    return Path(path).read_text(encoding="utf-8", errors="replace")

@@ -79,9 +79,10 @@ PROVIDER_INFO: dict = {
                 },
                 "captures_dir": {
                     "description": (
-                        "The capture directory holding the last inventory (hosts/<host>/query.csv, topo.txt, "
-                        "optional topology.conf and cluster.yaml), the one the collection DAG keeps fresh. "
-                        "Unset: the page says there is no inventory."
+                        "Optional. A capture directory where collections are also written (hosts/<host>/"
+                        "query.csv, topo.txt, ...). The inventory itself lives in the ledger; set this only "
+                        "to keep a directory copy for other tools (hetero-gpu captures export writes one "
+                        "from the ledger on demand)."
                     ),
                     "version_added": "0.1.0",
                     "type": "string",
@@ -108,6 +109,34 @@ PROVIDER_INFO: dict = {
                     "example": "postgresql://ledger:secret@db.example:5432/hetero_gpu",
                     "default": None,
                     "sensitive": True,
+                },
+                "inventory_max_age": {
+                    "description": (
+                        "Seconds a host's inventory in the ledger may be old before a training task collects "
+                        "that host itself (and stores what it collected). A host still older after that is not "
+                        "placed on. 0: every task collects the whole fleet first."
+                    ),
+                    "version_added": "0.2.0",
+                    "type": "float",
+                    "example": "120",
+                    "default": "300",
+                },
+                "history_interval": {
+                    "description": (
+                        "Seconds between two history samples of a host whose state did not change (a change "
+                        "of health, reservation or eviction is sampled at once)."
+                    ),
+                    "version_added": "0.2.0",
+                    "type": "float",
+                    "example": "60",
+                    "default": "300",
+                },
+                "history_retention": {
+                    "description": "Seconds the ledger keeps history samples, GPU events and collection records.",
+                    "version_added": "0.2.0",
+                    "type": "float",
+                    "example": "86400",
+                    "default": "604800",
                 },
                 "refresh_seconds": {
                     "description": "How often the cluster page reloads itself, in seconds; 0 never.",

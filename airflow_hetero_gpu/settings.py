@@ -17,6 +17,9 @@ OPTIONS = {
     "topology_conf": "path of the Slurm-style topology.conf (switch tiers between hosts)",
     "ledger_conn_id": "Airflow connection of the reservation ledger",
     "ledger_url": "SQLAlchemy URL of the reservation ledger",
+    "inventory_max_age": "seconds a host's inventory in the ledger may be old before a task collects it again",
+    "history_interval": "seconds between two history samples of an unchanged host",
+    "history_retention": "seconds the ledger keeps history samples and GPU events",
 }
 
 
@@ -30,3 +33,27 @@ def setting(name: str) -> str | None:
         return None
     value = conf.get(SECTION, name, fallback=None)
     return value.strip() if isinstance(value, str) and value.strip() else None
+
+
+def seconds_setting(name: str, default: float) -> float:
+    """A ``[hetero_gpu]`` option holding seconds (>= 0); a bad value is a one-line ConfigError."""
+    from airflow_hetero_gpu.errors import ConfigError
+
+    value = setting(name)
+    if value is None:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise ConfigError(f"[{SECTION}] {name}: expected seconds >= 0, got {value!r}")
+    return seconds
+
+
+def history_settings() -> dict[str, float]:
+    """``history_interval`` and ``history_retention`` for the ledger's history."""
+    from airflow_hetero_gpu.ledger.history import DEFAULT_HISTORY_INTERVAL_S, DEFAULT_HISTORY_RETENTION_S
+
+    return {"history_interval": seconds_setting("history_interval", DEFAULT_HISTORY_INTERVAL_S),
+            "history_retention": seconds_setting("history_retention", DEFAULT_HISTORY_RETENTION_S)}

@@ -92,7 +92,7 @@ def test_nothing_collected_exits_4(emulated_cluster, tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--hosts", "gpu1:0", "--out", "OUT"], "invalid --hosts entry 'gpu1:0'"),
     (["--hosts", "a,a", "--out", "OUT"], "host 'a' appears twice"),
-    (["--hosts", "gpu1"], "the following arguments are required: --out"),
+    (["--hosts", "gpu1"], "give --ledger URL (store in the ledger's inventory) and/or --out DIR"),
     (["--out", "OUT"], "one of the arguments --hosts --ssh-conn-ids is required"),
     (["--hosts", "gpu1", "--ssh-conn-ids", "a", "--out", "OUT"], "not allowed with argument"),
     (["--hosts", "gpu1", "--identity-file", "/nonexistent/key", "--out", "OUT"],

@@ -66,7 +66,7 @@ def test_rules(facts, overrides, reasons):
 
 def test_every_rule_is_registered_once():
     names = [r.__name__ for r in RULES]
-    assert names == ["unreachable", "lost", "ecc", "retired_pages", "row_remap", "temperature", "hw_slowdown",
+    assert names == ["stale", "unreachable", "lost", "ecc", "retired_pages", "row_remap", "temperature", "hw_slowdown",
                      "fabric", "xid"]
 
 
@@ -275,34 +275,28 @@ def write_host(root: Path, spec, *, fields: str = ",".join([QUERY_FIELDS, *EXTRA
     (d / "xid.log").write_text("".join(ln for ln in nvsmi.dmesg_text(state).splitlines(True) if "NVRM: Xid" in ln))
 
 
-def test_evaluate_counts_new_xids_only_and_applies_the_extra_rules(tmp_path):
+def test_evaluate_counts_the_new_xids_it_is_given_and_applies_the_extra_rules(tmp_path):
     specs = small_hosts(2, gpus=2)
     specs[0].xid.append({"time": 100.5, "gpu": 1, "xid": 48})
-    specs[0].xid.append({"time": 101.5, "gpu": 0, "xid": 13})  # application error: ignored
     specs[1].gpus[0].remapped_rows_failure = True
     specs[1].gpus[1].hw_slowdown = True
     for spec in specs:
         write_host(tmp_path, spec)
     captures = read_capture_dir(tmp_path)
+    # the capture's own Xid lines are not read: which lines are new is the ledger's cursor's business
     first = watch.evaluate(captures, ClusterConfig())
     got = {str(o.key): o.reasons for o in first.observations}
-    assert got == {"node01:0": (), "node01:1": ("xid-48",), "node02:0": ("row-remap-failure",),
+    assert got == {"node01:0": (), "node01:1": (), "node02:0": ("row-remap-failure",),
                    "node02:1": ("hw-slowdown",)}
-    assert [g.healthy for g in first.cluster.gpus] == [True, False, False, False]
-    markers = {o.key: o.xid_marker for o in first.observations if o.xid_marker}
-    assert set(markers) == {GpuKey("node01", 0), GpuKey("node01", 1)}
-    # the same log again: the Xid was acted on, nothing new
-    again = watch.evaluate(captures, ClusterConfig(), markers)
-    assert {str(o.key): o.reasons for o in again.observations}["node01:1"] == ()
-    assert again.cluster.gpu(("node01", 1)).healthy
-    # a new Xid line for that GPU counts again
-    specs[0].xid.append({"time": 200.25, "gpu": 1, "xid": 79})
-    write_host(tmp_path, specs[0])
-    third = watch.evaluate(read_capture_dir(tmp_path), ClusterConfig(), markers)
-    assert {str(o.key): o.reasons for o in third.observations}["node01:1"] == ("xid-79",)
+    assert [g.healthy for g in first.cluster.gpus] == [True, True, False, False]
+    # the new Xid numbers it is handed count; application errors (13) do not
+    news = watch.evaluate(captures, ClusterConfig(), {GpuKey("node01", 1): (48,), GpuKey("node01", 0): (13,)})
+    assert {str(o.key): o.reasons for o in news.observations}["node01:1"] == ("xid-48",)
+    assert {str(o.key): o.reasons for o in news.observations}["node01:0"] == ()
+    assert not news.cluster.gpu(("node01", 1)).healthy
     # switching the optional rules off
     quiet = config_from_mapping({"thresholds": {"check_row_remap": False, "check_hw_slowdown": False}})
-    assert all(g.healthy for g in watch.evaluate(captures, quiet, markers).cluster.gpus)
+    assert all(g.healthy for g in watch.evaluate(captures, quiet).cluster.gpus)
 
 
 def test_evaluate_keeps_the_inventory_and_the_lost_gpu_index(tmp_path):
@@ -322,8 +316,8 @@ def test_evaluate_keeps_the_inventory_and_the_lost_gpu_index(tmp_path):
 
 
 # --- the ledger side: one check, one transaction --------------------------------------------------
-def obs(key, reasons=(), marker=None):
-    return watch.Observation(GpuKey(*key), f"GPU-{key[0]}-{key[1]}", tuple(reasons), marker)
+def obs(key, reasons=()):
+    return watch.Observation(GpuKey(*key), f"GPU-{key[0]}-{key[1]}", tuple(reasons))
 
 
 def test_ledger_applies_checks_with_hysteresis(tmp_path):
@@ -333,20 +327,18 @@ def test_ledger_applies_checks_with_hysteresis(tmp_path):
         def check(*observations):
             return [s.action for s in led.apply_watch_check(observations, P)]
 
-        assert check(obs(a, ["ecc"]), obs(b, ["temperature"]), obs(c, marker=M("xid line"))) == [
-            "evict", "pending", "ok"]
+        assert check(obs(a, ["ecc"]), obs(b, ["temperature"]), obs(c)) == ["evict", "pending", "ok"]
         assert led.evicted_map() == {GpuKey("h", 0): ("ecc",)}
         assert led.watch_streaks() == {GpuKey("h", 1): {"temperature": 1}}
-        assert led.xid_markers() == {GpuKey("h", 2): M("xid line")}
         assert check(obs(a), obs(b, ["temperature"]), obs(c)) == ["healthy-check", "pending", "ok"]
         assert check(obs(a), obs(b, ["temperature"]), obs(c)) == ["healthy-check", "evict", "ok"]
         assert led.evicted_map() == {GpuKey("h", 0): ("ecc",), GpuKey("h", 1): ("temperature",)}
         assert led.evictions()[0].healthy_checks == 2
         assert check(obs(a), obs(b, ["temperature"])) == ["readmit", "still-evicted"]
         assert led.evicted_map() == {GpuKey("h", 1): ("temperature",)}
-        # the operator brings b back: its soft-fault count starts again, the Xid marker stays
+        # the operator brings b back: its soft-fault count starts again
         assert led.uncordon("h", 1) == [GpuKey("h", 1)]
-        assert led.watch_streaks() == {} and led.xid_markers() == {GpuKey("h", 2): M("xid line")}
+        assert led.watch_streaks() == {}
         assert check(obs(b, ["temperature"])) == ["pending"]
         # record_check (the public single-GPU API) and the watch agree on the same rows
         led.record_check(a, False, reasons=["xid-79"])

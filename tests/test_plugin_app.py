@@ -289,8 +289,9 @@ def test_missing_captures_and_ledger_are_reported(tmp_path, monkeypatch):
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
     from airflow_hetero_gpu.plugins import app, render
 
-    cluster, src = app.read_inventory(app.PageSettings())
-    assert cluster is None and src["status"] == "missing" and "captures_dir" in src["message"]
+    cluster, src = app.read_inventory(app.PageSettings())  # no ledger yet, nothing created
+    assert cluster is None and src["status"] == "missing" and "hetero_gpu_health_watch" in src["message"]
+    assert not (tmp_path / "hetero_gpu_ledger.db").exists()
     cluster, src = app.read_inventory(app.PageSettings(captures_dir=str(tmp_path / "none")))
     assert cluster is None and src["status"] == "missing" and "does not exist" in src["message"]
     (tmp_path / "broken" / "hosts" / "h1").mkdir(parents=True)

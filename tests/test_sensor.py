@@ -358,22 +358,26 @@ def test_registered_with_the_provider():
     assert importlib.import_module("airflow_hetero_gpu.triggers.gpu_health").GpuHealthTrigger is GpuHealthTrigger
 
 
-def test_reschedule_mode_keeps_the_run_record_in_the_capture_directory(fleet, tmp_path):
+def test_reschedule_mode_keeps_the_run_record_in_the_ledger(fleet, tmp_path):
+    """Every reschedule is a new process, maybe on another worker: the run's record is in the
+    ledger, not in a directory (no captures_dir given)."""
     from types import SimpleNamespace
 
     hosts = small_hosts(1, gpus=2)
     hosts[0].gpus[0].temperature_c = 95
     cluster, ids, url = fleet(hosts)
     ti = SimpleNamespace(dag_id="d", task_id="gpu_health", run_id="manual__1", map_index=-1)
-    captures = tmp_path / "captures"
 
     def fresh():  # every reschedule is a new process with a new operator object
-        return sensor(ids, url, mode="reschedule", captures_dir=str(captures), watch_duration=3600,
+        return sensor(ids, url, mode="reschedule", captures_dir=None, watch_duration=3600,
                       thresholds={"soft_fault_checks": 2})
 
+    def record():
+        with Ledger.from_url(url) as led:
+            return led.watch_run_state("d/gpu_health/manual__1/-1")
+
     assert fresh().poke({"ti": ti}) is False
-    state_file = captures / ".gpu-health-d-gpu_health-manual__1--1.json"
-    assert json.loads(state_file.read_text())["checks"] == 1
+    assert record()["checks"] == 1
     second = fresh()
     assert second.poke({"ti": ti}) is False
     assert second.health_watch.checks == 2
@@ -383,4 +387,78 @@ def test_reschedule_mode_keeps_the_run_record_in_the_capture_directory(fleet, tm
     third.watch_duration = 0
     done = third.poke({"ti": ti})
     assert done and done.xcom_value["checks"] == 3 and len(done.xcom_value["evictions"]) == 1
-    assert not state_file.exists()
+    assert record() is None
+
+
+# --- hetero-gpu check: the same check without Airflow ---------------------------------------------
+def test_the_check_command_records_what_the_sensor_records(fleet, tmp_path, capsys):
+    """One fault sequence, checked by a sensor into one ledger and by `hetero-gpu check` into
+    another at each step: the same evictions and readmissions, the same stored inventory."""
+    from datetime import datetime, timezone
+
+    from airflow_hetero_gpu.cli import main
+
+    cluster, ids, sensor_url = fleet(small_hosts(2, gpus=2))
+    check_url = f"sqlite:///{tmp_path / 'check-ledger.db'}"
+    s = sensor(ids, sensor_url, mode_kind="watch", stop_when_idle=False, watch_duration=3600,
+               thresholds={"soft_fault_checks": 2, "readmit_after_healthy_checks": 2})
+    (tmp_path / "cluster.yaml").write_text("thresholds:\n  soft_fault_checks: 2\n  readmit_after_healthy_checks: 2\n")
+    argv = ["check", "--ledger", check_url, "--hosts", cluster.hosts_arg(), "--identity-file",
+            str(cluster.identity_file), "--known-hosts", str(cluster.known_hosts_path),
+            "--config", str(tmp_path / "cluster.yaml"), "--connect-timeout", "3", "--command-timeout", "10",
+            "--retries", "1"]
+    codes = []
+
+    def both():
+        assert s.poke({}) is False
+        codes.append(main(argv))
+
+    both()  # all clean
+    cluster.update_gpu("node01", 1, ecc_uncorrected_volatile=2)
+    both()  # ecc: hard, evicted at once
+    cluster.update_gpu("node01", 1, ecc_uncorrected_volatile=0)
+    both()
+    both()  # two clean checks: readmitted
+    cluster.update_gpu("node02", 0, temperature_c=95)
+    both()
+    both()  # soft fault: evicted at its second check
+    cluster.update_gpu("node02", 0, temperature_c=40)
+    cluster.add_xid("node02", 1, 79)
+    both()  # a new Xid line evicts once
+    both()
+    both()  # the same line again is not new: both come back after two clean checks
+    out = capsys.readouterr().out
+    assert codes == [0] * 9
+    assert "evicted node01:1 (ecc)" in out and "readmitted node01:1" in out and "evicted node02:1 (xid-79)" in out
+
+    since = datetime(2000, 1, 1, tzinfo=timezone.utc)
+
+    def records(url):
+        with Ledger.from_url(url) as led:
+            events = [(e.kind, e.host, e.index, e.reasons) for e in led.gpu_events(since)]
+            inv = led.inventory()
+            return events, led.evicted_map(), {h: r.files for h, r in inv.hosts.items()}
+
+    by_sensor, by_check = records(sensor_url), records(check_url)
+    assert by_sensor == by_check
+    assert [k for k, *_ in by_sensor[0]] == ["evicted", "readmitted", "evicted", "evicted", "readmitted",
+                                             "readmitted"]
+    assert by_sensor[1] == {}
+    with Ledger.from_url(check_url) as led:
+        assert {r.collector.split(" on ")[0] for r in led.inventory().hosts.values()} == {"hetero-gpu check"}
+    with Ledger.from_url(sensor_url) as led:
+        assert {r.collector.split(" on ")[0] for r in led.inventory().hosts.values()} == {"GpuHealthSensor"}
+
+
+def test_the_check_command_says_when_nothing_could_be_collected(fleet, tmp_path, capsys):
+    from airflow_hetero_gpu.cli import main
+
+    cluster, _ids, _url = fleet(small_hosts(1, gpus=2))
+    cluster.inject_fault("node01", "host_down")
+    code = main(["check", "--ledger", f"sqlite:///{tmp_path / 'l.db'}", "--hosts", cluster.hosts_arg(),
+                 "--identity-file", str(cluster.identity_file), "--known-hosts", str(cluster.known_hosts_path),
+                 "--connect-timeout", "3", "--retries", "0"])
+    assert code == 4
+    assert "0 host(s) collected, 1 failed" in capsys.readouterr().out
+    code = main(["check", "--ledger", f"sqlite:///{tmp_path / 'l.db'}", "--hosts", "bad host!"])
+    assert code == 2

@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Mapping
 
 from airflow_hetero_gpu.capture.mig import MigListing, MigUsage, parse_mig_list, parse_mig_usage
 from airflow_hetero_gpu.capture.query import QueryResult, parse_query_csv
@@ -42,16 +43,18 @@ class HostCapture:
     xid: list[XidEvent] = field(default_factory=list)
     error: str | None = None  # why collecting from this host failed (its GPUs are unreachable)
     notes: list[str] = field(default_factory=list)  # things worth telling, not failures
-    # when the kernel log was read (xid.log's modification time: the collector writes it then);
-    # the offline Xid rule ages journal lines against it (core/inventory.py)
-    captured_at: datetime | None = None
+    # when the outputs were read: the ledger's inventory knows it; for a capture directory, the
+    # modification time of xid.log (the collector writes it as it reads the kernel log) or of
+    # query.csv. The offline Xid rule ages journal lines against it (core/inventory.py).
+    collected_at: datetime | None = None
+    stale: str | None = None  # why the outputs are too old to place on ("inventory 312 s old (max 120 s)")
     mig: MigListing | None = None  # mig.txt: the MIG devices of MIG-enabled GPUs
     mig_usage: MigUsage | None = None  # mig-usage.txt: their memory and processes
 
 
 @dataclass
 class CaptureSet:
-    root: Path
+    root: Path | None  # the directory read (None: the ledger's inventory)
     hosts: dict[str, HostCapture]
     switches: SwitchTopology | None = None
     config_path: Path | None = None
@@ -64,42 +67,65 @@ def _read_text(path: Path) -> str:
         raise CaptureError(str(path), f"cannot read: {err.strerror or err}") from None
 
 
-def read_host(host_dir: Path) -> HostCapture:
-    host = host_dir.name
+#: The raw outputs a host's capture holds, in the order they are read.
+HOST_FILES = ("error.txt", "query.csv", "topo.txt", "xid.log", "mig.txt", "mig-usage.txt")
+
+
+def parse_host(host: str, files: Mapping[str, str], where: str, *, error: str | None = None) -> HostCapture:
+    """Parse one host's raw outputs (``{file name: text}``, the files of ``hosts/<host>/``).
+
+    ``where`` names the host's capture in messages (its directory, or the ledger row);
+    ``error`` is the host's collection failure when it does not come as an ``error.txt`` file.
+    """
     if not HOST_NAME.match(host):
-        raise CaptureError(str(host_dir), f"host directory name {host!r} is not a valid host name")
+        raise CaptureError(where, f"host directory name {host!r} is not a valid host name")
     cap = HostCapture(host)
-    err_file = host_dir / "error.txt"
-    if err_file.exists():
-        text = " ".join(_read_text(err_file).split())
-        cap.error = text or "collection failed (empty error.txt)"
-    q = host_dir / "query.csv"
-    if q.exists():
-        cap.query = parse_query_csv(_read_text(q), str(q))
+    text = files.get("error.txt") if error is None else error
+    if text is not None:
+        cap.error = " ".join(text.split()) or "collection failed (empty error.txt)"
+    q = f"{where}/query.csv"
+    if "query.csv" in files:
+        cap.query = parse_query_csv(files["query.csv"], q)
         if cap.query.host_error and cap.error is None:
             cap.error = cap.query.host_error
     elif cap.error is None:
-        raise CaptureError(str(host_dir), "missing query.csv (and no error.txt saying why)")
-    t = host_dir / "topo.txt"
-    if t.exists() and cap.query is not None and cap.query.rows:
+        raise CaptureError(where, "missing query.csv (and no error.txt saying why)")
+    has_rows = cap.query is not None and bool(cap.query.rows)
+    if "topo.txt" in files and has_rows:
         try:
-            cap.topo = parse_topo(_read_text(t), str(t))
+            cap.topo = parse_topo(files["topo.txt"], f"{where}/topo.txt")
         except CaptureError:
             if cap.error is None:
                 raise
             cap.notes.append("topo.txt unreadable (host collection failed)")
-    elif cap.query is not None and cap.query.rows:
+    elif has_rows:
         cap.notes.append("no topo.txt: GPU pairs treated as SYS")
-    x = host_dir / "xid.log"
-    if x.exists():
-        cap.xid = parse_xid_log(_read_text(x), str(x))
-        cap.captured_at = datetime.fromtimestamp(x.stat().st_mtime).astimezone()
-    m = host_dir / "mig.txt"
-    if m.exists():
-        cap.mig = parse_mig_list(_read_text(m), str(m))
-    u = host_dir / "mig-usage.txt"
-    if u.exists():
-        cap.mig_usage = parse_mig_usage(_read_text(u), str(u))
+    if "xid.log" in files:
+        cap.xid = parse_xid_log(files["xid.log"], f"{where}/xid.log")
+    if "mig.txt" in files:
+        cap.mig = parse_mig_list(files["mig.txt"], f"{where}/mig.txt")
+    if "mig-usage.txt" in files:
+        cap.mig_usage = parse_mig_usage(files["mig-usage.txt"], f"{where}/mig-usage.txt")
+    return cap
+
+
+def host_files(host_dir: Path) -> dict[str, str]:
+    """The raw outputs present in one host's directory."""
+    files = {}
+    for name in HOST_FILES:
+        path = host_dir / name
+        if path.exists():
+            files[name] = _read_text(path)
+    return files
+
+
+def read_host(host_dir: Path) -> HostCapture:
+    cap = parse_host(host_dir.name, host_files(host_dir), str(host_dir))
+    for name in ("xid.log", "query.csv"):
+        path = host_dir / name
+        if path.exists():
+            cap.collected_at = datetime.fromtimestamp(path.stat().st_mtime).astimezone()
+            break
     return cap
 
 

@@ -1,16 +1,19 @@
-"""``hetero-gpu collect``: fill a capture directory from GPU hosts over SSH.
+"""``hetero-gpu collect``: collect GPU hosts over SSH into the ledger's inventory or a capture directory.
 
 ::
 
     hetero-gpu collect --hosts [NAME=][USER@]HOST[:PORT],... [--identity-file KEY]
-                       [--known-hosts FILE] --out DIR [--max-parallel N] [--connect-timeout S]
+                       [--known-hosts FILE] (--ledger URL | --out DIR | both) [--config FILE]
+                       [--topology FILE] [--max-parallel N] [--connect-timeout S]
                        [--command-timeout S] [--retries N] [--no-kernel-log]
                        [--nvml [--nvml-python PATH]] [--json]
-    hetero-gpu collect --ssh-conn-ids CONN[,LABEL=CONN...] --out DIR [...]    # Airflow connections
+    hetero-gpu collect --ssh-conn-ids CONN[,LABEL=CONN...] --ledger URL [...]    # Airflow connections
 
-Prints one line per host (``ok`` or ``failed: <reason>``). Exit status:
+Prints one line per host (``ok`` or ``failed: <reason>``). With ``--ledger`` the collection is
+stored as the fleet's inventory (what the operator, the triggers and the cluster page read); a
+new Xid line in a host's kernel log evicts its GPU once. Exit status:
 
-* 0: at least one host was collected (failed hosts have ``error.txt`` in DIR);
+* 0: at least one host was collected (a failed host keeps its last good outputs);
 * 2: bad input (one line on stderr naming the value);
 * 4: no host could be collected.
 
@@ -28,7 +31,7 @@ import logging
 from typing import Any, Iterator
 
 from airflow_hetero_gpu.collect.nvml import agent_command
-from airflow_hetero_gpu.collect.ssh import CollectReport, collect_captures, paramiko_client_factory
+from airflow_hetero_gpu.collect.ssh import CollectReport, paramiko_client_factory
 from airflow_hetero_gpu.collect.targets import parse_hosts_arg
 from airflow_hetero_gpu.cli_output import EXIT_NOTHING_COLLECTED, EXIT_OK
 from airflow_hetero_gpu.cli_types import non_negative_int, positive_int, positive_seconds
@@ -37,22 +40,18 @@ from airflow_hetero_gpu.errors import HeteroGpuError
 EXIT_COLLECTED = EXIT_OK
 
 
-def register(subparsers: Any) -> None:
-    """Add the ``collect`` sub-command to ``hetero-gpu``'s parser."""
-    p = subparsers.add_parser(
-        "collect", help="collect captures from GPU hosts over SSH, in parallel",
-        description="Collect nvidia-smi captures (query, topo -m, Xid log) from GPU hosts over SSH "
-                    "into a capture directory. Exit 0: at least one host collected; 2: bad input; "
-                    "4: no host could be collected.")
+def add_host_args(p: argparse.ArgumentParser) -> None:
+    """The hosts and how to reach them (shared by ``collect`` and ``check``)."""
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--hosts", metavar="[NAME=][USER@]HOST[:PORT],...",
                        help="hosts to reach with plain SSH (host keys verified)")
     where.add_argument("--ssh-conn-ids", metavar="CONN[,LABEL=CONN...]",
                        help="Airflow ssh connection ids (needs an Airflow environment)")
-    p.add_argument("--out", required=True, metavar="DIR", help="capture directory to write")
     p.add_argument("--identity-file", metavar="KEY", help="private key to offer (with --hosts)")
     p.add_argument("--known-hosts", metavar="FILE",
                    help="known_hosts file to verify host keys against (with --hosts; default ~/.ssh/known_hosts)")
+    p.add_argument("--config", metavar="FILE", help="the fleet's cluster.yaml (stored with the inventory)")
+    p.add_argument("--topology", metavar="FILE", help="the fleet's topology.conf (stored with the inventory)")
     p.add_argument("--max-parallel", type=positive_int, default=8, metavar="N",
                    help="hosts worked on at once (default 8)")
     p.add_argument("--connect-timeout", type=positive_seconds, default=10.0, metavar="S",
@@ -66,26 +65,39 @@ def register(subparsers: Any) -> None:
                    help="query GPUs through NVML (python3 + pynvml on the host), else nvidia-smi")
     p.add_argument("--nvml-python", default="python3", metavar="PATH",
                    help="the hosts' interpreter that has pynvml, for --nvml (default python3)")
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``collect`` sub-command to ``hetero-gpu``'s parser."""
+    p = subparsers.add_parser(
+        "collect", help="collect captures from GPU hosts over SSH, in parallel",
+        description="Collect nvidia-smi captures (query, topo -m, Xid log) from GPU hosts over SSH "
+                    "into the ledger's inventory (--ledger) and/or a capture directory (--out). Exit 0: at "
+                    "least one host collected; 2: bad input; 4: no host could be collected.")
+    add_host_args(p)
+    p.add_argument("--out", metavar="DIR", help="capture directory to write")
+    p.add_argument("--ledger", metavar="URL", help="store the collection in this ledger's inventory "
+                                                    "(created when missing)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_collect)
 
 
-def _collect_with_ssh(args: argparse.Namespace) -> CollectReport:
+def collector_from_args(args: argparse.Namespace, out_dir: str | None) -> Any:
+    """The :class:`~airflow_hetero_gpu.collect.fleet.Collector` the arguments name."""
+    options = dict(max_parallel=args.max_parallel, connect_timeout=args.connect_timeout,
+                   command_timeout=args.command_timeout, retries=args.retries,
+                   read_kernel_log=not args.no_kernel_log, use_nvml=args.nvml, nvml_python=args.nvml_python)
     try:
-        targets = parse_hosts_arg(args.hosts)
-        factory = paramiko_client_factory(args.identity_file, args.known_hosts, args.connect_timeout)
         agent_command(args.nvml_python)
+        if args.hosts is not None:
+            from airflow_hetero_gpu.collect.fleet import SshCollector
+
+            targets = parse_hosts_arg(args.hosts)
+            factory = paramiko_client_factory(args.identity_file, args.known_hosts, args.connect_timeout)
+            return SshCollector(targets, factory, out_dir=out_dir, config=args.config, topology_conf=args.topology,
+                                **options)
     except ValueError as exc:
         raise HeteroGpuError(str(exc)) from None
-    return collect_captures(
-        targets, args.out, factory, max_parallel=args.max_parallel,
-        connect_timeout=args.connect_timeout, command_timeout=args.command_timeout,
-        retries=args.retries, read_kernel_log=not args.no_kernel_log, use_nvml=args.nvml,
-        nvml_python=args.nvml_python,
-    )
-
-
-def _collect_with_airflow(args: argparse.Namespace) -> CollectReport:
     if args.identity_file or args.known_hosts:
         raise HeteroGpuError("--identity-file and --known-hosts go with --hosts; with --ssh-conn-ids "
                              "the key and host key come from each connection (key_file, host_key extras)")
@@ -95,19 +107,14 @@ def _collect_with_airflow(args: argparse.Namespace) -> CollectReport:
         raise HeteroGpuError(f"--ssh-conn-ids needs Apache Airflow: {exc}") from None
     try:
         conn_ids = normalize_conn_ids(args.ssh_conn_ids)
-        agent_command(args.nvml_python)
     except ValueError as exc:
         raise HeteroGpuError(str(exc)) from None
-    hook = HeteroGpuHook(
-        conn_ids, captures_dir=args.out, max_parallel=args.max_parallel,
-        connect_timeout=args.connect_timeout, command_timeout=args.command_timeout,
-        retries=args.retries, read_kernel_log=not args.no_kernel_log, use_nvml=args.nvml,
-        nvml_python=args.nvml_python,
-    )
-    return hook.collect()
+    hook = HeteroGpuHook(conn_ids, captures_dir=out_dir, config=args.config, topology_conf=args.topology, **options)
+    hook.fleet_files()  # validates cluster.yaml and topology.conf before anything is collected
+    return hook
 
 
-def render_report(report: CollectReport) -> str:
+def render_report(report: CollectReport, *, where: str | None = None, ledger: str | None = None) -> str:
     """One line per host, then a summary line."""
     width = max((len(h.host) for h in report.hosts), default=4)
     lines = []
@@ -118,8 +125,8 @@ def render_report(report: CollectReport) -> str:
             lines += [f"{' ' * width}  warning: {w}" for w in h.warnings]
         else:
             lines.append(f"{h.host.ljust(width)}  failed: {h.reason}")
-    lines.append(f"collected {len(report.ok)}/{len(report.hosts)} hosts into {report.out_dir} "
-                 f"in {report.seconds:.2f}s")
+    into = " and ".join(x for x in (f"the ledger {ledger}" if ledger else None, where) if x) or str(report.out_dir)
+    lines.append(f"collected {len(report.ok)}/{len(report.hosts)} hosts into {into} in {report.seconds:.2f}s")
     return "\n".join(lines)
 
 
@@ -137,13 +144,40 @@ def _quiet_logging() -> Iterator[None]:
 
 def cmd_collect(args: argparse.Namespace) -> int:
     """Run the collection; the exit status says whether anything was collected."""
+    if not args.out and not args.ledger:
+        raise HeteroGpuError("give --ledger URL (store in the ledger's inventory) and/or --out DIR (a capture "
+                             "directory)")
+    collector = collector_from_args(args, args.out)  # bad input is refused before a ledger is made
+    ledger = None
+    if args.ledger:
+        from airflow_hetero_gpu.ledger import Ledger
+
+        ledger = Ledger.from_url(args.ledger)  # a writer: created when missing, before any SSH
     try:
-        with _quiet_logging():
-            report = _collect_with_ssh(args) if args.hosts is not None else _collect_with_airflow(args)
-    except OSError as exc:  # --out is a file, not writable, ...
-        raise HeteroGpuError(f"--out {args.out}: {exc.strerror or exc}") from None
+        try:
+            with _quiet_logging():
+                report = collector.collect()
+        except OSError as exc:  # --out is a file, not writable, ...
+            raise HeteroGpuError(f"--out {args.out}: {exc.strerror or exc}") from None
+        if ledger is not None:
+            from airflow_hetero_gpu.collect.records import host_records
+            from airflow_hetero_gpu.healthcheck.check import collector_name
+
+            stored = ledger.store_collection(host_records(report), collector=collector_name("hetero-gpu collect"),
+                                             fleet_files=collector.fleet_files(), config=collector.cluster_config())
+    finally:
+        if ledger is not None:
+            ledger.close()
     if args.json:
-        print(json.dumps(report.as_dict(), indent=2))
+        out = report.as_dict()
+        if ledger is not None:
+            out["ledger"] = {"url": ledger.display_url, "collection_id": stored.collection_id,
+                             "xid_evictions": [{"host": k.host, "index": k.index, "reasons": list(r)}
+                                               for k, r in stored.xid_evictions]}
+        print(json.dumps(out, indent=2))
     else:
-        print(render_report(report))
+        print(render_report(report, where=args.out or None, ledger=ledger.display_url if ledger else None))
+        if ledger is not None:
+            for key, reasons in stored.xid_evictions:
+                print(f"evicted {key} ({', '.join(reasons)}): a new Xid line in its kernel log")
     return EXIT_COLLECTED if report.ok else EXIT_NOTHING_COLLECTED

@@ -90,6 +90,7 @@ class HostResult:
     files: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     query_source: str | None = None  # "nvidia-smi" or "nvml": what produced query.csv
+    config_error: bool = False  # the failure is the setup's (connection, key), not the host's
 
 
 @dataclass
@@ -129,11 +130,15 @@ class CollectReport:
 
 
 class HostFailure(Exception):
-    """A host could not be collected; ``str()`` is the one-line reason for error.txt."""
+    """A host could not be collected; ``str()`` is the one-line reason for error.txt.
 
-    def __init__(self, reason: str, *, retryable: bool = False):
+    ``config``: the cause is the setup, not the host (an unusable connection, a rejected key):
+    waiting or retrying cannot help."""
+
+    def __init__(self, reason: str, *, retryable: bool = False, config: bool = False):
         super().__init__(" ".join(reason.split()))
         self.retryable = retryable
+        self.config = config
 
 
 def _first_line(*texts: str) -> str:
@@ -164,7 +169,8 @@ def classify_connect_error(exc: BaseException, target: SshTarget, timeout: float
             f"known_hosts has {_fingerprint(exc.expected_key)}"
         )
     if isinstance(exc, paramiko.AuthenticationException):
-        return HostFailure(f"authentication failed for {target.user or getpass.getuser()}@{where}: {exc}")
+        return HostFailure(f"authentication failed for {target.user or getpass.getuser()}@{where}: {exc}",
+                           config=True)
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
         errnos = {getattr(e, "errno", None) for e in exc.errors.values()}
         if errnos <= {111, 10061}:  # ECONNREFUSED (Linux, Windows)
@@ -190,6 +196,18 @@ def classify_connect_error(exc: BaseException, target: SshTarget, timeout: float
     if isinstance(exc, OSError):
         return HostFailure(f"cannot connect to {where}: {exc.strerror or exc}", retryable=True)
     return HostFailure(f"cannot connect to {where}: {type(exc).__name__}: {_first_line(str(exc))}")
+
+
+def set_nodelay(client: paramiko.SSHClient) -> None:
+    """``TCP_NODELAY`` on the client's socket: each small SSH packet goes out at once instead of
+    waiting ~40 ms for the peer's delayed acknowledgement (Nagle's algorithm)."""
+    transport = client.get_transport()
+    sock = getattr(transport, "sock", None)
+    if isinstance(sock, socket.socket):
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass  # not a TCP socket (a proxy command's pipe)
 
 
 # --------------------------------------------------------------------------------------------
@@ -455,6 +473,7 @@ def collect_host(target: SshTarget, out_dir: Path, client_factory: ClientFactory
                     pass
     if failure is not None:
         result.reason = str(failure)
+        result.config_error = failure.config
         _write_failure(host_dir, result.reason)
         log.warning("collect %s failed: %s", target.host_name, result.reason)
     result.seconds = time.monotonic() - started

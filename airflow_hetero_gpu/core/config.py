@@ -145,11 +145,16 @@ def load_config(path: str | Path | None) -> ClusterConfig:
         raise ConfigError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: cannot read: {err}") from None
+    return config_from_text(text, str(path))
+
+
+def config_from_text(text: str, source: str = "cluster.yaml") -> ClusterConfig:
+    """Parse and validate the text of a cluster.yaml; ``source`` names it in errors."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
         problem = getattr(err, "problem", None) or "invalid YAML"
-        raise ConfigError(f"{path}{where}: {problem}") from None
-    return config_from_mapping(data, source=str(path))
+        raise ConfigError(f"{source}{where}: {problem}") from None
+    return config_from_mapping(data, source=source)

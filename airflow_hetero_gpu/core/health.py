@@ -28,6 +28,7 @@ class GpuFacts:
     """What the collection said about one GPU, in the units the rules need."""
 
     host_error: str | None = None  # the host's collection failed (error.txt, driver gone, ...)
+    stale: bool = False  # the host's inventory is older than the planner accepts
     lost: bool = False  # [Unknown Error] / [GPU requires reset] / "Unable to determine the device handle"
     ecc_uncorrected: int | None = None
     retired_pages_pending: bool | None = None
@@ -44,10 +45,11 @@ class GpuFacts:
 
     @classmethod
     def from_row(cls, row: "QueryRow", *, host_error: str | None = None,
-                 xids: Iterable[int] = ()) -> "GpuFacts":
+                 xids: Iterable[int] = (), stale: bool = False) -> "GpuFacts":
         """The facts of one ``--query-gpu`` row, its host's error and its Xids."""
         return cls(
             host_error=host_error,
+            stale=stale,
             lost=bool(row.problems),
             ecc_uncorrected=row.ecc_uncorrected,
             retired_pages_pending=row.retired_pages_pending,
@@ -80,6 +82,10 @@ def multinode_nvlink(name: str | None, cluster_uuid: str | None) -> bool:
 
 
 Rule = Callable[[GpuFacts, Thresholds], "str | list[str] | None"]
+
+
+def stale(f: GpuFacts, th: Thresholds) -> str | None:
+    return "stale" if f.stale else None
 
 
 def unreachable(f: GpuFacts, th: Thresholds) -> str | None:
@@ -146,7 +152,8 @@ def xid(f: GpuFacts, th: Thresholds) -> list[str] | None:
     return [f"xid-{x}" for x in codes] or None
 
 
-RULES: list[Rule] = [unreachable, lost, ecc, retired_pages, row_remap, temperature, hw_slowdown, fabric, xid]
+RULES: list[Rule] = [stale, unreachable, lost, ecc, retired_pages, row_remap, temperature, hw_slowdown, fabric,
+                     xid]
 
 
 def health_reasons(facts: GpuFacts, thresholds: Thresholds) -> tuple[str, ...]:

@@ -35,7 +35,7 @@ class XidRule:
     """Which kernel-log Xid lines of a capture count as health facts (module docstring).
 
     ``window_s`` ``None`` or 0: none (with a ledger, its evictions carry the Xids); else lines
-    logged at most ``window_s`` seconds before the capture's time (``HostCapture.captured_at``)
+    logged at most ``window_s`` seconds before the capture's time (``HostCapture.collected_at``)
     count, and so do lines without a wall-clock time.
     """
 
@@ -50,12 +50,12 @@ class XidRule:
     def counts(self, event: XidEvent, cap: HostCapture) -> bool:
         if not self.window_s:
             return False
-        if cap.captured_at is None:
+        if cap.collected_at is None:
             return True  # no capture time: nothing to age the line against
-        when = line_time(event.text, cap.captured_at)
+        when = line_time(event.text, cap.collected_at)
         if when is None:
             return True  # seconds since boot (plain dmesg): may be recent
-        return cap.captured_at - when <= timedelta(seconds=self.window_s)
+        return cap.collected_at - when <= timedelta(seconds=self.window_s)
 
     def describe(self) -> str:
         if not self.window_s:
@@ -84,7 +84,7 @@ def host_gpus(cap: HostCapture, config: ClusterConfig, xid_rule: XidRule | None 
             xids_by_bus.setdefault(ev.pci_bus_id, []).append(ev.xid)
     gpus: list[Gpu] = []
     for r in rows:
-        facts = GpuFacts.from_row(r, host_error=host_error,
+        facts = GpuFacts.from_row(r, host_error=host_error, stale=cap.stale is not None,
                                   xids=xids_by_bus.get(r.pci_bus_id, ()) if r.pci_bus_id else ())
         reasons = health_reasons(facts, th)
         util = None if r.utilization_pct is None else r.utilization_pct / 100.0
@@ -116,7 +116,8 @@ def host_gpus(cap: HostCapture, config: ClusterConfig, xid_rule: XidRule | None 
         free = (i for i in range(len(gpus) + len(lost)) if i not in taken)
         name = gpus[0].name if len({g.name for g in gpus}) == 1 else "unknown"
         for dev, idx in zip(lost, free):
-            facts = GpuFacts(host_error=host_error, lost=True, xids=tuple(xids_by_bus.get(dev.pci_bus_id, ())))
+            facts = GpuFacts(host_error=host_error, lost=True, stale=cap.stale is not None,
+                             xids=tuple(xids_by_bus.get(dev.pci_bus_id, ())))
             gpus.append(
                 Gpu(host=cap.host, index=idx, uuid=f"lost-{dev.pci_bus_id}", name=name,
                     pci_bus_id=dev.pci_bus_id, healthy=False, reasons=health_reasons(facts, th))
@@ -212,7 +213,8 @@ def cluster_from_captures(captures: CaptureSet, config: ClusterConfig | None = N
     else:
         net = network_tiers(captures.switches)
     cluster = build_cluster(gpus, wiring, net, config, errors)
-    cluster.host_notes = {n: list(c.notes) for n, c in captures.hosts.items() if c.notes}
+    cluster.host_notes = {n: list(c.notes) + ([c.stale] if c.stale else [])
+                          for n, c in captures.hosts.items() if c.notes or c.stale}
     for host, note in cluster.host_domain_notes.items():
         cluster.host_notes.setdefault(host, []).append(note)
     return cluster

@@ -25,7 +25,7 @@ reason at all (a soft fault below its count breaks the run without re-evicting),
 with ``hetero-gpu uncordon``.
 
 An Xid stays in the kernel log until the host reboots, so an Xid counts once: only lines that
-are *new* since the last check (the per-GPU marker) are evaluated. Without that a GPU that once
+are *new* since the last collection stored in the ledger (the host's cursor) are evaluated. Without that a GPU that once
 had an Xid would be evicted again at every check and never come back. Faults that persist in the
 GPU (the volatile ECC counter until a GPU reset, pending retirements or remaps until a reset, a
 lost GPU) keep it out through their own rules.
@@ -147,12 +147,11 @@ def split_new_lines(lines: Sequence[str], marker: XidMarker | None) -> tuple[int
 # --- one GPU, one check ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Observation:
-    """What one check saw of one GPU: its reasons (new Xids only) and the Xid marker to keep."""
+    """What one check saw of one GPU: its reasons (new Xids only)."""
 
     key: GpuKey
     uuid: str
     reasons: tuple[str, ...]
-    xid_marker: XidMarker | None = None
 
 
 @dataclass(frozen=True)
@@ -220,22 +219,20 @@ class Evaluation:
 
 
 def evaluate(captures: CaptureSet, config: ClusterConfig,
-             markers: Mapping[GpuKey, XidMarker] | None = None) -> Evaluation:
-    """Judge every GPU of a parsed capture directory (SPEC §4 rules plus the optional ones).
+             new_xids: Mapping[GpuKey, Sequence[int]] | None = None) -> Evaluation:
+    """Judge every GPU of a parsed collection (SPEC §4 rules plus the optional ones).
 
-    ``markers`` are the ledger's last Xid line acted on per GPU; lines after them are new.
+    ``new_xids``: per GPU, the Xid numbers of the kernel-log lines that no earlier collection
+    acted on (the ledger's per-host cursor decides which lines are new); the captures' own Xid
+    lines are not read, so an old line never counts twice.
     """
-    markers = markers or {}
+    new_xids = new_xids or {}
     th = config.thresholds
-    raw = cluster_from_captures(captures, config, xid_rule=XIDS_FROM_LEDGER)  # new Xids: below
-    rows: dict[str, dict[int, Any]] = {}
-    lines_by_bus: dict[str, dict[str, list[Any]]] = {}
-    for name, cap in captures.hosts.items():
-        rows[name] = {r.index: r for r in (cap.query.rows if cap.query else [])}
-        by_bus: dict[str, list[Any]] = {}
-        for event in cap.xid:
-            by_bus.setdefault(event.pci_bus_id, []).append(event)
-        lines_by_bus[name] = by_bus
+    bare = CaptureSet(captures.root, {name: replace(cap, xid=[]) for name, cap in captures.hosts.items()},
+                      captures.switches, captures.config_path)
+    raw = cluster_from_captures(bare, config, xid_rule=XIDS_FROM_LEDGER)
+    rows: dict[str, dict[int, Any]] = {
+        name: {r.index: r for r in (cap.query.rows if cap.query else [])} for name, cap in bare.hosts.items()}
     gpus = []
     observations = []
     judged: dict[GpuKey, tuple[str, ...]] = {}
@@ -244,19 +241,17 @@ def evaluate(captures: CaptureSet, config: ClusterConfig,
             reasons = judged.get(g.key.gpu, g.reasons)
             gpus.append(replace(g, healthy=not reasons, reasons=reasons))
             continue
-        cap = captures.hosts[g.host]
-        events = lines_by_bus[g.host].get(g.pci_bus_id, []) if g.pci_bus_id else []
-        start, marker = split_new_lines([e.text for e in events], markers.get(g.key))
-        new_xids = tuple(e.xid for e in events[start:])
+        cap = bare.hosts[g.host]
+        xids = tuple(new_xids.get(g.key, ()))
         row = rows[g.host].get(g.index)
         if row is not None:
-            facts = GpuFacts.from_row(row, host_error=cap.error, xids=new_xids)
+            facts = GpuFacts.from_row(row, host_error=cap.error, xids=xids, stale=cap.stale is not None)
         else:  # a GPU nvidia-smi could not open: the inventory placed it at a free index
-            facts = GpuFacts(host_error=cap.error, lost=True, xids=new_xids)
+            facts = GpuFacts(host_error=cap.error, lost=True, xids=xids, stale=cap.stale is not None)
         reasons = health_reasons(facts, th)
         judged[g.key] = reasons
         gpus.append(replace(g, healthy=not reasons, reasons=reasons))
-        observations.append(Observation(g.key, g.uuid, reasons, marker))
+        observations.append(Observation(g.key, g.uuid, reasons))
     cluster = Cluster(gpus, dict(raw.wiring), raw.net, raw.config, dict(raw.host_errors))
     cluster.host_notes = dict(raw.host_notes)
     return Evaluation(cluster, observations)

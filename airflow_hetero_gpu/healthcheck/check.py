@@ -20,15 +20,17 @@ deferrable trigger and ``hetero-gpu check`` all run it:
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from airflow_hetero_gpu.capture.directory import read_capture_dir
+from airflow_hetero_gpu.collect.records import host_records
 from airflow_hetero_gpu.core import watch
 from airflow_hetero_gpu.core.changes import diff_inventory
-from airflow_hetero_gpu.core.config import ClusterConfig, load_config
+from airflow_hetero_gpu.core.config import ClusterConfig, config_from_text
 from airflow_hetero_gpu.core.model import Gpu, GpuKey
 from airflow_hetero_gpu.errors import HeteroGpuError
 from airflow_hetero_gpu.healthcheck.metrics import Metrics
@@ -36,8 +38,8 @@ from airflow_hetero_gpu.healthcheck.spec import GATE_MET, IDLE, WATCH_OVER, Watc
 from airflow_hetero_gpu.ledger import Ledger, LedgerError, NoLiveReservation
 
 if TYPE_CHECKING:
+    from airflow_hetero_gpu.collect.fleet import Collector
     from airflow_hetero_gpu.core.cluster import Cluster
-    from airflow_hetero_gpu.hooks.hetero_gpu import HeteroGpuHook
 
 
 def _gpu_json(key: GpuKey, uuid: str | None) -> dict[str, Any]:
@@ -59,24 +61,37 @@ class CheckReport:
     replacements: list[dict[str, Any]] = field(default_factory=list)
     changes: list[str] = field(default_factory=list)
     evicted_now: list[dict[str, Any]] = field(default_factory=list)  # the ledger's evictions after the check
+    collected: int = 0  # hosts collected by this check
+    failed: int = 0  # hosts that could not be collected
     orphans: list[dict[str, Any]] = field(default_factory=list)  # jobs without a reservation, stopped
+
+
+def collector_name(what: str) -> str:
+    """Who collected, as the ledger's inventory records it: ``what on HOST pid N``."""
+    return f"{what} on {socket.gethostname()} pid {os.getpid()}"
 
 
 class HealthWatch:
     """The checks of one sensor run: collect, judge, record in the ledger, replace, decide.
 
-    ``hook`` collects (its ``collect()`` writes the capture directory at ``captures_path``);
-    ``ledger_url`` names the ledger (None: the default SQLite file). The run's memory (checks
-    made, events so far, the previous inventory) lives in this object; :meth:`to_state` /
-    :meth:`from_state` carry it across reschedules.
+    ``hook`` collects: a :class:`~airflow_hetero_gpu.collect.fleet.Collector` (``HeteroGpuHook``
+    in Airflow; ``collect()``, ``cluster_config()``, ``fleet_files()``, ``ssh_targets()``,
+    ``client_factory()``). ``ledger_url`` names the ledger (None: the default SQLite file);
+    every check's collection is stored there (the fleet's inventory). ``collector`` names this
+    watch in the inventory's records; ``history`` passes ``history_interval`` /
+    ``history_retention`` to the ledger. The run's memory (checks made, events so far, the
+    previous inventory) lives in this object; :meth:`to_state` / :meth:`from_state` carry it
+    across reschedules.
     """
 
-    def __init__(self, spec: WatchSpec, hook: HeteroGpuHook, ledger_url: str | None, *,
+    def __init__(self, spec: WatchSpec, hook: "Collector", ledger_url: str | None, *,
                  log: logging.Logger | logging.LoggerAdapter | None = None, metrics: Metrics | None = None,
-                 clock=time.time):
+                 clock=time.time, collector: str | None = None, history: Mapping[str, float] | None = None):
         self.spec = spec.validate()
         self.hook = hook
         self.ledger_url = ledger_url
+        self.collector = collector or collector_name("health check")
+        self.history = dict(history or {})
         self.log = log or logging.getLogger(__name__)
         self.metrics = metrics or Metrics()
         self.clock = clock
@@ -115,12 +130,24 @@ class HealthWatch:
         return self
 
     # -- one check ---------------------------------------------------------------------------------
-    def _config(self, config_path: Path | None) -> ClusterConfig:
-        return merged_config(load_config(config_path), self.spec.thresholds)
+    def _judge(self):
+        """The check's pure judgement, run inside the ledger's transaction on the stored outputs."""
+        own = self.hook.cluster_config()
+
+        def judge(captures, new_xids, fleet_files):
+            base = own
+            if base is None:
+                text = fleet_files.get("cluster.yaml")
+                base = config_from_text(text, "ledger inventory file cluster.yaml") if text else ClusterConfig()
+            config = merged_config(base, self.spec.thresholds)
+            return watch.evaluate(captures, config, new_xids), watch.WatchPolicy.from_thresholds(config.thresholds)
+
+        return judge
 
     def check(self) -> CheckReport:
         """Run one check (blocking: SSH and the ledger); see the module docstring."""
         began = time.monotonic()
+        started = datetime.now(timezone.utc)
         if self.started_at is None:
             self.started_at = self.clock()
         self.checks += 1
@@ -130,19 +157,19 @@ class HealthWatch:
         for host in collected.ok:
             for warning in host.warnings:
                 self.log.info("GPU host %s: %s", host.host, warning)
-        captures = read_capture_dir(self.hook.captures_path)
-        captures.hosts = {name: cap for name, cap in captures.hosts.items() if name in self.hook.hosts}
-        config = self._config(captures.config_path)
-        policy = watch.WatchPolicy.from_thresholds(config.thresholds)
         report = CheckReport(number=self.checks, steps=[], pools=[], unhealthy=[])
         with Ledger.from_url(self.ledger_url) as ledger:
-            evaluation = watch.evaluate(captures, config, ledger.xid_markers())
+            stored = ledger.record_health_check(
+                host_records(collected), collector=self.collector, judge=self._judge(),
+                fleet_files=self.hook.fleet_files(), started_at=started, **self.history)
+            evaluation = stored.evaluation
             cluster = self.cluster = evaluation.cluster
+            policy = stored.policy
+            report.steps = stored.steps
             report.changes = self._inventory_changes(cluster)
-            report.steps = ledger.apply_watch_check(evaluation.observations, policy)
             self._log_steps(report, cluster, policy)
             if self.spec.mode_kind == "watch":
-                report.replacements = self._replace(ledger, cluster, config)
+                report.replacements = self._replace(ledger, cluster, cluster.config)
             live = ledger.live_reservations()
             reserved, evicted = ledger.reserved_map(), ledger.evicted_map()
         if self.spec.mode_kind == "watch" and self.spec.sweep_orphans:
@@ -153,6 +180,8 @@ class HealthWatch:
                             for g in cluster.gpus if not g.healthy]
         report.evicted_now = [{"host": k.host, "index": k.index, "reasons": list(v)} for k, v in sorted(evicted.items())]
         report.live_jobs = [r.job_id for r in live]
+        report.collected = len(collected.ok)
+        report.failed = len(collected.failed)
         if self.spec.mode_kind == "gate":
             report.gate = watch.gate_status(cluster, self.spec.request(), reserved, evicted).to_json()
         watched = self._watched(report.live_jobs)

@@ -48,3 +48,20 @@ class Metrics:
     def check(self, seconds: float) -> None:
         self.stats.incr(f"{METRIC_PREFIX}.health.checks")
         self.stats.timing(f"{METRIC_PREFIX}.health.check_duration", seconds * 1000.0)
+
+
+class _Silent:
+    """Stats that go nowhere (a check run from the command line, outside Airflow)."""
+
+    def gauge(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def incr(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def timing(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+def silent_metrics() -> Metrics:
+    return Metrics(_Silent())

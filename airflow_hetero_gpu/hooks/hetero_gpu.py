@@ -23,17 +23,17 @@ import threading
 import weakref
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Collection, Mapping, Sequence
 
 from airflow.sdk import BaseHook
 
 from airflow_hetero_gpu.capture.directory import read_capture_dir
-from airflow_hetero_gpu.capture.slurm import parse_topology_conf
-from airflow_hetero_gpu.collect.ssh import CollectReport, HostFailure, collect_captures
+from airflow_hetero_gpu.collect.fleet import read_fleet_files
+from airflow_hetero_gpu.collect.ssh import CollectReport, HostFailure, collect_captures, set_nodelay
 from airflow_hetero_gpu.fsutil import atomic_write
 from airflow_hetero_gpu.collect.targets import SshTarget
 from airflow_hetero_gpu.core.changes import InventoryChange, diff_clusters
-from airflow_hetero_gpu.core.config import config_from_mapping, load_config
+from airflow_hetero_gpu.core.config import ClusterConfig, load_config
 from airflow_hetero_gpu.core.inventory import XIDS_FROM_LEDGER, cluster_from_captures
 from airflow_hetero_gpu.errors import ConfigError, HeteroGpuError
 from airflow_hetero_gpu.settings import setting
@@ -202,14 +202,24 @@ class HeteroGpuHook(BaseHook):
             self._ssh_hooks[(label, conn_id)] = hook
         return hook
 
-    def _targets(self) -> tuple[list[SshTarget], dict[str, SSHHook], dict[str, str]]:
-        """Targets of every host, their SSH hooks, and why a host's connection cannot be used.
+    def _labels(self, hosts: Collection[str] | None) -> dict[str, str]:
+        fleet = self.hosts
+        if hosts is None:
+            return fleet
+        unknown = sorted(set(hosts) - set(fleet))
+        if unknown:
+            raise HeteroGpuError(f"host {unknown[0]!r} is not one of the fleet's ssh_conn_ids")
+        return {label: fleet[label] for label in fleet if label in hosts}
+
+    def _targets(self, hosts: Collection[str] | None = None) -> tuple[list[SshTarget], dict[str, SSHHook], dict[str, str]]:
+        """Targets of the hosts (all when None), their SSH hooks, and why a host's connection cannot
+        be used. Only the named hosts' connections are read.
 
         Connections are read here, in the calling thread, before the fan-out: Airflow's
         connection lookup is not meant to be called from many threads at once.
         """
         targets, hooks, unusable = [], {}, {}
-        for label, conn_id in self.hosts.items():
+        for label, conn_id in self._labels(hosts).items():
             try:
                 hooks[label] = hook = self.ssh_hook(label, conn_id)
                 targets.append(SshTarget(label, str(hook.remote_host), int(hook.port or 22), hook.username))
@@ -219,69 +229,72 @@ class HeteroGpuHook(BaseHook):
                 targets.append(SshTarget(label, conn_id))
         return targets, hooks, unusable
 
-    @staticmethod
-    def _factory(hooks: Mapping[str, SSHHook], unusable: Mapping[str, str]):
-        locks = {label: threading.Lock() for label in hooks}
+    def _factory(self, hooks: Mapping[str, SSHHook], unusable: Mapping[str, str]):
+        hooks = dict(hooks)
+        locks: dict[str, threading.Lock] = {label: threading.Lock() for label in hooks}
+        guard = threading.Lock()
 
         def connect(target: SshTarget, connect_timeout: float | None = None) -> paramiko.SSHClient:
             if target.host_name in unusable:
-                raise HostFailure(unusable[target.host_name])
-            hook = hooks[target.host_name]
+                raise HostFailure(unusable[target.host_name], config=True)
+            with guard:
+                if target.host_name not in hooks:  # a host added later (a replacement elsewhere)
+                    hooks[target.host_name] = self.ssh_hook(target.host_name)
+                    locks[target.host_name] = threading.Lock()
+                hook, lock = hooks[target.host_name], locks[target.host_name]
             # A fresh client per call (callers close every one); SSHHook keeps the last client
             # on itself and hands it out again, so calls for one host must not interleave.
-            with locks[target.host_name]:
+            with lock:
                 hook.client = None
-                return hook.get_conn()
+                client = hook.get_conn()
+            set_nodelay(client)
+            return client
 
         return connect
 
-    def ssh_targets(self) -> dict[str, SshTarget]:
-        """``{host label: SshTarget}`` from the hosts' Airflow connections (for launching)."""
-        targets, _, unusable = self._targets()
+    def ssh_targets(self, hosts: Collection[str] | None = None) -> dict[str, SshTarget]:
+        """``{host label: SshTarget}`` from the hosts' Airflow connections (for launching); only
+        the named hosts' connections are read (all when None)."""
+        targets, _, unusable = self._targets(hosts)
         if unusable:
             raise HeteroGpuError("; ".join(unusable.values()))
         return {t.host_name: t for t in targets}
 
-    def client_factory(self):
+    def client_factory(self, hosts: Collection[str] | None = None):
         """A ``factory(target) -> paramiko.SSHClient`` over the hosts' connections, host keys
-        verified as the connections say; each call opens a new client."""
-        _, hooks, unusable = self._targets()
+        verified as the connections say; each call opens a new client. Hosts beyond ``hosts``
+        have their connection read when first asked for."""
+        _, hooks, unusable = self._targets(hosts)
         return self._factory(hooks, unusable)
 
-    # -- capture directory ---------------------------------------------------------------------
-
-    def _write_cluster_files(self, out: Path) -> None:
-        """Put ``cluster.yaml`` and ``topology.conf`` beside the captures (validated first)."""
+    # -- the fleet's files ---------------------------------------------------------------------
+    def _fleet_sources(self):
         # arguments win; else the deployment's [hetero_gpu] settings
         config = self.config if self.config is not None else setting("cluster_config")
         topology_conf = self.topology_conf if self.topology_conf is not None else setting("topology_conf")
-        if isinstance(config, Mapping):
-            import yaml  # noqa: PLC0415
+        return config, topology_conf
 
-            config_from_mapping(config, source="config")
-            atomic_write(out / "cluster.yaml", yaml.safe_dump(dict(config), sort_keys=False))
-        elif config is not None:
-            source = Path(config)
-            load_config(source)
-            if source.resolve() != (out / "cluster.yaml").resolve():
-                atomic_write(out / "cluster.yaml", source.read_text(encoding="utf-8"))
-        if topology_conf is not None:
-            source = Path(topology_conf)
-            try:
-                text = source.read_text(encoding="utf-8")
-            except OSError as exc:
-                raise ConfigError(f"{source}: cannot read topology.conf: {exc.strerror or exc}") from None
-            parse_topology_conf(text, str(source))
-            if source.resolve() != (out / "topology.conf").resolve():
-                atomic_write(out / "topology.conf", text)
+    def cluster_config(self) -> ClusterConfig | None:
+        """The fleet's ``cluster.yaml`` (argument, else ``[hetero_gpu] cluster_config``), or None."""
+        return read_fleet_files(*self._fleet_sources())[0]
+
+    def fleet_files(self) -> dict[str, str]:
+        """``cluster.yaml`` and ``topology.conf`` texts (validated) as the ledger stores them."""
+        return read_fleet_files(*self._fleet_sources())[1]
+
+    def _write_cluster_files(self, out: Path) -> None:
+        """Put ``cluster.yaml`` and ``topology.conf`` beside the captures (validated first)."""
+        for name, text in self.fleet_files().items():
+            atomic_write(out / name, text)
 
     # -- public API ----------------------------------------------------------------------------
 
-    def collect(self) -> CollectReport:
-        """Collect every host into :attr:`captures_path`; failed hosts get ``error.txt``."""
+    def collect(self, hosts: Collection[str] | None = None) -> CollectReport:
+        """Collect the hosts (every host when None) into :attr:`captures_path`; failed hosts get
+        ``error.txt``. Only the collected hosts' connections are read."""
         out = self.captures_path
         self._write_cluster_files(out)
-        targets, hooks, unusable = self._targets()
+        targets, hooks, unusable = self._targets(hosts)
         report = collect_captures(
             targets, out, self._factory(hooks, unusable), max_parallel=self.max_parallel,
             connect_timeout=self.connect_timeout, command_timeout=self.command_timeout,

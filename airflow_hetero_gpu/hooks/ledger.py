@@ -15,13 +15,55 @@ With neither a connection nor a URL the hook takes ``[hetero_gpu] ledger_conn_id
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 from urllib.parse import quote
 
 from airflow.sdk import BaseHook
 
 from airflow_hetero_gpu.errors import HeteroGpuError
-from airflow_hetero_gpu.ledger import Ledger
+from airflow_hetero_gpu.ledger import Ledger, LedgerError
+from airflow_hetero_gpu.ledger.url import default_path
+
+log = logging.getLogger(__name__)
+
+#: Executors whose tasks run on more than one machine: they cannot share a SQLite file.
+DISTRIBUTED_EXECUTORS = ("CeleryExecutor", "KubernetesExecutor", "CeleryKubernetesExecutor", "EdgeExecutor")
+
+
+class UnshareableLedger(LedgerError):
+    """The ledger is a SQLite file but the deployment's tasks run on several machines."""
+
+
+def distributed_executor() -> str | None:
+    """The configured executor when its tasks may run on several machines, else None."""
+    try:
+        from airflow.configuration import conf
+
+        executor = conf.get("core", "executor", fallback="") or ""
+    except Exception:  # noqa: BLE001 - no Airflow configuration: not a deployment
+        return None
+    for name in DISTRIBUTED_EXECUTORS:
+        if name in executor:
+            return executor.strip()
+    return None
+
+
+def check_shareable(url: str | None) -> None:
+    """Refuse the default SQLite ledger under a distributed executor (each machine would keep a
+    ledger of its own and hand out the same GPUs twice); warn about a SQLite URL given on purpose
+    (it is right only when every task runs on one machine)."""
+    executor = distributed_executor()
+    if executor is None:
+        return
+    if url is None:
+        raise UnshareableLedger(
+            f"the ledger is the default SQLite file {default_path()}, which tasks on other machines cannot share, "
+            f"and [core] executor is {executor}: set [hetero_gpu] ledger_conn_id or ledger_url to a PostgreSQL "
+            "database every worker reaches (docs/operations.md)")
+    if url.strip().startswith("sqlite") or "://" not in url:
+        log.warning("the ledger %s is a SQLite file and [core] executor is %s: this is only safe when every "
+                    "task that reserves GPUs runs on this one machine; use PostgreSQL otherwise", url, executor)
 
 
 def url_from_connection(conn: Any) -> str:
@@ -74,5 +116,9 @@ class LedgerHook(BaseHook):
             return url_from_connection(self.get_connection(conn_id))
         return url
 
-    def get_ledger(self) -> Ledger:
-        return Ledger.from_url(self.get_url())
+    def get_ledger(self, *, readonly: bool = False) -> Ledger:
+        """Open the ledger: for writing (created and upgraded as needed) or, ``readonly``, an
+        existing one only. Under a distributed executor the default SQLite file is refused."""
+        url = self.get_url()
+        check_shareable(url)
+        return Ledger.open_existing(url) if readonly else Ledger.from_url(url)

@@ -1,4 +1,9 @@
-"""The ledger's ``hetero-gpu`` sub-commands: ``release``, ``uncordon``, ``reservations``, ``evictions``.
+"""The ledger's ``hetero-gpu`` sub-commands: ``release``, ``uncordon``, ``reservations``, ``evictions``,
+``ledger init``, ``captures export``.
+
+Readers (``reservations``, ``evictions``, ``captures export``) open an existing ledger and change
+nothing; ``release`` and ``uncordon`` change an existing one; only ``ledger init`` (and the
+writers elsewhere: ``collect --ledger``, ``check``, ``plan --reserve``) create one.
 
 Each handler returns an exit status; bad input raises a one-line
 :class:`~airflow_hetero_gpu.errors.HeteroGpuError` subclass that the CLI prints (exit 2).
@@ -44,7 +49,7 @@ def reserve_for_cli(
 
 
 def cmd_release(args: argparse.Namespace) -> int:
-    with Ledger.from_url(args.ledger) as ledger:
+    with Ledger.from_url(args.ledger, create=False) as ledger:
         freed = ledger.release(args.job_id)
     if freed:
         print(f"released job {args.job_id!r}")
@@ -55,7 +60,7 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 def cmd_uncordon(args: argparse.Namespace) -> int:
     host, index = parse_gpu_target(args.target)
-    with Ledger.from_url(args.ledger) as ledger:
+    with Ledger.from_url(args.ledger, create=False) as ledger:
         back = ledger.uncordon(host, index)
     if back:
         print("readmitted: " + ", ".join(str(k) for k in back))
@@ -70,7 +75,7 @@ def _remaining(expires_at: datetime) -> str:
 
 
 def cmd_reservations(args: argparse.Namespace) -> int:
-    with Ledger.from_url(args.ledger) as ledger:
+    with Ledger.open_existing(args.ledger) as ledger:
         live = ledger.live_reservations()
     if args.json:
         print(json.dumps([r.to_json() for r in live], indent=2))
@@ -88,7 +93,7 @@ def cmd_reservations(args: argparse.Namespace) -> int:
 
 
 def cmd_evictions(args: argparse.Namespace) -> int:
-    with Ledger.from_url(args.ledger) as ledger:
+    with Ledger.open_existing(args.ledger) as ledger:
         evicted = ledger.evictions()
     if args.json:
         print(json.dumps([e.to_json() for e in evicted], indent=2))
@@ -98,6 +103,32 @@ def cmd_evictions(args: argparse.Namespace) -> int:
     print(table(["HOST", "IDX", "UUID", "REASONS", "EVICTED (UTC)", "HEALTHY CHECKS"], rows))
     if not evicted:
         print("(no evicted GPUs)")
+    return EXIT_OK
+
+
+def cmd_ledger_init(args: argparse.Namespace) -> int:
+    """Create the ledger (or apply its missing schema steps): the one explicit way to make one."""
+    with Ledger.from_url(args.url) as ledger:
+        version = ledger.schema_version()
+        print(f"ledger {ledger.display_url} is ready (schema version {version})")
+    return EXIT_OK
+
+
+def cmd_captures_export(args: argparse.Namespace) -> int:
+    """Write the ledger's inventory as a capture directory (support bundles, offline what-if planning)."""
+    from airflow_hetero_gpu.capture.export import write_capture_dir
+    from airflow_hetero_gpu.ledger.base import FILL_WITH
+
+    with Ledger.open_existing(args.ledger) as ledger:
+        stored = ledger.inventory(args.host or None)
+    if not stored.hosts:
+        raise LedgerError(f"ledger {ledger.display_url} holds no inventory" +
+                          (f" of {', '.join(args.host)}" if args.host else "") + f": {FILL_WITH}")
+    try:
+        written = write_capture_dir(args.out, stored)
+    except OSError as exc:
+        raise LedgerError(f"--out {args.out}: {exc.strerror or exc}") from None
+    print(f"wrote {written} host(s) of the ledger's inventory to {args.out}")
     return EXIT_OK
 
 
@@ -127,3 +158,17 @@ def register(subparsers) -> None:
     _ledger_arg(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_evictions)
+
+    p = subparsers.add_parser("ledger", help="the ledger database itself")
+    sub = p.add_subparsers(dest="ledger_command", required=True, metavar="COMMAND", parser_class=type(p))
+    q = sub.add_parser("init", help="create the ledger, or upgrade its schema (readers never do)")
+    q.add_argument("url", metavar="URL", help="sqlite:///PATH, a file path, or postgresql://...")
+    q.set_defaults(func=cmd_ledger_init)
+
+    p = subparsers.add_parser("captures", help="capture directories")
+    sub = p.add_subparsers(dest="captures_command", required=True, metavar="COMMAND", parser_class=type(p))
+    q = sub.add_parser("export", help="write the ledger's inventory as a capture directory")
+    _ledger_arg(q)
+    q.add_argument("--out", required=True, metavar="DIR", help="the capture directory to write")
+    q.add_argument("--host", action="append", metavar="HOST", help="only this host (repeatable)")
+    q.set_defaults(func=cmd_captures_export)

@@ -16,10 +16,12 @@ deferred ``BEGIN``, so several statements see one consistent snapshot.
 
 from __future__ import annotations
 
+import sqlite3
 import zlib
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
+from urllib.parse import quote
 from typing import Iterator
 
 from sqlalchemy import bindparam, create_engine, event, func, select
@@ -34,21 +36,28 @@ SQLITE_BUSY_TIMEOUT_S = 60.0
 _BEGIN_OPTION = "hetero_gpu_sqlite_begin"
 
 
-def make_engine(url: URL) -> Engine:
-    """An engine for ``url`` set up for the ledger (SQLite: WAL, busy timeout, explicit BEGIN)."""
+def make_engine(url: URL, *, create: bool = True) -> Engine:
+    """An engine for ``url`` set up for the ledger (SQLite: WAL, busy timeout, explicit BEGIN).
+
+    ``create=False``: a SQLite file is opened read-write but never created (nor its directory)."""
     if url.get_backend_name() == "sqlite":
-        return _sqlite_engine(url)
+        return _sqlite_engine(url, create=create)
     return create_engine(url, isolation_level="READ COMMITTED", pool_pre_ping=True, pool_size=2,
                          max_overflow=2)
 
 
-def _sqlite_engine(url: URL) -> Engine:
+def _sqlite_engine(url: URL, *, create: bool = True) -> Engine:
     kwargs: dict = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}}
     if is_memory(url):
         kwargs["poolclass"] = StaticPool  # one shared in-memory database
         kwargs["connect_args"]["check_same_thread"] = False
-    elif url.database:
+    elif url.database and create:
         Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+    elif url.database:
+        # "mode=rw": the file must exist; sqlite3 would otherwise create an empty one
+        uri = "file:" + quote(str(Path(url.database).absolute())) + "?mode=rw"
+        kwargs["creator"] = lambda: sqlite3.connect(uri, uri=True, timeout=SQLITE_BUSY_TIMEOUT_S,
+                                                    check_same_thread=False)
     engine = create_engine(url, **kwargs)
 
     @event.listens_for(engine, "connect")

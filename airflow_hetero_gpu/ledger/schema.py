@@ -13,7 +13,13 @@ Version history
      evictions.
   3. ``gpu_watch``: what the health watch remembers per GPU between checks (consecutive bad
      checks per soft fault, the last kernel-log Xid line acted on).
-  4. MIG instances as units of their own: ``reservation_gpus.mig_instance`` (the MIG device
+  4. The fleet's inventory: ``inventory_hosts`` (per host, the raw outputs of its last good
+     collection, when and by whom it was collected, its last error, the kernel-log cursor),
+     ``inventory_files`` (``cluster.yaml``, ``topology.conf``), ``collections`` (one row per
+     stored collection), history (``host_samples``, ``gpu_events``), ``job_hosts`` (the hosts
+     every try of a job ran on) and ``watch_runs`` (a rescheduled health sensor's record
+     between pokes).
+  5. MIG instances as units of their own: ``reservation_gpus.mig_instance`` (the MIG device
      index on the GPU, :data:`WHOLE_GPU` for a whole GPU) joins the primary key, so two jobs can
      hold two instances of one GPU at once while no unit is ever held twice.
 
@@ -29,15 +35,18 @@ from typing import Callable
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     Column,
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     MetaData,
     PrimaryKeyConstraint,
     String,
     Table,
+    Text,
     UniqueConstraint,
     func,
     inspect,
@@ -77,7 +86,7 @@ class UtcDateTime(TypeDecorator):
 #: ``reservation_gpus.mig_instance`` of a whole GPU (a MIG instance has its MIG device index).
 WHOLE_GPU = -1
 
-# --- the current tables (version 4) -------------------------------------------------------------
+# --- the current tables (version 5) -------------------------------------------------------------
 metadata = MetaData()
 
 schema_version = Table(
@@ -114,7 +123,7 @@ reservation_gpus = Table(
            index=True),
     Column("slot", Integer, nullable=False),  # the GPU's place in the job's GPU list (rank order)
     Column("uuid", String(NAME), nullable=True),  # a MIG instance's MIG-... UUID
-    # version 4
+    # version 5
     Column("mig_instance", Integer, nullable=False, server_default=str(WHOLE_GPU)),
     PrimaryKeyConstraint("host", "gpu_index", "mig_instance", name="pk_reservation_gpus"),  # one holder per unit
     UniqueConstraint("job_id", "slot", name="uq_reservation_gpus_slot"),
@@ -143,6 +152,86 @@ gpu_watch = Table(
     Column("checked_at", UtcDateTime, nullable=False),
     PrimaryKeyConstraint("host", "gpu_index", name="pk_gpu_watch"),
 )
+
+
+# version 4
+def _v4_tables(m: MetaData) -> tuple[Table, ...]:
+    """The fleet inventory's tables. Version 4 creates exactly these: a later step that changes one
+    of them must first freeze this definition inside ``_v4``, as ``_v1`` is frozen."""
+    return (
+        Table(
+            "inventory_hosts", m,
+            Column("host", String(NAME), primary_key=True),
+            Column("collected_at", UtcDateTime, nullable=False),  # the last attempt
+            Column("good_at", UtcDateTime, nullable=True),  # the last success (files are from then)
+            Column("collector", String(500), nullable=False),
+            Column("ok", Boolean, nullable=False),
+            Column("error", Text, nullable=True),  # why the last attempt failed
+            Column("files", JSON, nullable=False),  # {"query.csv": text, "topo.txt": text, ...}
+            Column("warnings", JSON, nullable=False),
+            Column("query_source", String(40), nullable=True),
+            Column("xid_cursor", JSON, nullable=True),  # the last kernel-log Xid line acted on
+        ),
+        Table(
+            "inventory_files", m,
+            Column("name", String(100), primary_key=True),  # cluster.yaml, topology.conf
+            Column("text", Text, nullable=False),
+            Column("updated_at", UtcDateTime, nullable=False),
+            Column("collector", String(500), nullable=False),
+        ),
+        Table(
+            "collections", m,
+            Column("id", Integer, primary_key=True, autoincrement=True),
+            Column("started_at", UtcDateTime, nullable=False),
+            Column("finished_at", UtcDateTime, nullable=False, index=True),
+            Column("collector", String(500), nullable=False),
+            Column("hosts", Integer, nullable=False),
+            Column("ok", Integer, nullable=False),
+            Column("failed", Integer, nullable=False),
+        ),
+        Table(
+            "host_samples", m,
+            Column("id", Integer, primary_key=True, autoincrement=True),
+            Column("host", String(NAME), nullable=False),
+            Column("collected_at", UtcDateTime, nullable=False),
+            Column("ok", Boolean, nullable=False),
+            Column("gpus", JSON, nullable=False),  # [{index, uuid, name, utilization, ...}]
+            Index("ix_host_samples_host_time", "host", "collected_at"),
+            Index("ix_host_samples_time", "collected_at"),
+        ),
+        Table(
+            "gpu_events", m,
+            Column("id", Integer, primary_key=True, autoincrement=True),
+            Column("at", UtcDateTime, nullable=False),
+            Column("host", String(NAME), nullable=False),
+            Column("gpu_index", Integer, nullable=False),
+            Column("uuid", String(NAME), nullable=True),
+            Column("kind", String(40), nullable=False),  # evicted, readmitted, uncordoned, replaced
+            Column("reasons", JSON, nullable=False),
+            Column("job_id", String(NAME), nullable=True),
+            Column("detail", JSON, nullable=True),
+            Index("ix_gpu_events_host_time", "host", "at"),
+            Index("ix_gpu_events_time", "at"),
+        ),
+        Table(
+            "job_hosts", m,
+            Column("job_id", String(NAME), nullable=False),
+            Column("host", String(NAME), nullable=False),
+            Column("first_at", UtcDateTime, nullable=False),
+            Column("last_at", UtcDateTime, nullable=False),
+            PrimaryKeyConstraint("job_id", "host", name="pk_job_hosts"),
+        ),
+        Table(
+            "watch_runs", m,
+            Column("run_key", String(1100), primary_key=True),  # dag/task/run/map of a sensor
+            Column("state", JSON, nullable=False),
+            Column("updated_at", UtcDateTime, nullable=False),
+        ),
+    )
+
+
+(inventory_hosts, inventory_files, collections, host_samples, gpu_events, job_hosts,
+ watch_runs) = _v4_tables(metadata)
 
 
 # --- migration steps ---------------------------------------------------------------------------
@@ -228,9 +317,15 @@ def _v3(conn: Connection) -> None:
 
 
 def _v4(conn: Connection) -> None:
+    m = MetaData()
+    _v4_tables(m)
+    m.create_all(conn)
+
+
+def _v5(conn: Connection) -> None:
     """``mig_instance`` joins ``reservation_gpus``' primary key; existing rows are whole GPUs."""
     if conn.dialect.name == "sqlite":  # no ALTER of a primary key: rebuild the table, rows and all
-        conn.exec_driver_sql("ALTER TABLE reservation_gpus RENAME TO reservation_gpus_v3")
+        conn.exec_driver_sql("ALTER TABLE reservation_gpus RENAME TO reservation_gpus_v4")
         conn.exec_driver_sql("DROP INDEX IF EXISTS ix_reservation_gpus_job_id")
         m = MetaData()
         Table("reservations", m, Column("job_id", String(NAME), primary_key=True))  # for the FK only
@@ -249,8 +344,8 @@ def _v4(conn: Connection) -> None:
         rebuilt.create(conn)
         conn.exec_driver_sql(
             "INSERT INTO reservation_gpus (host, gpu_index, job_id, slot, uuid, mig_instance) "
-            f"SELECT host, gpu_index, job_id, slot, uuid, {WHOLE_GPU} FROM reservation_gpus_v3")
-        conn.exec_driver_sql("DROP TABLE reservation_gpus_v3")
+            f"SELECT host, gpu_index, job_id, slot, uuid, {WHOLE_GPU} FROM reservation_gpus_v4")
+        conn.exec_driver_sql("DROP TABLE reservation_gpus_v4")
         return
     conn.execute(AddColumn("reservation_gpus", Column("mig_instance", Integer, nullable=False,
                                                       server_default=str(WHOLE_GPU))))
@@ -270,7 +365,9 @@ STEPS: tuple[Step, ...] = (
     Step(1, "reservations, reservation GPUs, evictions", _v1),
     Step(2, "task identity, request and distance on reservations; readmission counter on evictions", _v2),
     Step(3, "health watch memory per GPU: soft-fault streaks, last Xid line acted on", _v3),
-    Step(4, "MIG instances: reservation GPUs keyed by (host, index, MIG instance)", _v4),
+    Step(4, "the fleet inventory: hosts' raw outputs, cluster files, collections, history, job hosts, "
+            "sensor records", _v4),
+    Step(5, "MIG instances: reservation GPUs keyed by (host, index, MIG instance)", _v5),
 )
 LATEST = STEPS[-1].version
 

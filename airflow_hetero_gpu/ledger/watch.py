@@ -4,8 +4,7 @@
 needs (the GPU's eviction and its watch memory, table ``gpu_watch``) and writes what it says,
 for every GPU of the check, under the ledger's write lock — so two watchers checking the same
 cluster at once count each check in turn instead of overwriting each other. Use it through
-:meth:`Ledger.apply_watch_check <airflow_hetero_gpu.ledger.store.Ledger.apply_watch_check>` and
-:meth:`Ledger.xid_markers <airflow_hetero_gpu.ledger.store.Ledger.xid_markers>`.
+:meth:`Ledger.record_check <airflow_hetero_gpu.ledger.store.Ledger.record_check>`.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from sqlalchemy.engine import Connection
 
 from airflow_hetero_gpu.core import watch as core_watch
 from airflow_hetero_gpu.core.model import GpuKey
+from airflow_hetero_gpu.ledger import history
 from airflow_hetero_gpu.ledger.schema import evictions as ev_t
 from airflow_hetero_gpu.ledger.schema import gpu_watch as watch_t
 
@@ -25,16 +25,6 @@ if TYPE_CHECKING:
     from airflow_hetero_gpu.ledger.records import Eviction
 
 EvictFn = Callable[[Connection, datetime, GpuKey, "str | None", "tuple[str, ...]"], "Eviction"]
-
-
-def read_markers(conn: Connection) -> dict[GpuKey, core_watch.XidMarker]:
-    """GPU -> the last Xid line acted on, for every GPU that has one."""
-    out = {}
-    for row in conn.execute(select(watch_t.c.host, watch_t.c.gpu_index, watch_t.c.xid_marker)):
-        marker = core_watch.XidMarker.from_json(row.xid_marker)
-        if marker is not None:
-            out[GpuKey(row.host, row.gpu_index)] = marker
-    return out
 
 
 def read_streaks(conn: Connection) -> dict[GpuKey, dict[str, int]]:
@@ -66,25 +56,24 @@ def apply_check(conn: Connection, now: datetime, observations: Sequence[core_wat
             conn.execute(update(ev_t).where(where).values(healthy_checks=st.healthy_checks, checked_at=now))
         elif st.action == core_watch.READMIT:
             conn.execute(delete(ev_t).where(where))
-        _remember(conn, now, key, mem, st, obs.xid_marker)
+            history.record_event(conn, now, "readmitted", key, obs.uuid or (ev.uuid if ev is not None else None),
+                                 ev.reasons if ev is not None else ())
+        _remember(conn, now, key, mem, st)
         steps.append(st)
     return steps
 
 
-def _remember(conn: Connection, now: datetime, key: GpuKey, mem, st: core_watch.Step,
-              marker: core_watch.XidMarker | None) -> None:
+def _remember(conn: Connection, now: datetime, key: GpuKey, mem, st: core_watch.Step) -> None:
     streaks = dict(st.streaks)
-    # No marker from this check (no Xid line was ever seen): keep whatever is stored.
-    marker_json = marker.to_json() if marker is not None else (mem.xid_marker if mem is not None else None)
     if mem is None:
-        if streaks or marker_json is not None:
+        if streaks:
             conn.execute(insert(watch_t).values(host=key.host, gpu_index=key.index, streaks=streaks,
-                                                xid_marker=marker_json, checked_at=now))
+                                                xid_marker=None, checked_at=now))
         return
-    if dict(mem.streaks or {}) == streaks and mem.xid_marker == marker_json:
+    if dict(mem.streaks or {}) == streaks:
         return
     where = and_(watch_t.c.host == key.host, watch_t.c.gpu_index == key.index)
-    conn.execute(update(watch_t).where(where).values(streaks=streaks, xid_marker=marker_json, checked_at=now))
+    conn.execute(update(watch_t).where(where).values(streaks=streaks, checked_at=now))
 
 
 def forget_streaks(conn: Connection, host: str, index: int | None) -> None:

@@ -4,14 +4,16 @@
 
 1. validates the (templated) arguments: a user mistake fails the task at once, without retries,
    with one line naming the argument;
-2. collects the cluster (:class:`~airflow_hetero_gpu.hooks.hetero_gpu.HeteroGpuHook`), then plans
-   and reserves in one ledger transaction; logs every pool's stage, reason and score terms and
-   pushes the decision to XCom (key ``decision``);
+2. reads the fleet's inventory from the ledger, collecting only the hosts whose inventory is
+   missing or older than ``inventory_max_age`` (:mod:`~airflow_hetero_gpu.operators.placement`),
+   then plans and reserves in one ledger transaction; logs every pool's stage, reason and score
+   terms and pushes the decision to XCom (key ``decision``, with the inventory it used);
 3. no pool fits: fails with every pool's reason, or with ``wait_for_capacity`` waits (deferred
    to the triggerer when ``deferrable``) until one does or ``capacity_timeout`` passes;
-4. sweeps the job's leftovers from an earlier try on the chosen hosts, then starts torchrun on
+4. sweeps the job's leftovers from an earlier try on the chosen hosts and on the hosts earlier
+   tries ran on (the ledger remembers them) — no other host is touched — then starts torchrun on
    every host (one process group each), streaming every line into the task log prefixed by host
-   and rank, renewing the lease while it runs;
+   and rank, renewing the lease while it runs (:mod:`~airflow_hetero_gpu.operators.run_loop`);
 5. a GPU of the job evicted in the ledger (by the health sensor) is replaced there (SPEC §8) and
    the workers restart on the new set, resuming from the job's checkpoint; with no replacement
    the job follows ``on_no_replacement`` (``fail``, or ``wait`` for one);
@@ -27,7 +29,6 @@ from __future__ import annotations
 import hashlib
 import re
 import time
-from datetime import timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -37,12 +38,11 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_hetero_gpu.errors import HeteroGpuError
 from airflow_hetero_gpu.ledger.errors import LedgerError
-from airflow_hetero_gpu.operators.messages import key_json, pool_reasons
+from airflow_hetero_gpu.operators.messages import key_json
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from airflow_hetero_gpu.core.cluster import Cluster
     from airflow_hetero_gpu.core.model import PlanRequest, PlanResult
     from airflow_hetero_gpu.ledger import Ledger
 
@@ -78,8 +78,8 @@ class HeteroTrainOperator(BaseOperator):
         name) or a mapping host name -> connection id; default ``[hetero_gpu] ssh_conn_ids``.
         ``captures_dir``, ``cluster_config``, ``topology_conf`` and the ledger default to their
         ``[hetero_gpu]`` settings too (see docs/configuration.md).
-    :param captures_dir: where collections are kept (persisting it keeps a failed host's last
-        inventory; the plugin page and the deferred wait read it); default a temporary directory.
+    :param captures_dir: also keep the task's own collections in this capture directory (the
+        inventory itself lives in the ledger); default a temporary one.
     :param cluster_config: ``cluster.yaml`` path or mapping (weights, thresholds, task types).
     :param topology_conf: Slurm ``topology.conf`` path (switch tiers between hosts).
     :param ledger_conn_id: Airflow connection of the ledger database (see ``LedgerHook``).
@@ -109,6 +109,9 @@ class HeteroTrainOperator(BaseOperator):
         ``"derive"`` from the job id, or a number.
     :param rdzv_host: the address the other hosts reach the rendezvous (the first host) at, when
         its SSH address is not the right one (a management network, a bastion in front).
+    :param inventory_max_age: plan from the ledger's inventory of a host when it is at most this
+        many seconds old, else collect the host first (default ``[hetero_gpu] inventory_max_age``,
+        else 300; 0 collects every host of the fleet first).
     :param job_id: reservation and job id; default stable per task instance (a retry gets its
         GPUs back).
     """
@@ -151,6 +154,7 @@ class HeteroTrainOperator(BaseOperator):
         launcher: Sequence[str] = ("torchrun",),
         rdzv_port: int | str = "probe",
         rdzv_host: str | None = None,
+        inventory_max_age: float | None = None,
         job_id: str | None = None,
         **kwargs: Any,
     ) -> None:
@@ -184,10 +188,12 @@ class HeteroTrainOperator(BaseOperator):
         self.launcher = launcher
         self.rdzv_port = rdzv_port
         self.rdzv_host = rdzv_host
+        self.inventory_max_age = inventory_max_age
         self.job_id = job_id
         self._job = None
         self._lease_from = time.monotonic()
         self._ledger_obj: Ledger | None = None
+        self._placement = None
 
     # --- validation ---------------------------------------------------------------------------
     def _fail(self, message: str) -> AirflowFailException:
@@ -251,14 +257,29 @@ class HeteroTrainOperator(BaseOperator):
     @property
     def ledger(self) -> Ledger:
         if self._ledger_obj is None:
-            self._ledger_obj = self.ledger_hook.get_ledger()
+            from airflow_hetero_gpu.hooks.ledger import UnshareableLedger
+
+            try:
+                self._ledger_obj = self.ledger_hook.get_ledger()
+            except UnshareableLedger as err:  # a setup mistake: retrying cannot help
+                raise self._fail(str(err)) from None
         return self._ledger_obj
 
-    def _cluster(self) -> Cluster:
+    def max_age(self) -> float:
+        """``inventory_max_age``, else ``[hetero_gpu] inventory_max_age``, else 300 s."""
+        from airflow_hetero_gpu.collect.freshness import DEFAULT_MAX_AGE_S
+        from airflow_hetero_gpu.settings import setting
+
+        value = self.inventory_max_age if self.inventory_max_age is not None else setting("inventory_max_age")
+        if value is None:
+            return DEFAULT_MAX_AGE_S
         try:
-            return self.hook.get_cluster()
-        except (HeteroGpuError, ValueError) as err:  # no hosts, a malformed ssh_conn_ids, a bad cluster.yaml
-            raise self._fail(str(err)) from None
+            seconds = float(value)
+        except (TypeError, ValueError):
+            seconds = -1.0
+        if isinstance(value, bool) or not seconds >= 0:
+            raise self._fail(f"inventory_max_age: expected seconds >= 0, got {value!r}")
+        return seconds
 
     # --- execute ------------------------------------------------------------------------------
     def execute(self, context: Context) -> dict[str, Any]:
@@ -276,13 +297,16 @@ class HeteroTrainOperator(BaseOperator):
         return self._place_and_run(context, waiting_since=event.get("started_at"))
 
     def _place_and_run(self, context: Context, waiting_since: float | None = None) -> dict[str, Any]:
+        from airflow_hetero_gpu.operators.placement import Placement
+
         self._validate()
         request = self._request()
         self._mask_env()
         job_id = self._job_id(context)
-        result = self._reserve(job_id, request, context)
+        placement = self._placement = Placement(self, context, job_id, request)
+        result = placement.reserve()
         if result.decision is None:
-            result = self._wait_for_capacity(job_id, request, result, context, waiting_since)
+            result = placement.wait(result, waiting_since)
         return self._run(job_id, result, context)
 
     def _job_id(self, context: Context) -> str:
@@ -309,81 +333,6 @@ class HeteroTrainOperator(BaseOperator):
         for value in (self.env or {}).values():
             if isinstance(value, str) and value:
                 mask_secret(value)
-
-    def _reserve(self, job_id: str, request: PlanRequest, context: Context) -> PlanResult:
-        from airflow_hetero_gpu.cli_output import render_plan
-
-        cluster = self._cluster()
-        from airflow_hetero_gpu.ledger import LedgerError, LedgerUrlError, ReservationConflict
-
-        try:
-            # the lease surely lasts lease_seconds from here (time taken before the call)
-            self._lease_from = time.monotonic()
-            result = self.ledger.reserve(job_id, cluster, request, lease_seconds=self.lease_seconds,
-                                         identity=self._identity(context), config=self._config(cluster))
-        except (ReservationConflict, LedgerUrlError) as err:  # a mistake: retrying cannot help
-            raise self._fail(str(err)) from None
-        except LedgerError as err:  # the database is unreachable or busy: the task's retries apply
-            raise AirflowException(str(err)) from None
-        self._cluster_seen = cluster
-        self.log.info("placement for job %s:\n%s", job_id, render_plan(result))
-        if result.decision is not None:
-            context["ti"].xcom_push(key="decision", value=result.to_json())
-        return result
-
-    def _config(self, cluster: Cluster):
-        if not self.weights:
-            return None
-        try:
-            return cluster.config.with_weights(dict(self.weights))
-        except HeteroGpuError as err:
-            raise self._fail(str(err)) from None
-
-    def _wait_for_capacity(self, job_id: str, request: PlanRequest, result: PlanResult,
-                           context: Context, waiting_since: float | None = None) -> PlanResult:
-        """No pool fits now: fail with every pool's reason, or wait (in the triggerer when
-        deferrable) and return the reservation once one does. ``capacity_timeout`` counts from
-        the first time this task instance found no room (``waiting_since``, epoch seconds)."""
-        from airflow_hetero_gpu.settings import setting
-
-        reasons = pool_reasons(result)
-        if not self.wait_for_capacity:
-            raise AirflowException(f"no pool can host {request.gpus} GPU(s) now: {reasons}")
-        since = float(waiting_since) if waiting_since else time.time()
-        deadline = since + float(self.capacity_timeout)
-        if time.time() >= deadline:
-            raise AirflowException(f"no pool could host the job within {float(self.capacity_timeout):g} s: {reasons}")
-        if self.deferrable:
-            from airflow_hetero_gpu.triggers.capacity import CapacityTrigger
-
-            if not (self.captures_dir or setting("captures_dir")):
-                raise self._fail(
-                    "a deferred wait for capacity re-plans in the triggerer from the last collection: give "
-                    "captures_dir (or set [hetero_gpu] captures_dir) on storage the triggerer can read")
-            self.log.info("no pool can host the job now; deferring until one can (%.0f s left of %g s)",
-                          deadline - time.time(), float(self.capacity_timeout))
-            self.defer(
-                trigger=CapacityTrigger(
-                    captures_dir=str(self.hook.captures_path), request=request.to_json(),
-                    ledger_conn_id=self.ledger_conn_id,
-                    ledger_url=None if self.ledger_conn_id else self.ledger_hook.get_url(),
-                    config=self.cluster_config,
-                    weights=dict(self.weights) if self.weights else None,
-                    poll_interval=float(self.capacity_poll_interval), timeout=float(self.capacity_timeout),
-                    started_at=since,
-                ),
-                method_name="execute_complete",
-                timeout=timedelta(seconds=max(0.0, deadline - time.time()) + 60),
-            )
-        while time.time() < deadline:
-            self.log.info("no pool can host the job now (%s); re-planning in %gs", reasons,
-                          float(self.capacity_poll_interval))
-            time.sleep(min(float(self.capacity_poll_interval), max(0.0, deadline - time.time())))
-            result = self._reserve(job_id, request, context)
-            if result.decision is not None:
-                return result
-            reasons = pool_reasons(result)
-        raise AirflowException(f"no pool could host the job within {float(self.capacity_timeout):g} s: {reasons}")
 
     # --- running ------------------------------------------------------------------------------
     def _launch_spec(self, job_id: str):
@@ -413,21 +362,25 @@ class HeteroTrainOperator(BaseOperator):
         decision = result.decision
         started = time.monotonic()
         try:
+            # only the hosts this try runs on, and those earlier tries of the job ran on, are
+            # touched: a job id is stable across tries, and whatever an earlier try left running
+            # (a retry may be placed elsewhere) is stopped before this one starts
+            earlier = [h for h in self.ledger.job_hosts(job_id) if h in self.hook.hosts]
+            hosts = list(dict.fromkeys(decision.hosts + earlier))
+            self.ledger.add_job_hosts(job_id, decision.hosts)
             try:
-                targets = self.hook.ssh_targets()
-                factory = self.hook.client_factory()
+                targets = _LazyTargets(self.hook, hosts)
+                factory = self.hook.client_factory(hosts)
             except (HeteroGpuError, ValueError) as err:
                 raise self._fail(str(err)) from None
-            # a job id is stable across tries: whatever an earlier try left running, on any host
-            # of the fleet (a retry may be placed elsewhere), is stopped before this one starts
-            for host, sweep in kill_orphans(job_id, list(targets.values()), factory).items():
+            for host, sweep in kill_orphans(job_id, [targets[h] for h in hosts], factory).items():
                 if sweep.found:
                     self.log.warning("stopped %d leftover process(es) of job %s on %s", len(sweep.found), job_id, host)
             kill = lambda: self._job.kill() if self._job is not None else None  # noqa: E731
             lease = LeaseKeeper(lambda: self.ledger, job_id, self.lease_seconds, log=self.log, kill=kill,
                                 lease_from=self._lease_from)
-            gpu_set = GpuSetWatch(lambda: self.ledger, job_id, self.on_no_replacement, cluster=self._cluster,
-                                  kill=kill, log=self.log)
+            gpu_set = GpuSetWatch(lambda: self.ledger, job_id, self.on_no_replacement,
+                                  cluster=self._placement.current_cluster, kill=kill, log=self.log)
             settings = RunSettings(self._launch_spec(job_id), rdzv_port=self.rdzv_port, rdzv_host=self.rdzv_host,
                                    host_timeout=float(self.host_timeout), max_restarts=self.max_restarts,
                                    on_line=self._on_line)
@@ -443,6 +396,7 @@ class HeteroTrainOperator(BaseOperator):
             self._release(job_id)
             raise
         self._release(job_id)
+        self._forget_hosts(job_id)
         final = runs[-1]["gpus"]
         out = result.to_json()["decision"]
         if restarts:  # the GPUs the job finished on; the first placement stays in run.initial_gpus
@@ -458,6 +412,15 @@ class HeteroTrainOperator(BaseOperator):
 
     def _set_job(self, job) -> None:
         self._job = job
+
+    def _forget_hosts(self, job_id: str) -> None:
+        """The job ended cleanly everywhere: a later run of the same job id has nothing to sweep."""
+        from airflow_hetero_gpu.ledger import LedgerError
+
+        try:
+            self.ledger.forget_job_hosts(job_id)
+        except LedgerError as err:
+            self.log.warning("job %s: could not clear its hosts' record (%s); a later try sweeps them", job_id, err)
 
     def _release(self, job_id: str, patience: float = 30.0) -> None:
         """Release the job's GPUs, retrying for ``patience`` s while the ledger is unreachable
@@ -491,6 +454,20 @@ class HeteroTrainOperator(BaseOperator):
             job.kill()
             self._release(job.job_id, patience=5.0)
 
+
+
+class _LazyTargets(dict):
+    """The job's SSH targets, each host's connection read when first needed (a replacement may
+    move the job to a host it did not start on)."""
+
+    def __init__(self, hook: Any, hosts: Sequence[str]):
+        super().__init__(hook.ssh_targets(hosts))
+        self._hook = hook
+
+    def __missing__(self, host: str):
+        target = self._hook.ssh_targets([host])[host]
+        self[host] = target
+        return target
 
 
 def _as_int(value: Any, name: str) -> int:

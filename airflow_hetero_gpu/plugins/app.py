@@ -85,6 +85,19 @@ class _InventoryCache:
         self._key: Any = None
         self._cluster: Any = None
 
+    def load_ledger(self, ledger: Any):
+        """(cluster, newest collection time) from the ledger's inventory; parsed again only after a
+        collection was stored."""
+        from airflow_hetero_gpu.collect.freshness import FreshInventory
+
+        version = ledger.inventory_version()
+        key = (ledger.display_url, version)
+        with self._lock:
+            if key != self._key:
+                self._cluster = FreshInventory(ledger.inventory(), float("inf")).cluster()
+                self._key = key
+            return self._cluster, version[1]
+
     def load(self, captures_dir: str):
         """(cluster, newest capture time) for ``captures_dir``; parsed again only after a change."""
         from airflow_hetero_gpu.core.inventory import load_cluster
@@ -116,7 +129,7 @@ class _LedgerCache:
             if self._ledger is None or self._url != url:
                 if self._ledger is not None:
                     self._ledger.close()
-                self._ledger = Ledger.from_url(url)
+                self._ledger = Ledger.open_existing(url)  # the page never creates or changes a ledger
                 self._url = url
             return self._ledger
 
@@ -125,14 +138,47 @@ _INVENTORY = _InventoryCache()
 _LEDGERS = _LedgerCache()
 
 
+def _ledger_url(settings: PageSettings) -> str | None:
+    if settings.ledger_conn_id:
+        from airflow_hetero_gpu.hooks.ledger import LedgerHook
+
+        return LedgerHook(ledger_conn_id=settings.ledger_conn_id).get_url()
+    return settings.ledger_url
+
+
+def read_ledger_inventory(settings: PageSettings, src: dict[str, Any]) -> Any:
+    """The cluster from the ledger's inventory (None, with the reason in ``src``, when there is none)."""
+    from airflow_hetero_gpu.ledger.url import parse_url
+
+    src["path"] = None
+    try:
+        parsed = parse_url(_ledger_url(settings))
+        if parsed.get_backend_name() == "sqlite" and parsed.database and not Path(parsed.database).exists():
+            src.update(status="missing", message=(
+                "No inventory yet: the ledger does not exist. Enable the hetero_gpu_health_watch DAG (it starts "
+                "paused), or run `hetero-gpu check --ledger URL`."))
+            return None
+        ledger = _LEDGERS.get(parsed.render_as_string(hide_password=False))
+        if not ledger.has_inventory():
+            src.update(status="missing", message=(
+                "No inventory in the ledger yet. Enable the hetero_gpu_health_watch DAG (it starts paused), "
+                "or run `hetero-gpu check --ledger URL`."))
+            return None
+        cluster, collected = _INVENTORY.load_ledger(ledger)
+    except Exception as err:  # noqa: BLE001 - the page reports an unreadable inventory instead of failing
+        log.warning("cluster page: cannot read the ledger's inventory: %s", err)
+        src.update(status="error", message=f"Cannot read the inventory: {err}")
+        return None
+    src["collected_at"] = collected.isoformat() if collected else None
+    return cluster
+
+
 def read_inventory(settings: PageSettings) -> tuple[Any, dict]:
-    """The cluster (or None) and what the page says about where it came from."""
+    """The cluster (or None) and what the page says about where it came from: the capture
+    directory when ``[hetero_gpu] captures_dir`` is set, else the ledger's inventory."""
     src: dict[str, Any] = {"path": settings.captures_dir, "status": "ok", "message": None, "collected_at": None}
     if not settings.captures_dir:
-        src.update(status="missing", message=(
-            "No capture directory configured: set [hetero_gpu] captures_dir "
-            "(AIRFLOW__HETERO_GPU__CAPTURES_DIR) to the directory the collection DAG writes."))
-        return None, src
+        return read_ledger_inventory(settings, src), src
     root = Path(settings.captures_dir)
     if not root.is_dir():
         src.update(status="missing", message=(
@@ -154,12 +200,7 @@ def read_ledger(settings: PageSettings) -> tuple[list, list, dict]:
 
     src: dict[str, Any] = {"url": None, "conn_id": settings.ledger_conn_id, "status": "ok", "message": None}
     try:
-        url = settings.ledger_url
-        if settings.ledger_conn_id:
-            from airflow_hetero_gpu.hooks.ledger import LedgerHook
-
-            url = LedgerHook(ledger_conn_id=settings.ledger_conn_id).get_url()
-        parsed = parse_url(url)
+        parsed = parse_url(_ledger_url(settings))
         src["url"] = mask(parsed)
         if parsed.get_backend_name() == "sqlite" and not is_memory(parsed) and not Path(parsed.database).exists():
             src.update(status="missing", message=(

@@ -22,17 +22,13 @@ deferrable form (``deferrable=True``), so both decide alike. See docs/health.md.
 
 from __future__ import annotations
 
-import json
-import re
 from datetime import timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from airflow.providers.common.compat.sdk import AirflowException, conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
-from airflow_hetero_gpu.fsutil import atomic_write
-from airflow_hetero_gpu.settings import setting
+from airflow_hetero_gpu.settings import history_settings, setting
 from airflow_hetero_gpu.healthcheck import HealthWatch, WatchSpec
 from airflow_hetero_gpu.triggers.gpu_health import GpuHealthTrigger
 
@@ -48,9 +44,9 @@ class GpuHealthSensor(BaseSensorOperator):
     :param ssh_conn_ids: Airflow ``ssh`` connections of the GPU hosts: a list (each id is the
         host's name) or a mapping host name -> connection id (templated).
     :param mode_kind: ``"gate"`` or ``"watch"`` (see the module docstring).
-    :param captures_dir: capture directory to keep between checks (templated). Give one in
-        ``reschedule`` mode, so that a host that stops answering keeps its last inventory (its
-        GPUs show as ``unreachable``) and the run's record carries over between pokes.
+    :param captures_dir: also keep each check's collection in this capture directory (templated;
+        optional: the inventory, a failed host's last good outputs and a rescheduled sensor's
+        record between pokes live in the ledger).
     :param config: ``cluster.yaml`` path or mapping (SPEC §3), thresholds included.
     :param topology_conf: Slurm ``topology.conf`` of the network between hosts.
     :param ledger_url: the ledger's database URL (templated); or
@@ -167,35 +163,54 @@ class GpuHealthSensor(BaseSensorOperator):
                              topology_conf=self.topology_conf, **self._hook_kwargs())
 
     # -- reschedule mode: the run's record between pokes -------------------------------------------
-    def _state_path(self, context: "Context") -> Path | None:
-        if not self.reschedule or not self.captures_dir:
+    def _run_key(self, context: "Context") -> str | None:
+        """Where a rescheduled sensor keeps its run's record between pokes (in the ledger: the next
+        poke may run on another worker)."""
+        if not self.reschedule:
             return None
         ti = context["ti"]
-        parts = [ti.dag_id, ti.task_id, ti.run_id, str(getattr(ti, "map_index", -1))]
-        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", "-".join(parts))
-        return Path(self.captures_dir) / f".gpu-health-{name}.json"
+        return "/".join([ti.dag_id, ti.task_id, ti.run_id, str(getattr(ti, "map_index", -1))])
+
+    def _collector(self, context: "Context") -> str:
+        from airflow_hetero_gpu.healthcheck.check import collector_name  # noqa: PLC0415
+
+        ti = context.get("ti") if hasattr(context, "get") else None
+        what = f"GpuHealthSensor {ti.dag_id}/{ti.run_id}/{ti.task_id}" if ti is not None else "GpuHealthSensor"
+        return collector_name(what)
 
     def _runner(self, context: "Context") -> HealthWatch:
         if self.health_watch is None:
-            self.health_watch = HealthWatch(self._spec(), self._hook(), self._ledger_url(), log=self.log)
-            path = self._state_path(context)
-            if path is not None and path.is_file():
-                self.health_watch.from_state(json.loads(path.read_text(encoding="utf-8")))
+            self.health_watch = HealthWatch(self._spec(), self._hook(), self._ledger_url(), log=self.log,
+                                            collector=self._collector(context), history=history_settings())
+            key = self._run_key(context)
+            if key is not None:
+                from airflow_hetero_gpu.ledger import Ledger  # noqa: PLC0415
+
+                with Ledger.from_url(self.health_watch.ledger_url) as ledger:
+                    state = ledger.watch_run_state(key)
+                if state:
+                    self.health_watch.from_state(state)
         return self.health_watch
+
+    def _keep(self, context: "Context", state: Mapping[str, Any] | None) -> None:
+        key = self._run_key(context)
+        if key is None:
+            return
+        from airflow_hetero_gpu.ledger import Ledger  # noqa: PLC0415
+
+        with Ledger.from_url(self.health_watch.ledger_url) as ledger:
+            ledger.save_watch_run_state(key, state)
 
     # -- poke mode -----------------------------------------------------------------------------------
     def poke(self, context: "Context") -> bool | PokeReturnValue:
         runner = self._runner(context)
         runner.check()
         reason = runner.outcome()
-        path = self._state_path(context)
         if reason is not None:
             self.log.info("GPU health sensor done: %s", reason)
-            if path is not None:
-                path.unlink(missing_ok=True)
+            self._keep(context, None)
             return PokeReturnValue(is_done=True, xcom_value=runner.result(reason))
-        if path is not None:
-            atomic_write(path, json.dumps(runner.to_state()))
+        self._keep(context, runner.to_state())
         return False
 
     # -- deferrable mode -----------------------------------------------------------------------------
@@ -218,6 +233,7 @@ class GpuHealthSensor(BaseSensorOperator):
                 topology_conf=self.topology_conf or setting("topology_conf"),
                 ledger_url=ledger_url, ledger_conn_id=ledger_conn_id,
                 hook_kwargs=self._hook_kwargs(),
+                collector=self._collector(context), history=history_settings(),
             ),
             method_name="execute_complete",
             timeout=timedelta(seconds=self.timeout),

@@ -50,3 +50,11 @@ def write_capture_dir(
     if cluster_yaml is not None:
         (root / "cluster.yaml").write_text(cluster_yaml)
     return root
+
+
+def host_files(spec: HostSpec) -> dict[str, str]:
+    """The raw outputs a collection of ``spec`` reads (what :func:`write_capture_dir` writes)."""
+    state = spec.to_state()
+    files = {"query.csv": nvsmi.query_gpu(state, QUERY_FIELDS, "csv")[0], "topo.txt": nvsmi.topo_text(state)}
+    files["xid.log"] = "".join(line for line in nvsmi.dmesg_text(state).splitlines(True) if "NVRM: Xid" in line)
+    return files

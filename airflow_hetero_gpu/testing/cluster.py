@@ -73,7 +73,7 @@ class EmulatedCluster:
 
     def __init__(self, root: Path | str, hosts: Sequence[HostSpec], *,
                  first_address: str = "127.0.0.11", start_timeout: float = 10.0,
-                 python: str | None = None, training_stack: bool = True):
+                 python: str | None = None, training_stack: bool = True, sshd_log_level: str = "ERROR"):
         names = [h.name for h in hosts]
         if len(set(names)) != len(names):
             raise ValueError(f"host names must be unique: {names}")
@@ -86,6 +86,8 @@ class EmulatedCluster:
         # Real GPU hosts have the training software (python3 with torch, torchrun) on PATH; the
         # emulated ones get the bin directory of the interpreter that runs the cluster.
         self.training_stack = training_stack
+        #: sshd's LogLevel; "VERBOSE" logs every connection (see :meth:`connections`)
+        self.sshd_log_level = sshd_log_level
         base = ipaddress.IPv4Address(first_address)
         self._addresses = [str(base + i) for i in range(len(hosts))]
         for addr in self._addresses:
@@ -205,6 +207,7 @@ class EmulatedCluster:
                 directory, address, port, env_marker=f"{self.marker}.{len(self.hosts)}",
                 path_value=":".join((str(host.bin_dir),) + self._software_path() + SYSTEM_PATH),
                 state_file=host.state_file, authorized_keys=self.authorized_keys_path,
+                log_level=self.sshd_log_level,
             )
             self._host_keys[spec.name] = generate_key(sshd.host_key, f"{spec.name}@hetero-gpu-emulated")
             self._sshd[spec.name] = sshd
@@ -262,6 +265,10 @@ class EmulatedCluster:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+    def connections(self) -> dict[str, int]:
+        """SSH connections each host accepted so far (``sshd_log_level="VERBOSE"``)."""
+        return {name: sshd.connections() for name, sshd in self._sshd.items()}
 
     def sshd_pids(self) -> dict[str, int | None]:
         """The listener pid of every host (None while it is down)."""

@@ -77,8 +77,9 @@ class Sshd:
     """A managed ``sshd -D -e -f <config>`` for one host directory."""
 
     def __init__(self, host_dir: Path, address: str, port: int, *, env_marker: str,
-                 path_value: str, state_file: Path, authorized_keys: Path):
+                 path_value: str, state_file: Path, authorized_keys: Path, log_level: str = "ERROR"):
         self.host_dir = host_dir
+        self.log_level = log_level
         self.address = address
         self.port = port
         self.config = host_dir / "sshd_config"
@@ -122,7 +123,7 @@ class Sshd:
                 "PermitTunnel no",
                 "ClientAliveInterval 0",
                 "LoginGraceTime 30",
-                "LogLevel ERROR",
+                f"LogLevel {self.log_level}",
                 f"SetEnv PATH={self.path_value} HETERO_GPU_EMU_STATE={self.state_file} "
                 f"HETERO_GPU_EMU_MARKER={self.env_marker}",
                 "",
@@ -167,6 +168,15 @@ class Sshd:
             f"sshd for {self.address}:{self.port} did not accept connections within {timeout:.0f}s: "
             f"{self.log_tail()}"
         )
+
+    def connections(self) -> int:
+        """TCP connections sshd accepted so far (its log's ``Connection from`` lines; needs
+        ``log_level="VERBOSE"``)."""
+        try:
+            text = self.log_file.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return 0
+        return sum(1 for line in text.splitlines() if line.startswith("Connection from "))
 
     def log_tail(self, limit: int = 2000) -> str:
         try:

@@ -1,19 +1,21 @@
 """CapacityTrigger: wait in the triggerer until a pool can host a job (deferrable operator).
 
-It re-plans on an interval against the last collection of the cluster (the capture directory
-the operator wrote) and the ledger's live reservations and evictions, and fires when the plan
-places the job, or when the timeout passes. It only plans: the operator, resumed on a worker,
-collects afresh and reserves for real (if another job was faster it waits again).
+It re-plans on an interval against the ledger's inventory of the job's fleet and its live
+reservations and evictions, and fires when the plan places the job, or when the timeout passes.
+It only plans and only reads the ledger (no SSH, no capture directory, nothing written): the
+operator, resumed on a worker, refreshes stale hosts and reserves for real (if another job was
+faster it waits again). Hosts whose stored inventory is old are planned on as last seen: the
+resumed operator checks them again, so an idle watch never keeps a job waiting.
 
 Nothing here blocks the event loop: the ledger connection is resolved with the async lookup,
-and the planning (file reads, a database query) runs in a worker thread.
+and the planning (a database read) runs in a worker thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Mapping, Sequence
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
@@ -22,8 +24,8 @@ class CapacityTrigger(BaseTrigger):
     def __init__(
         self,
         *,
-        captures_dir: str,
         request: Mapping[str, Any],
+        hosts: Sequence[str] | None = None,
         ledger_conn_id: str | None = None,
         ledger_url: str | None = None,
         config: str | Mapping[str, Any] | None = None,
@@ -31,9 +33,10 @@ class CapacityTrigger(BaseTrigger):
         poll_interval: float = 30.0,
         timeout: float = 3600.0,
         started_at: float | None = None,
+        captures_dir: str | None = None,
     ) -> None:
         super().__init__()
-        self.captures_dir = captures_dir
+        self.hosts = list(hosts) if hosts is not None else None
         self.request = dict(request)
         self.ledger_conn_id = ledger_conn_id
         self.ledger_url = ledger_url
@@ -42,15 +45,17 @@ class CapacityTrigger(BaseTrigger):
         self.poll_interval = float(poll_interval)
         self.timeout = float(timeout)
         self.started_at = time.time() if started_at is None else float(started_at)
+        # triggers serialized by a release that planned from a capture directory
+        self.captures_dir = captures_dir
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
             f"{type(self).__module__}.{type(self).__qualname__}",
             {
-                "captures_dir": self.captures_dir, "request": self.request,
+                "hosts": self.hosts, "request": self.request,
                 "ledger_conn_id": self.ledger_conn_id, "ledger_url": self.ledger_url,
                 "config": self.config, "weights": self.weights, "poll_interval": self.poll_interval,
-                "timeout": self.timeout, "started_at": self.started_at,
+                "timeout": self.timeout, "started_at": self.started_at, "captures_dir": self.captures_dir,
             },
         )
 
@@ -63,25 +68,38 @@ class CapacityTrigger(BaseTrigger):
 
         return url_from_connection(await get_async_connection(self.ledger_conn_id))
 
-    def check(self, ledger_url: str | None) -> tuple[bool, str]:
-        """Plan once (blocking; run in a thread): (placed, every pool's reason)."""
+    def _cluster(self, ledger):
+        from airflow_hetero_gpu.capture.directory import read_capture_dir
+        from airflow_hetero_gpu.collect.freshness import FreshInventory
         from airflow_hetero_gpu.core.config import config_from_mapping, load_config
         from airflow_hetero_gpu.core.inventory import XIDS_FROM_LEDGER, cluster_from_captures
-        from airflow_hetero_gpu.capture.directory import read_capture_dir
+
+        own = None
+        if isinstance(self.config, Mapping):
+            own = config_from_mapping(self.config, source="cluster_config")
+        elif self.config:
+            own = load_config(self.config)
+        if self.captures_dir and self.hosts is None:
+            captures = read_capture_dir(self.captures_dir)
+            # it plans with the ledger, whose evictions carry the Xid lines
+            cluster = cluster_from_captures(captures, own or load_config(captures.config_path),
+                                            xid_rule=XIDS_FROM_LEDGER)
+        else:
+            cluster = FreshInventory(ledger.inventory(self.hosts), float("inf")).cluster(own)
+        return cluster
+
+    def check(self, ledger_url: str | None) -> tuple[bool, str]:
+        """Plan once (blocking; run in a thread): (placed, every pool's reason)."""
         from airflow_hetero_gpu.core.model import PlanRequest
         from airflow_hetero_gpu.ledger import Ledger
 
-        captures = read_capture_dir(self.captures_dir)
-        if isinstance(self.config, Mapping):
-            config = config_from_mapping(self.config, source="cluster_config")
-        else:
-            config = load_config(self.config or captures.config_path)
-        cluster = cluster_from_captures(captures, config.with_weights(self.weights), xid_rule=XIDS_FROM_LEDGER)
         gpu_type = self.request.get("gpu_type")
         request = PlanRequest(int(self.request["gpus"]), tuple(gpu_type) if isinstance(gpu_type, list) else gpu_type,
                               self.request.get("task_type"), self.request.get("gpu_memory_mib"))
-        with Ledger.from_url(ledger_url) as ledger:
-            result = ledger.plan(cluster, request)
+        with Ledger.open_existing(ledger_url) as ledger:
+            cluster = self._cluster(ledger)
+            config = cluster.config.with_weights(self.weights) if self.weights else None
+            result = ledger.plan(cluster, request, config=config)
         reasons = "; ".join(f"{p.pool}: {p.reason}" for p in result.pools if p.reason)
         return result.decision is not None, reasons
 

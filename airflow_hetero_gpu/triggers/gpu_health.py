@@ -31,7 +31,8 @@ class GpuHealthTrigger(BaseTrigger):
                  poke_interval: float = 60.0, captures_dir: str | None = None,
                  config: str | Mapping[str, Any] | None = None, topology_conf: str | None = None,
                  ledger_url: str | None = None, ledger_conn_id: str | None = None,
-                 hook_kwargs: Mapping[str, Any] | None = None) -> None:
+                 hook_kwargs: Mapping[str, Any] | None = None, collector: str | None = None,
+                 history: Mapping[str, float] | None = None) -> None:
         super().__init__()
         self.ssh_conn_ids = ssh_conn_ids
         self.spec = dict(spec)
@@ -42,6 +43,8 @@ class GpuHealthTrigger(BaseTrigger):
         self.ledger_url = ledger_url
         self.ledger_conn_id = ledger_conn_id
         self.hook_kwargs = dict(hook_kwargs or {})
+        self.collector = collector
+        self.history = dict(history or {})
         self._tmp: str | None = None
         self._stopping = False
 
@@ -52,6 +55,7 @@ class GpuHealthTrigger(BaseTrigger):
             "spec": self.spec, "poke_interval": self.poke_interval, "captures_dir": self.captures_dir,
             "config": self.config, "topology_conf": self.topology_conf, "ledger_url": self.ledger_url,
             "ledger_conn_id": self.ledger_conn_id, "hook_kwargs": self.hook_kwargs,
+            "collector": self.collector, "history": self.history,
         })
 
     async def _connections(self, hosts: Mapping[str, str]) -> dict[str, Any]:
@@ -90,7 +94,8 @@ class GpuHealthTrigger(BaseTrigger):
             ledger_url = await self._ledger_url()
             hook = HeteroGpuHook(hosts, connections=connections, captures_dir=self._captures_dir(),
                                  config=self.config, topology_conf=self.topology_conf, **self.hook_kwargs)
-            runner = HealthWatch(spec, hook, ledger_url, log=self.log)
+            runner = HealthWatch(spec, hook, ledger_url, log=self.log, collector=self.collector,
+                                 history=self.history)
             while not self._stopping:
                 await asyncio.to_thread(runner.check)
                 reason = runner.outcome()

@@ -41,6 +41,8 @@ def _train(task_id: str, **overrides) -> HeteroTrainOperator:
         capacity_timeout=cfg.get("capacity_timeout", 300),
         on_no_replacement=cfg.get("on_no_replacement", "fail"),
         job_id=cfg.get("job_id"),
+        inventory_max_age=cfg.get("inventory_max_age"),
+        rdzv_host=cfg.get("rdzv_host"),
         retries=0,
     )
     args.update(overrides)
@@ -52,11 +54,13 @@ def hg_train_test():
     train = _train("train")
 
     @task
-    def evaluate(decision: dict) -> dict:
+    def evaluate(decision: dict, ti=None) -> dict:
         out = _cfg("OUT")
         if out:
             with open(out, "w") as fh:
                 json.dump(decision, fh)
+            with open(out + ".xcom", "w") as fh:  # the plan the operator pushed under the key "decision"
+                json.dump(ti.xcom_pull(task_ids="train", key="decision"), fh)
         return {"pool": decision["pool"], "hosts": decision["hosts"]}
 
     evaluate(train.output)

@@ -1,0 +1,115 @@
+"""What collects a fleet: the small protocol the health check and the ledger's writers use.
+
+Two implementations: :class:`~airflow_hetero_gpu.hooks.hetero_gpu.HeteroGpuHook` (the hosts are
+Airflow ``ssh`` connections) and :class:`SshCollector` (plain SSH targets, for ``hetero-gpu
+collect`` and ``hetero-gpu check`` run from cron or systemd without Airflow).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+from typing import Any, Collection, Mapping, Protocol, Sequence
+
+import yaml
+
+from airflow_hetero_gpu.capture.slurm import parse_topology_conf
+from airflow_hetero_gpu.collect.ssh import ClientFactory, CollectReport, collect_captures
+from airflow_hetero_gpu.collect.targets import SshTarget
+from airflow_hetero_gpu.core.config import ClusterConfig, config_from_mapping, config_from_text
+from airflow_hetero_gpu.errors import ConfigError
+from airflow_hetero_gpu.fsutil import atomic_write, read_text
+
+
+class Collector(Protocol):
+    """Collects the captures of its hosts, and says which fleet files go with them."""
+
+    @property
+    def hosts(self) -> Mapping[str, Any]: ...
+
+    def collect(self, hosts: Collection[str] | None = None) -> CollectReport: ...
+
+    def cluster_config(self) -> ClusterConfig | None: ...
+
+    def fleet_files(self) -> dict[str, str]: ...
+
+    def ssh_targets(self, hosts: Collection[str] | None = None) -> dict[str, SshTarget]: ...
+
+    def client_factory(self, hosts: Collection[str] | None = None) -> ClientFactory: ...
+
+
+def read_fleet_files(config: str | Path | Mapping[str, Any] | None,
+                     topology_conf: str | Path | None) -> tuple[ClusterConfig | None, dict[str, str]]:
+    """``cluster.yaml`` (a path or a mapping) and ``topology.conf`` (a path), validated:
+    (the configuration or None, ``{"cluster.yaml": text, "topology.conf": text}``)."""
+    files: dict[str, str] = {}
+    parsed: ClusterConfig | None = None
+    if isinstance(config, Mapping):
+        parsed = config_from_mapping(config, source="config")
+        files["cluster.yaml"] = yaml.safe_dump(dict(config), sort_keys=False)
+    elif config is not None:
+        path = Path(config)
+        try:
+            text = read_text(path)
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such file") from None
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        parsed = config_from_text(text, str(path))
+        files["cluster.yaml"] = text
+    if topology_conf is not None:
+        path = Path(topology_conf)
+        try:
+            text = read_text(path)
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read topology.conf: {exc.strerror or exc}") from None
+        parse_topology_conf(text, str(path))
+        files["topology.conf"] = text
+    return parsed, files
+
+
+class SshCollector:
+    """Plain-SSH hosts (``hetero-gpu collect --hosts``, ``hetero-gpu check``) as a :class:`Collector`.
+
+    ``out_dir``: also keep a capture directory there (a temporary one otherwise, removed with
+    this object). ``options`` go to :func:`~airflow_hetero_gpu.collect.ssh.collect_captures`.
+    """
+
+    def __init__(self, targets: Sequence[SshTarget], factory: ClientFactory, *, out_dir: str | Path | None = None,
+                 config: str | Path | None = None, topology_conf: str | Path | None = None, **options: Any):
+        self._targets = {t.host_name: t for t in targets}
+        if len(self._targets) != len(targets):
+            raise ValueError("duplicate host names among the hosts")
+        self._factory = factory
+        self._config, self._files = read_fleet_files(config, topology_conf)
+        self.options = options
+        if out_dir is None:
+            self.out_dir = Path(tempfile.mkdtemp(prefix="hetero-gpu-collect-"))
+            weakref.finalize(self, shutil.rmtree, str(self.out_dir), True)
+        else:
+            self.out_dir = Path(out_dir)
+
+    @property
+    def hosts(self) -> dict[str, SshTarget]:
+        return dict(self._targets)
+
+    def collect(self, hosts: Collection[str] | None = None) -> CollectReport:
+        chosen = [t for name, t in self._targets.items() if hosts is None or name in hosts]
+        report = collect_captures(chosen, self.out_dir, self._factory, **self.options)
+        for name, text in self._files.items():  # the directory plans like the ledger's inventory
+            atomic_write(self.out_dir / name, text)
+        return report
+
+    def cluster_config(self) -> ClusterConfig | None:
+        return self._config
+
+    def fleet_files(self) -> dict[str, str]:
+        return dict(self._files)
+
+    def ssh_targets(self, hosts: Collection[str] | None = None) -> dict[str, SshTarget]:
+        return {name: t for name, t in self._targets.items() if hosts is None or name in hosts}
+
+    def client_factory(self, hosts: Collection[str] | None = None) -> ClientFactory:
+        return self._factory

@@ -1,0 +1,70 @@
+"""Checks of the values the ledger's methods take: one-line LedgerError naming the value."""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+from typing import Iterable
+
+from sqlalchemy.exc import DBAPIError
+
+from airflow_hetero_gpu.core.model import GpuKey
+from airflow_hetero_gpu.ledger import schema
+from airflow_hetero_gpu.ledger.errors import LedgerError
+
+DEFAULT_EVICTION_REASON = "abnormal"
+
+
+def first_line(err: DBAPIError) -> str:
+    text = str(err.orig) if err.orig is not None else str(err)
+    return (text.strip().splitlines() or [type(err).__name__])[0]
+
+
+def check_job_id(job_id: object) -> str:
+    if not isinstance(job_id, str) or not job_id.strip():
+        raise LedgerError(f"job id: expected a non-empty string, got {job_id!r}")
+    if len(job_id) > schema.NAME:
+        raise LedgerError(f"job id {job_id[:40]!r}...: longer than {schema.NAME} characters")
+    return job_id
+
+
+def check_lease(seconds: object) -> timedelta:
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds <= 0:
+        raise LedgerError(f"lease_seconds: expected a positive number of seconds, got {seconds!r}")
+    return timedelta(seconds=float(seconds))
+
+
+def check_key(key: object) -> GpuKey:
+    """A GPU as (host, index), or a MIG instance as (host, index, instance)."""
+    if isinstance(key, (str, bytes)):
+        raise LedgerError(f"GPU: expected (host, index), got {key!r}")
+    try:
+        host, index, *rest = key  # type: ignore[misc]
+    except (TypeError, ValueError):
+        raise LedgerError(f"GPU: expected (host, index), got {key!r}") from None
+    instance = rest[0] if rest else None
+    if (not isinstance(host, str) or not host or isinstance(index, bool) or not isinstance(index, int) or index < 0
+            or len(rest) > 1 or (instance is not None and (isinstance(instance, bool) or not isinstance(instance, int)
+                                                           or instance < 0))):
+        raise LedgerError(f"GPU: expected (host, index >= 0[, MIG instance >= 0]), got {key!r}")
+    return GpuKey(host, index, instance)
+
+
+def instance_column(instance: int | None) -> int:
+    """``reservation_gpus.mig_instance`` of a unit: its MIG device index, or WHOLE_GPU."""
+    from airflow_hetero_gpu.ledger.schema import WHOLE_GPU
+
+    return WHOLE_GPU if instance is None else instance
+
+
+def instance_of(column: int | None) -> int | None:
+    from airflow_hetero_gpu.ledger.schema import WHOLE_GPU
+
+    return None if column is None or column == WHOLE_GPU else column
+
+
+def check_reasons(reasons: Iterable[str] | str) -> tuple[str, ...]:
+    if isinstance(reasons, str):
+        reasons = (reasons,)
+    out = tuple(dict.fromkeys(str(r) for r in reasons if str(r).strip()))
+    return out or (DEFAULT_EVICTION_REASON,)

@@ -1,0 +1,211 @@
+"""The fleet's inventory in the ledger (part of ``Ledger``): store collections, read them back.
+
+Two ways in, each one locked transaction:
+
+* :meth:`FleetMixin.store_collection` — what ``hetero-gpu collect --ledger`` and a training task
+  that refreshed its stale hosts do: upsert the hosts' raw outputs, act on new kernel-log Xid
+  lines (a new line evicts its GPU once), record the collection, keep history;
+* :meth:`FleetMixin.record_health_check` — what a health check does (sensor, trigger,
+  ``hetero-gpu check``): the same, plus the watch's judgement of every GPU (evict, count healthy
+  checks, readmit) from the same stored outputs.
+
+Readers call :meth:`FleetMixin.inventory`, which parses the stored texts as a capture set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Callable, Collection, Mapping, Sequence
+
+from sqlalchemy import delete, insert, select
+from sqlalchemy.engine import Connection
+
+from airflow_hetero_gpu.capture.directory import CaptureSet
+from airflow_hetero_gpu.core.config import ClusterConfig, config_from_text
+from airflow_hetero_gpu.core.health import xid as xid_rule
+from airflow_hetero_gpu.core.health import GpuFacts
+from airflow_hetero_gpu.core.model import GpuKey
+from airflow_hetero_gpu.core.watch import Evaluation, Step, WatchPolicy, evaluate
+from airflow_hetero_gpu.errors import CaptureError
+from airflow_hetero_gpu.ledger import history, inventory, watch
+from airflow_hetero_gpu.ledger.errors import LedgerError
+from airflow_hetero_gpu.ledger.history import (
+    DEFAULT_HISTORY_INTERVAL_S,
+    DEFAULT_HISTORY_RETENTION_S,
+    GpuEvent,
+    HostSample,
+)
+from airflow_hetero_gpu.ledger.inventory import HostRecord, StoredHost, StoredInventory
+from airflow_hetero_gpu.ledger.schema import watch_runs as runs_t
+
+#: ``judge(captures, new_xids, fleet_files) -> (Evaluation, WatchPolicy)``: the health check's
+#: pure judgement of the stored outputs (``fleet_files``: the stored cluster.yaml and topology.conf).
+Judge = Callable[[CaptureSet, Mapping[GpuKey, tuple[int, ...]], Mapping[str, str]], tuple[Evaluation, WatchPolicy]]
+
+
+@dataclass
+class Stored:
+    """What storing a collection did."""
+
+    collection_id: int
+    hosts: dict[str, StoredHost]
+    evaluation: Evaluation | None = None
+    steps: list[Step] = field(default_factory=list)  # the health check's steps (record_health_check)
+    policy: WatchPolicy | None = None  # the health check's policy (record_health_check)
+    xid_evictions: list[tuple[GpuKey, tuple[str, ...]]] = field(default_factory=list)  # store_collection
+    new_xids: dict[GpuKey, tuple[int, ...]] = field(default_factory=dict)
+
+
+class FleetMixin:
+    """The inventory, its history, and what health sensors keep between pokes (part of ``Ledger``)."""
+
+    # --- writing -------------------------------------------------------------------------------
+    def store_collection(self, records: Sequence[HostRecord], *, collector: str,
+                         fleet_files: Mapping[str, str] | None = None, started_at: datetime | None = None,
+                         config: ClusterConfig | None = None,
+                         history_interval: float = DEFAULT_HISTORY_INTERVAL_S,
+                         history_retention: float = DEFAULT_HISTORY_RETENTION_S) -> Stored:
+        """Store one collection (see the module docstring). A new Xid line evicts its GPU once
+        (reasons ``xid-<n>``, application Xids excepted)."""
+        records = _checked(records)
+        with self._write(f"store a collection of {len(records)} host(s)") as (conn, now):
+            stored = self._store(conn, now, records, collector, fleet_files, started_at)
+            caps, files = self._captures(conn, now, stored)
+            ev = evaluate(caps, config or _stored_config(files), stored.new_xids)
+            for key, xids in stored.new_xids.items():
+                reasons = tuple(xid_rule(GpuFacts(xids=xids), None) or ())  # type: ignore[arg-type]
+                if reasons:
+                    self._evict(conn, now, key, _uuid(ev, key), reasons)
+                    stored.xid_evictions.append((key, reasons))
+            stored.evaluation = ev
+            self._keep_history(conn, now, ev, records, history_interval, history_retention)
+            return stored
+
+    def record_health_check(self, records: Sequence[HostRecord], *, collector: str, judge: Judge,
+                            fleet_files: Mapping[str, str] | None = None,
+                            started_at: datetime | None = None,
+                            history_interval: float = DEFAULT_HISTORY_INTERVAL_S,
+                            history_retention: float = DEFAULT_HISTORY_RETENTION_S) -> Stored:
+        """Store one collection and record the health check of every GPU it saw.
+
+        ``judge`` turns the stored outputs of the collected hosts (a failed host with its last
+        good files), the new Xid numbers per GPU and the stored fleet files into the watch's
+        observations and policy; the steps (evict, count, readmit) are applied in the same
+        transaction.
+        """
+        records = _checked(records)
+        with self._write(f"record a health check of {len(records)} host(s)") as (conn, now):
+            stored = self._store(conn, now, records, collector, fleet_files, started_at)
+            caps, files = self._captures(conn, now, stored)
+            ev, policy = judge(caps, stored.new_xids, files)
+            stored.evaluation, stored.policy = ev, policy
+            stored.steps = watch.apply_check(conn, now, ev.observations, policy, self._evict)
+            self._keep_history(conn, now, ev, records, history_interval, history_retention)
+            return stored
+
+    def _store(self, conn: Connection, now: datetime, records: Sequence[HostRecord], collector: str,
+               fleet_files: Mapping[str, str] | None, started_at: datetime | None) -> Stored:
+        if not isinstance(collector, str) or not collector.strip():
+            raise LedgerError(f"collector: expected a name saying who collected, got {collector!r}")
+        existing = inventory.read_hosts(conn, [r.host for r in records])
+        rows = inventory.store_hosts(conn, now, records, collector[:500], existing)
+        news = inventory.new_xids(conn, rows, records)
+        try:
+            inventory.store_fleet_files(conn, now, dict(fleet_files or {}), collector[:500])
+        except ValueError as err:
+            raise LedgerError(str(err)) from None
+        cid = inventory.record_collection(conn, started_at or now, now, collector[:500], records)
+        return Stored(cid, rows, new_xids=news.by_gpu)
+
+    def _captures(self, conn: Connection, now: datetime, stored: Stored) -> tuple[CaptureSet, dict[str, str]]:
+        """The collected hosts' stored outputs (a failed host: its last good ones) as a capture set."""
+        files = inventory.read_fleet_files(conn)
+        try:
+            return StoredInventory(stored.hosts, files, now).captures(count_xids=False), files
+        except CaptureError as err:
+            raise LedgerError(str(err)) from None
+
+    def _keep_history(self, conn: Connection, now: datetime, ev: Evaluation, records: Sequence[HostRecord],
+                      interval: float, retention: float) -> None:
+        reserved = self._reserved_map(conn, now)
+        evicted = self._evicted_map(conn)
+        by_host: dict[str, list[dict[str, Any]]] = {r.host: [] for r in records}
+        for g in ev.cluster.gpus:
+            if g.host in by_host:
+                by_host[g.host].append({
+                    "index": g.index, "uuid": g.uuid, "name": g.name, "utilization": g.utilization,
+                    "temperature_c": g.temperature_c, "memory_used_mib": g.memory_used_mib,
+                    "memory_total_mib": g.memory_total_mib, "healthy": g.healthy, "reasons": list(g.reasons),
+                    "reserved": reserved.get(g.key), "evicted": g.key in evicted,
+                    **({} if g.instance is None else {"instance": g.instance}),  # a MIG instance
+                })
+        ok = {r.host: r.ok for r in records}
+        history.store_samples(conn, now, {h: (ok[h], gpus) for h, gpus in by_host.items()}, interval)
+        history.prune(conn, now, retention)
+
+    # --- reading -------------------------------------------------------------------------------
+    def inventory(self, hosts: Collection[str] | None = None) -> StoredInventory:
+        """The stored inventory of ``hosts`` (every host when None), with the fleet's files."""
+        with self._read("read the inventory") as (conn, now):
+            return StoredInventory(inventory.read_hosts(conn, hosts), inventory.read_fleet_files(conn), now)
+
+    def inventory_version(self) -> tuple[int, datetime | None]:
+        """(hosts, newest collection time) of the inventory: changes whenever a collection is stored
+        (readers cache the parsed inventory on it)."""
+        with self._read("read the inventory") as (conn, _now):
+            return inventory.version(conn)
+
+    def has_inventory(self) -> bool:
+        with self._read("read the inventory") as (conn, _now):
+            return inventory.has_inventory(conn)
+
+    def host_samples(self, since: datetime, until: datetime | None = None,
+                     hosts: Collection[str] | None = None) -> list[HostSample]:
+        """History samples of ``hosts`` (all when None) collected in [since, until]."""
+        with self._read("read history samples") as (conn, _now):
+            return history.read_samples(conn, since, until, hosts)
+
+    def gpu_events(self, since: datetime, until: datetime | None = None, host: str | None = None) -> list[GpuEvent]:
+        """Evictions, readmissions, uncordons and replacements in [since, until]."""
+        with self._read("read GPU events") as (conn, _now):
+            return history.read_events(conn, since, until, host)
+
+    def collections(self, since: datetime) -> list[dict[str, Any]]:
+        """The collections stored since ``since`` (who, when, how many hosts answered)."""
+        with self._read("read collections") as (conn, _now):
+            return history.read_collections(conn, since)
+
+    # --- what a rescheduled health sensor keeps between pokes -----------------------------------
+    def watch_run_state(self, run_key: str) -> dict[str, Any] | None:
+        with self._read("read a health sensor's record") as (conn, _now):
+            row = conn.execute(select(runs_t.c.state).where(runs_t.c.run_key == run_key)).first()
+        return dict(row.state) if row is not None else None
+
+    def save_watch_run_state(self, run_key: str, state: Mapping[str, Any] | None) -> None:
+        """Keep (or, with None, forget) a sensor run's record."""
+        with self._write("keep a health sensor's record") as (conn, now):
+            conn.execute(delete(runs_t).where(runs_t.c.run_key == run_key))
+            if state is not None:
+                conn.execute(insert(runs_t).values(run_key=run_key, state=dict(state), updated_at=now))
+
+
+def _checked(records: Sequence[HostRecord]) -> list[HostRecord]:
+    try:
+        return inventory.check_records(records)
+    except ValueError as err:
+        raise LedgerError(str(err)) from None
+
+
+def _stored_config(files: Mapping[str, str]) -> ClusterConfig:
+    """The stored cluster.yaml's settings (the defaults when there is none)."""
+    text = files.get("cluster.yaml")
+    return config_from_text(text, "ledger inventory file cluster.yaml") if text else ClusterConfig()
+
+
+def _uuid(ev: Evaluation, key: GpuKey) -> str | None:
+    pos = ev.cluster.position.get(key)
+    return ev.cluster.gpus[pos].uuid if pos is not None else None
+
+
+__all__ = ["FleetMixin", "HostRecord", "Judge", "Stored", "StoredHost", "StoredInventory"]

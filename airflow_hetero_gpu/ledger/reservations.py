@@ -1,0 +1,299 @@
+"""Reservations with leases, and replacements of a job's GPU (SPEC §8, §9): the ``Ledger``'s claims.
+
+``reserve`` is planning and claiming in one transaction under the ledger lock (see
+:mod:`airflow_hetero_gpu.ledger.db`): expire stale leases, read the live reservations and the
+evictions, run :func:`airflow_hetero_gpu.core.planner.plan` with them, insert the reservation and
+its k GPU rows, commit. Nobody else can plan in between, and the GPU rows' primary key
+(host, gpu_index, mig_instance) makes a double claim impossible even if this logic were wrong.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any, Iterable, Mapping, Sequence
+
+from sqlalchemy import delete, insert, select, update
+from sqlalchemy.engine import Connection
+
+from airflow_hetero_gpu.core.cluster import Cluster
+from airflow_hetero_gpu.core.config import ClusterConfig
+from airflow_hetero_gpu.core.model import Decision, Gpu, GpuKey, PlanRequest, PlanResult, Score
+from airflow_hetero_gpu.core.planner import plan as core_plan
+from airflow_hetero_gpu.core.planner import replacement as core_replacement
+from airflow_hetero_gpu.ledger import history
+from airflow_hetero_gpu.ledger.checks import check_job_id, check_key, check_lease, check_reasons, instance_column, instance_of
+from airflow_hetero_gpu.ledger.errors import LedgerError, NoLiveReservation, ReservationConflict
+from airflow_hetero_gpu.ledger.records import Reservation, ReservedGpu, TaskIdentity
+from airflow_hetero_gpu.ledger.schema import job_hosts as job_hosts_t
+from airflow_hetero_gpu.ledger.schema import reservation_gpus as gpu_t
+from airflow_hetero_gpu.ledger.schema import reservations as res_t
+
+DEFAULT_LEASE_SECONDS = 600.0
+
+
+class ReservationsMixin:
+    """Reservations, leases, replacements and the hosts each job ran on (part of ``Ledger``)."""
+
+    def reserve(
+        self,
+        job_id: str,
+        cluster: Cluster,
+        request: PlanRequest,
+        *,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        identity: TaskIdentity | Mapping[str, Any] | None = None,
+        config: ClusterConfig | None = None,
+    ) -> PlanResult:
+        """Plan ``request`` on ``cluster`` against the ledger's live state and claim the decision.
+
+        All k GPUs or none: when no pool can host the job, nothing is written and the result's
+        ``decision`` is None (the CLI exits 3). Reserving a job id that already holds a live
+        reservation for the same request returns that reservation (its lease renewed, its
+        identity updated), so a retried task gets its GPUs back; for a different request it
+        raises :class:`ReservationConflict`.
+        """
+        job_id = check_job_id(job_id)
+        lease = check_lease(lease_seconds)
+        ident = TaskIdentity.coerce(identity)
+        with self._write(f"reserve job {job_id!r}") as (conn, now):
+            self._expire(conn, now)
+            existing = self._load(conn, now, job_id)
+            if existing:
+                res = existing[0]
+                if res.request is not None and res.request != request.to_json():
+                    raise ReservationConflict(
+                        f"job {job_id!r} already holds a reservation for a different request "
+                        f"({res.request}); release it first"
+                    )
+                values: dict[str, Any] = {"renewed_at": now, "expires_at": now + lease}
+                if ident is not None:
+                    values.update(ident.to_json())
+                conn.execute(update(res_t).where(res_t.c.job_id == job_id).values(**values))
+                return _existing_result(res, cluster, request)
+            result = core_plan(cluster, request, reserved=self._reserved_map(conn, now),
+                               evicted=self._evicted_map(conn), config=config)
+            if result.decision is None:
+                return result
+            self._insert(conn, now, job_id, result.decision, request, lease, ident)
+            self._hook("reserve", job_id)
+        return result
+
+    def _insert(self, conn: Connection, now: datetime, job_id: str, decision: Decision, request: PlanRequest,
+                lease: timedelta, ident: TaskIdentity | None) -> None:
+        ident_values = ident.to_json() if ident else {}
+        conn.execute(insert(res_t).values(
+            job_id=job_id, pool=decision.pool, gpu_count=len(decision.gpus), score=decision.score.to_json(),
+            created_at=now, renewed_at=now, expires_at=now + lease, request=request.to_json(),
+            mean_distance=float(decision.mean_distance), **ident_values,
+        ))
+        conn.execute(insert(gpu_t), [
+            {"host": g.host, "gpu_index": g.index, "mig_instance": instance_column(g.instance), "job_id": job_id,
+             "slot": slot, "uuid": g.uuid or None}
+            for slot, g in enumerate(decision.gpus)
+        ])
+
+    def renew(self, job_id: str, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> Reservation:
+        """Extend the job's lease to now + ``lease_seconds``.
+
+        Raises :class:`NoLiveReservation` when the job was released or its lease already expired:
+        the holder has lost its GPUs and must stop using them.
+        """
+        job_id = check_job_id(job_id)
+        lease = check_lease(lease_seconds)
+        with self._write(f"renew job {job_id!r}") as (conn, now):
+            self._expire(conn, now)
+            done = conn.execute(
+                update(res_t).where(res_t.c.job_id == job_id).values(renewed_at=now, expires_at=now + lease)
+            ).rowcount
+            found = self._load(conn, now, job_id) if done else []
+        if not found:
+            raise NoLiveReservation(job_id, "renew")
+        return found[0]
+
+    def release(self, job_id: str) -> bool:
+        """Free the job's GPUs. Idempotent: returns whether a live reservation was freed."""
+        job_id = check_job_id(job_id)
+        with self._write(f"release job {job_id!r}") as (conn, now):
+            self._expire(conn, now)
+            conn.execute(delete(gpu_t).where(gpu_t.c.job_id == job_id))
+            return conn.execute(delete(res_t).where(res_t.c.job_id == job_id)).rowcount > 0
+
+    def expire(self) -> list[str]:
+        """Free every reservation whose lease has passed; returns their job ids.
+
+        Every write does this first, so a dead holder's GPUs come back at the next reserve.
+        """
+        with self._write("expire leases") as (conn, now):
+            return self._expire(conn, now)
+
+    def _expire(self, conn: Connection, now: datetime) -> list[str]:
+        ids = list(conn.execute(select(res_t.c.job_id).where(res_t.c.expires_at <= now)).scalars())
+        if ids:
+            conn.execute(delete(gpu_t).where(gpu_t.c.job_id.in_(ids)))
+            conn.execute(delete(res_t).where(res_t.c.job_id.in_(ids)))
+        return sorted(ids)
+
+    def get(self, job_id: str) -> Reservation | None:
+        """The job's live reservation, or None."""
+        with self._read("read a reservation") as (conn, now):
+            found = self._load(conn, now, check_job_id(job_id))
+        return found[0] if found else None
+
+    def live_reservations(self) -> list[Reservation]:
+        """Every reservation whose lease has not expired, by job id."""
+        with self._read("list reservations") as (conn, now):
+            return self._load(conn, now)
+
+    def reserved_map(self) -> dict[GpuKey, str]:
+        """GPU -> job id for every GPU held by a live reservation."""
+        with self._read("read reserved GPUs") as (conn, now):
+            return self._reserved_map(conn, now)
+
+    def plan(self, cluster: Cluster, request: PlanRequest, *, config: ClusterConfig | None = None) -> PlanResult:
+        """Plan against the ledger's live reservations and evictions without reserving anything."""
+        with self._read("read the ledger state") as (conn, now):
+            reserved, evicted = self._reserved_map(conn, now), self._evicted_map(conn)
+        return core_plan(cluster, request, reserved=reserved, evicted=evicted, config=config)
+
+    def _load(self, conn: Connection, now: datetime, job_id: str | None = None) -> list[Reservation]:
+        stmt = (
+            select(res_t, gpu_t.c.host, gpu_t.c.gpu_index, gpu_t.c.mig_instance, gpu_t.c.uuid, gpu_t.c.slot)
+            .select_from(res_t.outerjoin(gpu_t, gpu_t.c.job_id == res_t.c.job_id))
+            .where(res_t.c.expires_at > now)
+            .order_by(res_t.c.job_id, gpu_t.c.slot)
+        )
+        if job_id is not None:
+            stmt = stmt.where(res_t.c.job_id == job_id)
+        rows: dict[str, list] = {}
+        for row in conn.execute(stmt):
+            rows.setdefault(row.job_id, []).append(row)
+        return [_reservation(group) for group in rows.values()]
+
+    def _reserved_map(self, conn: Connection, now: datetime) -> dict[GpuKey, str]:
+        stmt = (
+            select(gpu_t.c.host, gpu_t.c.gpu_index, gpu_t.c.mig_instance, gpu_t.c.job_id)
+            .join(res_t, res_t.c.job_id == gpu_t.c.job_id)
+            .where(res_t.c.expires_at > now)
+        )
+        return {GpuKey(r.host, r.gpu_index, instance_of(r.mig_instance)): r.job_id for r in conn.execute(stmt)}
+
+    # --- replacement (S12) ----------------------------------------------------------------------
+    def replace(
+        self,
+        job_id: str,
+        bad: tuple[str, int],
+        cluster: Cluster,
+        *,
+        reasons: Iterable[str] | str = (),
+        uuid: str | None = None,
+        config: ClusterConfig | None = None,
+    ) -> GpuKey | None:
+        """Swap the job's abnormal GPU ``bad`` for the best available GPU of its pool (SPEC §8).
+
+        In one locked transaction: choose g' with :func:`core.planner.replacement` against the
+        live state, move the job's GPU row from ``bad`` to g' (same slot), and record ``bad`` as
+        evicted (``reasons``, default ``abnormal``, added to any it already has). Returns g', or
+        None when no GPU can replace it, in which case nothing changes.
+        """
+        job_id = check_job_id(job_id)
+        bad = check_key(bad)
+        if bad not in cluster.position:
+            raise LedgerError(f"replace: GPU {bad} is not in the cluster inventory, so its pool is unknown")
+        why = check_reasons(reasons)
+        with self._write(f"replace GPU {bad} of job {job_id!r}") as (conn, now):
+            self._expire(conn, now)
+            found = self._load(conn, now, job_id)
+            if not found:
+                raise NoLiveReservation(job_id, "replace a GPU of")
+            res = found[0]
+            if bad not in res.keys:
+                held = ", ".join(str(k) for k in res.keys)
+                raise LedgerError(f"replace: GPU {bad} is not held by job {job_id!r} (it holds {held})")
+            evicted = self._evicted_map(conn)
+            evicted.setdefault(bad.gpu, why)  # not a sibling instance of a faulty GPU either
+            new = core_replacement(
+                cluster, res.keys, bad, reserved=self._reserved_map(conn, now), evicted=evicted, config=config,
+                gpu_memory_mib=(res.request or {}).get("gpu_memory_mib"),
+            )
+            if new is None:
+                return None
+            old = next(g for g in res.gpus if g.key == bad)
+            conn.execute(
+                update(gpu_t)
+                .where(gpu_t.c.job_id == job_id, gpu_t.c.host == bad.host, gpu_t.c.gpu_index == bad.index,
+                       gpu_t.c.mig_instance == instance_column(bad.instance))
+                .values(host=new.host, gpu_index=new.index, mig_instance=instance_column(new.instance),
+                        uuid=cluster.gpu(new).uuid or None)
+            )
+            # health is a GPU's: a MIG instance's fault evicts its GPU (and with it every instance)
+            gpu_uuid = uuid or (old.uuid if bad.instance is None else cluster.gpu(bad).gpu_uuid)
+            self._evict(conn, now, bad.gpu, gpu_uuid, why)
+            replacement = {"host": new.host, "index": new.index}
+            if new.instance is not None:
+                replacement["instance"] = new.instance
+            history.record_event(conn, now, "replaced", bad.gpu, gpu_uuid, why, job_id, {"replacement": replacement})
+            add_job_hosts(conn, now, job_id, [new.host])
+            self._hook("replace", job_id)
+        return new
+
+
+    # --- the hosts a job ran on -----------------------------------------------------------------
+    def add_job_hosts(self, job_id: str, hosts: Iterable[str]) -> None:
+        """Remember that ``job_id`` runs (or ran) on ``hosts``: a retry of the job sweeps its
+        leftovers exactly there, not on the whole fleet."""
+        job_id = check_job_id(job_id)
+        with self._write(f"record the hosts of job {job_id!r}") as (conn, now):
+            add_job_hosts(conn, now, job_id, hosts)
+
+    def job_hosts(self, job_id: str) -> list[str]:
+        """Every host an earlier try of ``job_id`` ran on (or was placed on)."""
+        job_id = check_job_id(job_id)
+        with self._read(f"read the hosts of job {job_id!r}") as (conn, _now):
+            return sorted(conn.execute(select(job_hosts_t.c.host).where(job_hosts_t.c.job_id == job_id)).scalars())
+
+    def forget_job_hosts(self, job_id: str) -> None:
+        """The job ended cleanly everywhere: nothing is left to sweep."""
+        job_id = check_job_id(job_id)
+        with self._write(f"forget the hosts of job {job_id!r}") as (conn, _now):
+            conn.execute(delete(job_hosts_t).where(job_hosts_t.c.job_id == job_id))
+
+
+def add_job_hosts(conn: Connection, now: datetime, job_id: str, hosts: Iterable[str]) -> None:
+    known = set(conn.execute(select(job_hosts_t.c.host).where(job_hosts_t.c.job_id == job_id)).scalars())
+    new = sorted(set(hosts) - known)
+    if new:
+        conn.execute(insert(job_hosts_t), [{"job_id": job_id, "host": h, "first_at": now, "last_at": now}
+                                           for h in new])
+    if known & set(hosts):
+        conn.execute(update(job_hosts_t).where(job_hosts_t.c.job_id == job_id,
+                                               job_hosts_t.c.host.in_(sorted(known & set(hosts))))
+                     .values(last_at=now))
+
+
+def _reservation(rows: Sequence[Any]) -> Reservation:
+    first = rows[0]
+    gpus = tuple(ReservedGpu(r.host, r.gpu_index, r.uuid, r.slot, instance_of(r.mig_instance))
+                 for r in rows if r.host is not None)
+    fields = ("dag_id", "run_id", "task_id", "try_number", "map_index")
+    has_identity = any(getattr(first, f) is not None for f in fields)
+    return Reservation(
+        job_id=first.job_id, pool=first.pool, gpus=gpus, score=dict(first.score), created_at=first.created_at,
+        renewed_at=first.renewed_at, expires_at=first.expires_at, gpu_count=first.gpu_count,
+        request=first.request, mean_distance=first.mean_distance,
+        identity=TaskIdentity(*(getattr(first, f) for f in fields)) if has_identity else None,
+    )
+
+
+def _existing_result(res: Reservation, cluster: Cluster, request: PlanRequest) -> PlanResult:
+    """A PlanResult whose decision is an existing reservation (no planning happened: no pool reports)."""
+    pool = cluster.pool_by_id.get(res.pool)
+
+    def gpu(g: ReservedGpu) -> Gpu:
+        if g.key in cluster.position:
+            return cluster.gpu(g.key)
+        return Gpu(g.host, g.index, g.uuid or "", pool.card_type if pool else res.pool, instance=g.instance)
+
+    terms = {k: float(v) for k, v in res.score.items() if k != "total"}
+    score = Score(terms, float(res.score.get("total", 0.0)))
+    distance = res.mean_distance if res.mean_distance is not None else float("nan")
+    return PlanResult(request, Decision(res.pool, [gpu(g) for g in res.gpus], score, distance), [])

@@ -1,0 +1,246 @@
+"""The fleet's inventory in the ledger: stored collections, readers, Xid lines as events, history."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from airflow_hetero_gpu.cli import main
+from airflow_hetero_gpu.collect.freshness import FreshInventory
+from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
+from airflow_hetero_gpu.ledger import Ledger, LedgerError
+from airflow_hetero_gpu.ledger.inventory import HostRecord
+from airflow_hetero_gpu.testing.captures import host_files, write_capture_dir
+from airflow_hetero_gpu.testing.demo import small_hosts
+from airflow_hetero_gpu.testing.postgres import ledger_db_url  # noqa: F401  (fixture)
+
+TOPOLOGY = "SwitchName=leaf1 Nodes=node01,node02\nSwitchName=leaf2 Nodes=node03\nSwitchName=spine Switches=leaf1,leaf2\n"
+CLUSTER_YAML = "weights:\n  topology: 0.6\n"
+
+
+class Clock:
+    def __init__(self):
+        self.now = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+
+    def __call__(self):
+        return self.now
+
+    def tick(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+def records(specs, failed=()):
+    return [HostRecord(s.name, False, {}, failed[s.name]) if s.name in failed else
+            HostRecord(s.name, True, host_files(s)) for s in specs]
+
+
+def store(led, specs, failed=None, **kw):
+    return led.store_collection(records(specs, failed or {}), collector="test collector",
+                                fleet_files={"topology.conf": TOPOLOGY, "cluster.yaml": CLUSTER_YAML}, **kw)
+
+
+def test_a_stored_collection_reads_back_as_the_same_captures(ledger_db_url, tmp_path):  # noqa: F811
+    specs = small_hosts(3, gpus=2)
+    clock = Clock()
+    with Ledger.from_url(ledger_db_url, clock=clock) as led:
+        stored = store(led, specs)
+        assert stored.collection_id >= 1 and stored.xid_evictions == []
+        inv = led.inventory()
+        assert sorted(inv.hosts) == ["node01", "node02", "node03"]
+        row = inv.hosts["node02"]
+        assert row.ok and row.collector == "test collector" and row.good_at == clock.now == row.collected_at
+        assert row.files == host_files(specs[1])
+        assert inv.fleet_files == {"topology.conf": TOPOLOGY, "cluster.yaml": CLUSTER_YAML}
+        # the same planner input as the capture directory of the same outputs
+        write_capture_dir(tmp_path, specs, topology_conf=TOPOLOGY, cluster_yaml=CLUSTER_YAML)
+        from airflow_hetero_gpu.core.inventory import load_cluster
+
+        from_dir = load_cluster(tmp_path)
+        from_ledger = FreshInventory(inv, float("inf")).cluster()
+        assert [g.to_json() for g in from_ledger.gpus] == [g.to_json() for g in from_dir.gpus]
+        assert [p.id for p in from_ledger.pools] == [p.id for p in from_dir.pools]
+        assert from_ledger.config.weights.topology == 0.6
+        req = PlanRequest(4)
+        assert led.plan(from_ledger, req).to_json() == led.plan(from_dir, req).to_json()
+
+
+def test_a_failed_host_keeps_its_last_good_outputs(ledger_db_url):  # noqa: F811
+    specs = small_hosts(2, gpus=2)
+    clock = Clock()
+    with Ledger.from_url(ledger_db_url, clock=clock) as led:
+        store(led, specs)
+        good_at = clock.now
+        clock.tick(60)
+        store(led, specs, failed={"node02": "connection refused (127.0.0.12:22)"})
+        row = led.inventory(["node02"]).hosts["node02"]
+        assert (row.ok, row.error, row.good_at, row.collected_at) == (
+            False, "connection refused (127.0.0.12:22)", good_at, clock.now)
+        assert row.files == host_files(specs[1])
+        cluster = FreshInventory(led.inventory(), float("inf")).cluster()
+        assert [g.reasons for g in cluster.gpus if g.host == "node02"] == [("unreachable",), ("unreachable",)]
+        assert cluster.host_errors == {"node02": "connection refused (127.0.0.12:22)"}
+        # a host that never answered has no GPUs, only its error
+        store(led, small_hosts(3, gpus=2)[2:], failed={"node03": "timeout connecting to 127.0.0.13:22 after 10s"})
+        cluster = FreshInventory(led.inventory(), float("inf")).cluster()
+        assert "node03" in cluster.host_errors and not [g for g in cluster.gpus if g.host == "node03"]
+
+
+def test_an_old_inventory_is_not_placed_on(ledger_db_url):  # noqa: F811
+    specs = small_hosts(2, gpus=2)
+    clock = Clock()
+    with Ledger.from_url(ledger_db_url, clock=clock) as led:
+        store(led, specs[:1])
+        clock.tick(250)
+        store(led, specs[1:])
+        clock.tick(62)
+        fresh = FreshInventory(led.inventory(), 120)
+        cluster = fresh.cluster()
+        assert [g.reasons for g in cluster.gpus if g.host == "node01"] == [("stale",), ("stale",)]
+        assert cluster.host_notes["node01"] == ["inventory 312 s old (max 120 s)"]
+        assert fresh.stale_hosts() == ["node01"]
+        result = led.plan(cluster, PlanRequest(4))
+        assert result.decision is None and "stale" in result.pools[0].reason
+        assert led.plan(cluster, PlanRequest(2)).decision.hosts == ["node02"]
+        assert fresh.summary()["oldest_s"] == 312 and fresh.summary()["newest_s"] == 62
+
+
+def _xid(host_spec, gpu: int, xid: int, t: float) -> None:
+    host_spec.xid.append({"time": t, "gpu": gpu, "xid": xid})
+
+
+def test_an_xid_line_evicts_once_and_uncordon_brings_the_gpu_back(ledger_db_url):  # noqa: F811
+    """An Xid line is an event: it evicts its GPU once; after uncordon the GPU is placeable again
+    while the same old line is still in the log; a new line evicts it again."""
+    specs = small_hosts(1, gpus=2)
+    _xid(specs[0], 1, 79, 100.5)
+    _xid(specs[0], 0, 13, 101.5)  # an application error: no eviction
+    with Ledger.from_url(ledger_db_url) as led:
+        first = store(led, specs)
+        assert first.xid_evictions == [(GpuKey("node01", 1), ("xid-79",))]
+        assert led.evicted_map() == {GpuKey("node01", 1): ("xid-79",)}
+        assert [(e.kind, e.key, e.reasons) for e in led.gpu_events(datetime(2000, 1, 1, tzinfo=timezone.utc))] == [
+            ("evicted", GpuKey("node01", 1), ("xid-79",))]
+        assert led.uncordon("node01", 1) == [GpuKey("node01", 1)]
+        again = store(led, specs)  # the same log: nothing new
+        assert again.xid_evictions == [] and led.evicted_map() == {}
+        cluster = FreshInventory(led.inventory(), float("inf")).cluster()
+        assert all(g.healthy for g in cluster.gpus)  # the inventory does not count Xid lines
+        assert led.plan(cluster, PlanRequest(2)).decision is not None
+        _xid(specs[0], 1, 48, 200.25)
+        third = store(led, specs)
+        assert third.xid_evictions == [(GpuKey("node01", 1), ("xid-48",))]
+        assert led.plan(FreshInventory(led.inventory(), float("inf")).cluster(), PlanRequest(2)).decision is None
+
+
+def test_history_samples_every_interval_or_on_change_and_is_pruned(ledger_db_url):  # noqa: F811
+    specs = small_hosts(2, gpus=2)
+    clock = Clock()
+    t0 = clock.now
+    with Ledger.from_url(ledger_db_url, clock=clock) as led:
+        store(led, specs, history_interval=300, history_retention=3600)
+        for _ in range(4):  # unchanged, within the interval: no sample
+            clock.tick(60)
+            store(led, specs, history_interval=300, history_retention=3600)
+        assert [(s.host, s.collected_at) for s in led.host_samples(t0)] == [("node01", t0), ("node02", t0)]
+        clock.tick(60)  # 300 s after the first sample
+        store(led, specs, history_interval=300, history_retention=3600)
+        assert len(led.host_samples(t0)) == 4
+        clock.tick(10)
+        specs[0].gpus[1].ecc_uncorrected_volatile = 1  # a change is sampled at once
+        store(led, specs, history_interval=300, history_retention=3600)
+        last = [s for s in led.host_samples(t0) if s.host == "node01"][-1]
+        assert last.collected_at == clock.now and [g["healthy"] for g in last.gpus] == [True, False]
+        assert set(last.gpus[0]) >= {"index", "utilization", "temperature_c", "memory_used_mib", "reserved", "evicted"}
+        clock.tick(3601)  # everything sampled before now - retention goes
+        store(led, specs, history_interval=300, history_retention=3600)
+        assert [s.collected_at for s in led.host_samples(t0)] == [clock.now, clock.now]
+        assert [c["hosts"] for c in led.collections(t0)] == [2]
+
+
+def test_job_hosts_are_remembered_until_forgotten(ledger_db_url):  # noqa: F811
+    with Ledger.from_url(ledger_db_url) as led:
+        led.add_job_hosts("j1", ["b", "a"])
+        led.add_job_hosts("j1", ["a", "c"])
+        assert led.job_hosts("j1") == ["a", "b", "c"] and led.job_hosts("other") == []
+        led.forget_job_hosts("j1")
+        assert led.job_hosts("j1") == []
+
+
+# --- the command line ------------------------------------------------------------------------------
+def _run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_readers_never_create_a_database(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    missing = tmp_path / "nonexistent" / "dir" / "x.db"
+    for argv in (["plan", "--gpus", "2"], ["pools"], ["inventory"], ["reservations"], ["evictions"],
+                 ["captures", "export", "--out", str(tmp_path / "exp")]):
+        for url in (f"sqlite:///{missing}", "notaurl"):
+            code, out, err = _run(capsys, *argv, "--ledger", url)
+            assert code == 2, (argv, url, out)
+            assert len(err.strip().splitlines()) == 1 and "no ledger at" in err and "hetero-gpu ledger init" in err
+    assert not (tmp_path / "nonexistent").exists() and not (tmp_path / "notaurl").exists()
+    assert not (tmp_path / "exp").exists()
+    # release and uncordon change an existing ledger only
+    for argv in (["release", "--job-id", "j"], ["uncordon", "h:0"]):
+        code, _, err = _run(capsys, *argv, "--ledger", str(tmp_path / "typo.db"))
+        assert code == 2 and "no ledger at" in err
+    assert not (tmp_path / "typo.db").exists()
+
+
+def test_an_empty_ledger_says_how_to_fill_it(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    code, out, _ = _run(capsys, "ledger", "init", url)
+    assert code == 0 and "schema version 4" in out
+    for argv in (["plan", "--gpus", "1"], ["inventory"], ["captures", "export", "--out", str(tmp_path / "x")]):
+        code, _, err = _run(capsys, *argv, "--ledger", url)
+        assert code == 2 and "holds no inventory" in err and "hetero-gpu collect --ledger" in err, err
+    code, _, err = _run(capsys, "plan", "--gpus", "1")
+    assert code == 2 and "give --captures DIR" in err
+
+
+def test_an_old_ledger_is_refused_by_readers_and_upgraded_by_init(tmp_path, capsys):
+    from sqlalchemy import create_engine, delete
+
+    from airflow_hetero_gpu.ledger import schema
+
+    path = tmp_path / "old.db"
+    Ledger.from_url(str(path)).close()
+    engine = create_engine(f"sqlite:///{path}")
+    with engine.begin() as conn:  # pretend version 4 was never applied
+        conn.execute(delete(schema.schema_version).where(schema.schema_version.c.version == 4))
+        for name in ("inventory_hosts", "inventory_files", "collections", "host_samples", "gpu_events",
+                     "job_hosts", "watch_runs"):
+            conn.exec_driver_sql(f"DROP TABLE {name}")
+    engine.dispose()
+    code, _, err = _run(capsys, "reservations", "--ledger", str(path))
+    assert code == 2 and "schema version 3, older than" in err and "hetero-gpu ledger init" in err
+    code, out, _ = _run(capsys, "ledger", "init", str(path))
+    assert code == 0 and "schema version 4" in out
+    assert _run(capsys, "reservations", "--ledger", str(path))[0] == 0
+
+
+def test_plan_from_the_ledger_equals_plan_from_its_export(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    specs = small_hosts(3, gpus=2)
+    with Ledger.from_url(url) as led:
+        store(led, specs)
+    out_dir = tmp_path / "exported"
+    assert _run(capsys, "captures", "export", "--ledger", url, "--out", str(out_dir))[0] == 0
+    assert sorted(p.name for p in (out_dir / "hosts").iterdir()) == ["node01", "node02", "node03"]
+    assert (out_dir / "topology.conf").read_text() == TOPOLOGY
+    for k in ("1", "3", "4", "6"):
+        c1, from_ledger, _ = _run(capsys, "plan", "--ledger", url, "--gpus", k, "--json")
+        c2, from_dir, _ = _run(capsys, "plan", "--captures", str(out_dir), "--gpus", k, "--json")
+        assert c1 == c2 == 0 and json.loads(from_ledger) == json.loads(from_dir)
+    code, text, _ = _run(capsys, "plan", "--ledger", url, "--gpus", "2")
+    assert code == 0 and text.startswith("inventory from the ledger: 3 host(s), ")
+    code, text, _ = _run(capsys, "plan", "--ledger", url, "--gpus", "7")
+    assert code == 3
