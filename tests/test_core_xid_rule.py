@@ -61,7 +61,7 @@ CASES = [
 @pytest.mark.parametrize("log, rule, gpu3, gpu5", CASES)
 def test_which_xid_lines_count(tmp_path, log, rule, gpu3, gpu5):
     captures = read_capture_dir(captures_with_log(tmp_path, log))
-    assert captures.hosts["a100-1"].captured_at.timestamp() == CAPTURED.timestamp()
+    assert captures.hosts["a100-1"].collected_at.timestamp() == CAPTURED.timestamp()
     cluster = cluster_from_captures(captures, xid_rule=rule)
     assert (reasons(cluster, 3), reasons(cluster, 5)) == (gpu3, gpu5)
     assert cluster.gpu(("a100-1", 3)).healthy is (not gpu3)

@@ -28,19 +28,11 @@ def write_capture_dir(
     """Render ``hosts`` into ``root``; ``errors`` maps host -> error.txt text (collection failed)."""
     root = Path(root)
     for spec in hosts:
-        state = spec.to_state()
         d = root / "hosts" / spec.name
         d.mkdir(parents=True, exist_ok=True)
-        text, _rc = nvsmi.query_gpu(state, ",".join([QUERY_FIELDS, *OPTIONAL_FIELDS]), "csv")
-        (d / "query.csv").write_text(text)
-        (d / "topo.txt").write_text(nvsmi.topo_text(state))
-        if any(str(g.get("mig_mode") or "").lower() == "enabled" for g in state["gpus"]):
-            # what the collector adds where MIG is on (collect/ssh.py)
-            (d / "mig.txt").write_text(nvsmi.list_gpus(state)[0])
-            (d / "mig-usage.txt").write_text(nvsmi.table_text(state))
-        xid = "".join(line for line in nvsmi.dmesg_text(state).splitlines(True) if "NVRM: Xid" in line)
-        if xid:
-            (d / "xid.log").write_text(xid)
+        for name, text in host_files(spec).items():
+            if text or name != "xid.log":
+                (d / name).write_text(text)
     for host, message in (errors or {}).items():
         d = root / "hosts" / host
         d.mkdir(parents=True, exist_ok=True)
@@ -53,8 +45,14 @@ def write_capture_dir(
 
 
 def host_files(spec: HostSpec) -> dict[str, str]:
-    """The raw outputs a collection of ``spec`` reads (what :func:`write_capture_dir` writes)."""
+    """The raw outputs a collection of ``spec`` reads (what :func:`write_capture_dir` writes):
+    the query with its optional fields, ``topo -m``, the kernel log's Xid lines, and ``-L`` plus
+    the table where a GPU has MIG on (collect/ssh.py)."""
     state = spec.to_state()
-    files = {"query.csv": nvsmi.query_gpu(state, QUERY_FIELDS, "csv")[0], "topo.txt": nvsmi.topo_text(state)}
+    files = {"query.csv": nvsmi.query_gpu(state, ",".join([QUERY_FIELDS, *OPTIONAL_FIELDS]), "csv")[0],
+             "topo.txt": nvsmi.topo_text(state)}
     files["xid.log"] = "".join(line for line in nvsmi.dmesg_text(state).splitlines(True) if "NVRM: Xid" in line)
+    if any(str(g.get("mig_mode") or "").lower() == "enabled" for g in state["gpus"]):
+        files["mig.txt"] = nvsmi.list_gpus(state)[0]
+        files["mig-usage.txt"] = nvsmi.table_text(state)
     return files
