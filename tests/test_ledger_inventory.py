@@ -214,8 +214,8 @@ def test_an_old_ledger_is_refused_by_readers_and_upgraded_by_init(tmp_path, caps
     path = tmp_path / "old.db"
     Ledger.from_url(str(path)).close()
     engine = create_engine(f"sqlite:///{path}")
-    with engine.begin() as conn:  # pretend version 4 was never applied
-        conn.execute(delete(schema.schema_version).where(schema.schema_version.c.version == 4))
+    with engine.begin() as conn:  # pretend versions 4 and 5 were never applied (5 rebuilds reservation_gpus)
+        conn.execute(delete(schema.schema_version).where(schema.schema_version.c.version >= 4))
         for name in ("inventory_hosts", "inventory_files", "collections", "host_samples", "gpu_events",
                      "job_hosts", "watch_runs"):
             conn.exec_driver_sql(f"DROP TABLE {name}")
