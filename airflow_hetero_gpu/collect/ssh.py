@@ -33,8 +33,8 @@ from typing import Any, Callable, Iterable, Sequence
 import paramiko
 
 from airflow_hetero_gpu.capture.directory import QUERY_FIELDS
-from airflow_hetero_gpu.capture.query import EXTRA_HEALTH_FIELDS, OPTIONAL_FIELDS, field_group, parse_query_csv
-from airflow_hetero_gpu.errors import CaptureError
+from airflow_hetero_gpu.capture.query import EXTRA_HEALTH_FIELDS, OPTIONAL_FIELDS, field_group
+from airflow_hetero_gpu.collect.mig import MIG_FILES, mig_enabled, mig_files
 from airflow_hetero_gpu.collect.nvml import AgentReply, agent_command, agent_script, parse_agent_reply
 from airflow_hetero_gpu.collect.targets import SshTarget
 from airflow_hetero_gpu.fsutil import atomic_write
@@ -52,10 +52,6 @@ QUERY_COMMAND = f"nvidia-smi --query-gpu={QUERY_FIELDS} --format=csv"
 #: Older spellings of extra health fields, tried when a driver refuses the current one.
 OLDER_FIELD_NAMES = {"clocks_event_reasons.hw_slowdown": "clocks_throttle_reasons.hw_slowdown"}
 TOPO_COMMAND = "nvidia-smi topo -m"
-#: Where a GPU has MIG enabled: its MIG devices (mig.txt) and the table with their memory and
-#: processes (mig-usage.txt).
-MIG_LIST_COMMAND = "nvidia-smi -L"
-MIG_USAGE_COMMAND = "nvidia-smi"
 #: The journal first (readable without root for members of adm/systemd-journal), else dmesg
 #: (readable without root unless kernel.dmesg_restrict=1). Exit 1 with no output = no Xids.
 XID_COMMAND = "journalctl -k -q --no-pager -g 'NVRM: Xid' 2>/dev/null || dmesg | grep 'NVRM: Xid'"
@@ -360,8 +356,12 @@ def gather(client: paramiko.SSHClient, command_timeout: float, read_kernel_log: 
         failure = _nvidia_smi_failure(topo)
         raise HostFailure(f"topo -m: {failure}")
     files = {"query.csv": query_text, "topo.txt": topo.stdout}
-    if _mig_enabled(query_text):
-        files.update(_mig_files(client, command_timeout, warnings))
+    if mig_enabled(query_text):
+        def run(command: str, label: str) -> tuple[int, str, str]:
+            r = run_command(client, command, command_timeout, label)
+            return r.returncode, r.stdout, r.stderr
+
+        files.update(mig_files(run, warnings))
     if read_kernel_log:
         xid = run_command(client, XID_COMMAND, command_timeout, "kernel log read")
         lines = [line for line in xid.stdout.splitlines() if "NVRM: Xid" in line]
@@ -374,28 +374,6 @@ def gather(client: paramiko.SSHClient, command_timeout: float, read_kernel_log: 
     return files, warnings, source
 
 
-def _mig_enabled(query_text: str) -> bool:
-    try:
-        rows = parse_query_csv(query_text, "query.csv").rows
-    except CaptureError:
-        return False  # the reader will say what is wrong with it
-    return any((r.mig_mode_current or "").lower() == "enabled" for r in rows)
-
-
-def _mig_files(client: paramiko.SSHClient, command_timeout: float, warnings: list[str]) -> dict[str, str]:
-    """mig.txt and mig-usage.txt; without mig.txt the host's MIG GPUs hand out nothing."""
-    listing = run_command(client, MIG_LIST_COMMAND, command_timeout, MIG_LIST_COMMAND)
-    if listing.returncode != 0 or "MIG " not in listing.stdout:
-        warnings.append(f"MIG devices not listed ({MIG_LIST_COMMAND}: {_first_line(listing.stdout, listing.stderr)})")
-        return {}
-    usage = run_command(client, MIG_USAGE_COMMAND, command_timeout, MIG_USAGE_COMMAND)
-    if usage.returncode != 0:
-        warnings.append(f"MIG usage not read ({MIG_USAGE_COMMAND}: {_first_line(usage.stdout, usage.stderr)}): "
-                        "MIG instances count as busy")
-        return {"mig.txt": listing.stdout}
-    return {"mig.txt": listing.stdout, "mig-usage.txt": usage.stdout}
-
-
 # --------------------------------------------------------------------------------------------
 # Writing
 # --------------------------------------------------------------------------------------------
@@ -405,7 +383,7 @@ def _write_success(host_dir: Path, files: dict[str, str]) -> list[str]:
     for name, text in files.items():
         atomic_write(host_dir / name, text)
     # a stale error, or a MIG listing of a host whose GPUs no longer have MIG enabled
-    for name in (ERROR_FILE, *(f for f in ("mig.txt", "mig-usage.txt") if f not in files)):
+    for name in (ERROR_FILE, *(f for f in MIG_FILES if f not in files)):
         try:
             (host_dir / name).unlink()
         except FileNotFoundError:
