@@ -41,6 +41,9 @@ PROVIDER_INFO: dict = {
             "python-modules": ["airflow_hetero_gpu.triggers.gpu_health", "airflow_hetero_gpu.triggers.capacity"],
         }
     ],
+    "task-decorators": [
+        {"name": "hetero_train", "class-name": "airflow_hetero_gpu.decorators.hetero_train.hetero_train_task"},
+    ],
     # The cluster page plugin is registered through the "airflow.plugins" entry point (pyproject),
     # which Airflow loads in every configuration; listed here too it would load twice.
     "connection-types": [],

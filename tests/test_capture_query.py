@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -292,16 +291,10 @@ def test_rejects_with_file_and_line(text, line, fragment):
     assert fragment in message
 
 
-def test_eight_gpu_query_parses_well_under_a_millisecond():
+def test_eight_gpu_query_parses():
+    """(How fast: benchmarks/capture_parse.py.)"""
     text = SPEC_HEADER + "".join(SPEC_ROW.replace("0, GPU-a1", f"{i}, GPU-a{i}", 1) for i in range(8))
-    assert len(parse_query_csv(text, "query.csv").rows) == 8
-    best = float("inf")
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(20):
-            parse_query_csv(text, "query.csv")
-        best = min(best, (time.perf_counter() - start) / 20)
-    assert best < 1e-3
+    assert [r.index for r in parse_query_csv(text, "query.csv").rows] == list(range(8))
 
 
 # --- bus ids ---------------------------------------------------------------------------------

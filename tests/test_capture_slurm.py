@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
@@ -160,17 +159,11 @@ def test_rejects_with_file_and_line(text, line, fragment):
     assert fragment in message
 
 
-def test_ten_thousand_hosts_are_fast():
+def test_ten_thousand_hosts_in_three_tiers():
+    """(How fast: benchmarks/capture_parse.py.)"""
     leaves = "\n".join(f"SwitchName=leaf{i} Nodes=n{i}-[000-099]" for i in range(100))
     spines = "\n".join(f"SwitchName=spine{j} Switches=leaf[{10 * j}-{10 * j + 9}]" for j in range(10))
-    start = time.perf_counter()
     topology = parse_topology_conf(f"{leaves}\n{spines}\nSwitchName=core Switches=spine[0-9]\n", "topology.conf")
-    assert time.perf_counter() - start < 1.0
     assert len(topology.hosts) == 10_000 and topology.max_tier == 3
     pairs = [("n1-001", "n1-099"), ("n1-001", "n2-000"), ("n1-001", "n55-042")]
     assert [topology.lowest_common_tier(a, b) for a, b in pairs] == [1, 2, 3]
-    start = time.perf_counter()
-    for _ in range(10_000):
-        for a, b in pairs:
-            topology.lowest_common_tier(a, b)
-    assert time.perf_counter() - start < 1.0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -367,12 +366,8 @@ def test_nic_rows_optional_and_legend_names_nics():
     assert matrix.gpu_nic_links == {(0, "mlx5_4"): "PXB", (1, "mlx5_4"): "SYS"}
 
 
-def test_eight_gpu_matrix_parses_well_under_a_millisecond():
+def test_eight_gpu_matrix_with_ten_nics_parses():
+    """(How fast: benchmarks/capture_parse.py.)"""
     text, path = _read(LOCAL, "hgx-h200-8gpu-nv18-10nic-ansi.txt")  # 8 GPUs and 10 NICs
-    best = float("inf")
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(20):
-            parse_topo(text, path)
-        best = min(best, (time.perf_counter() - start) / 20)
-    assert best < 1e-3
+    matrix = parse_topo(text, path)
+    assert len(matrix.gpus) == 8 and len(matrix.nics) == 10

@@ -63,3 +63,63 @@ def test_default_job_id_is_stable_and_valid():
     assert a.startswith("retrain_llm.train.") and len(a) <= 128
     long = default_job_id("d" * 300, "t" * 300, "r")
     assert len(long) <= 128
+
+
+def test_inventory_max_age_is_checked():
+    op = HeteroTrainOperator(**BASE, inventory_max_age="soon")
+    with pytest.raises(AirflowFailException, match=r"inventory_max_age: expected seconds >= 0, got 'soon'"):
+        op.max_age()
+    assert HeteroTrainOperator(**BASE, inventory_max_age=0).max_age() == 0
+    assert HeteroTrainOperator(**BASE).max_age() == 300
+
+
+def test_deferrable_follows_airflows_default_deferrable():
+    """As Airflow's own operators: ``[operators] default_deferrable`` is the default."""
+    import subprocess
+    import sys
+
+    code = ("from airflow_hetero_gpu.operators.hetero_train import HeteroTrainOperator as O;"
+            "print(O(task_id='t', gpu_count=1, script='s.py').deferrable,"
+            "      O(task_id='u', gpu_count=1, script='s.py', deferrable=False).deferrable)")
+    for value, expected in (("True", "True False"), ("False", "False False")):
+        env = {**__import__("os").environ, "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": value}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+        assert out.stdout.strip().splitlines()[-1] == expected, out.stderr[-2000:]
+
+
+def test_rdzv_host_is_the_rendezvous_address_the_hosts_get():
+    """A management network or a bastion: the other hosts reach the rendezvous at rdzv_host."""
+    from airflow_hetero_gpu.collect.targets import SshTarget
+    from airflow_hetero_gpu.launch.command import LaunchSpec, Torchrun
+    from airflow_hetero_gpu.launch.remote import torchrun_job
+    from airflow_hetero_gpu.operators.run_loop import RunSettings
+
+    op = HeteroTrainOperator(**BASE, rdzv_host="10.1.0.7", rdzv_port=29555)
+    assert "rdzv_host" in HeteroTrainOperator.template_fields and op.rdzv_host == "10.1.0.7"
+    settings = RunSettings(LaunchSpec("j1", Torchrun("train.py")), rdzv_port=op.rdzv_port, rdzv_host=op.rdzv_host)
+    placements = [(SshTarget("a", "192.0.2.1"), (0,)), (SshTarget("b", "192.0.2.2"), (0,))]
+    job = torchrun_job(settings.spec, placements, lambda t: None, rdzv_port=settings.rdzv_port,
+                       rdzv_address=settings.rdzv_host)
+    assert all("--rdzv-endpoint 10.1.0.7:29555" in w.command for w in job.workers)
+    job = torchrun_job(settings.spec, placements, lambda t: None, rdzv_port=29555)
+    assert all("--rdzv-endpoint 192.0.2.1:29555" in w.command for w in job.workers)
+
+
+def test_the_default_sqlite_ledger_is_refused_under_a_distributed_executor(monkeypatch, caplog):
+    from airflow_hetero_gpu.hooks.ledger import UnshareableLedger, check_shareable
+
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "CeleryExecutor")
+    with pytest.raises(UnshareableLedger, match=r"default SQLite file .* cannot share, and \[core\] executor is "
+                                                r"CeleryExecutor: set \[hetero_gpu\] ledger_conn_id or ledger_url"):
+        check_shareable(None)
+    with caplog.at_level("WARNING"):
+        check_shareable("sqlite:////var/lib/ledger.db")  # given on purpose: a warning
+    assert "only safe when every task that reserves GPUs runs on this one machine" in caplog.text
+    check_shareable("postgresql://db/ledger")
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "LocalExecutor")
+    check_shareable(None)  # one machine: the default file is right
+    # the operator fails at once (no retry) instead of reserving in a ledger no other worker sees
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "KubernetesExecutor")
+    op = HeteroTrainOperator(**BASE)
+    with pytest.raises(AirflowFailException, match="cannot share"):
+        op.ledger

@@ -309,7 +309,7 @@ def test_missing_captures_and_ledger_are_reported(tmp_path, monkeypatch):
 
     facts, cluster, _ = app.snapshot(None, app.PageSettings())
     html = render.render_page(facts, None)
-    assert "No capture directory configured" in html and "No ledger yet" in html
+    assert "hetero_gpu_health_watch DAG (it starts paused)" in html and "No ledger yet" in html
 
 
 def test_inventory_is_reread_when_a_capture_changes(tmp_path):

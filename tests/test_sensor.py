@@ -145,7 +145,7 @@ def test_faults_leave_the_available_set_and_come_back(fleet):
     # node03:1 is repaired; an operator brings it back at once (the others wait their 2 checks)
     cluster.update_gpu("node03", 1, ecc_uncorrected_volatile=0)
     done = subprocess.run([sys.executable, "-m", "airflow_hetero_gpu.cli", "uncordon", "node03:1", "--ledger", url],
-                          capture_output=True, text=True, cwd=REPO, timeout=60)
+                          capture_output=True, text=True, cwd=REPO, timeout=600)
     assert done.returncode == 0, done.stderr
     assert "node03:1" not in evicted(url)
 

@@ -50,11 +50,14 @@ class FreshInventory:
         if config is None:
             text = self.stored.config_text
             config = config_from_text(text, "ledger inventory file cluster.yaml") if text else ClusterConfig()
-        return cluster_from_captures(self.stored.captures(max_age=self.max_age), config, xid_rule=XIDS_FROM_LEDGER)
+        return cluster_from_captures(self.stored.captures(max_age=self.max_age, fresh=self.collected), config,
+                                     xid_rule=XIDS_FROM_LEDGER)
 
     def stale_hosts(self) -> list[str]:
+        """Hosts not placed on: older than ``max_age`` (and not collected just now)."""
         ages = self.stored.ages()
-        return sorted(h for h, age in ages.items() if age is None or age > self.max_age)
+        return sorted(h for h, age in ages.items()
+                      if (age is None or age > self.max_age) and h not in self.collected)
 
     def summary(self) -> dict[str, Any]:
         """For the decision's XCom and the task log: which inventory, how old, what was collected."""
@@ -104,7 +107,7 @@ def fresh_inventory(ledger: Any, collector: Collector, hosts: Collection[str], *
         logger.warning("GPU host %s: collection failed: %s", h.host, h.reason)
     result.stored = ledger.inventory(hosts)
     if report.failed and not report.ok and all(h.config_error for h in report.failed) \
-            and not [a for a in result.stored.ages().values() if a is not None and a <= max_age]:
+            and len(result.stale_hosts()) == len(hosts):
         raise CollectionConfigError(
             "no GPU host could be collected: " + "; ".join(f"{h.host}: {h.reason}" for h in report.failed))
     return result

@@ -3,6 +3,10 @@
 Every host of a job runs the same shape of command: a POSIX ``sh -c`` script that
 
 1. creates the job's run directory ``$HOME/.hetero-gpu/run/<job id>/``,
+   and, when the spec has a ``payload``, stores the first ``len(payload)`` bytes of its stdin
+   there as ``<host>.payload`` (mode 0600; the launcher sends them right after the command
+   starts, so no shared file system is needed) and exports its path as ``HETERO_GPU_PAYLOAD``;
+   :data:`PAYLOAD_SCRIPT` as a torchrun script (or an argv word) runs that file,
 2. changes to the working directory (when one is given),
 3. exports ``CUDA_VISIBLE_DEVICES`` (the GPUs chosen on that host, comma-joined: nvidia-smi
    indices, or the ``MIG-<uuid>`` of a MIG instance; empty hides every GPU) and the user's
@@ -13,8 +17,8 @@ Every host of a job runs the same shape of command: a POSIX ``sh -c`` script tha
    ``HETERO_GPU_PGID=<pgid>`` as its first line, writes the same number to
    ``<run dir>/<host>.pgid`` and ``exec``s the program: torchrun (:class:`Torchrun`) or any
    argv (:class:`Command`). The job's stdin is ``/dev/null``. The script waits for the
-   program (``-w`` where setsid has to fork), then removes the pid file and exits with the
-   program's status;
+   program (``-w`` where setsid has to fork), then removes the pid file (and the payload) and
+   exits with the program's status;
 5. meanwhile a **watchdog** reads the SSH channel's stdin, which the launcher never closes: end
    of file there means the session is gone (launcher killed, connection dropped, sshd killed),
    and the watchdog then ends this launch of the job on this host with :data:`SWEEP_SCRIPT`
@@ -43,6 +47,8 @@ NODE_RANK_ENV = "HETERO_GPU_NODE_RANK"
 #: One launch of a job on one host (``<shell pid>.<start time in ns>``): what that launch's
 #: watchdog sweeps, so that it can never hit a later launch of the same job id (a retry).
 LAUNCH_ENV = "HETERO_GPU_LAUNCH"
+#: The absolute path of the job's payload file on the host (set when the spec has a payload).
+PAYLOAD_ENV = "HETERO_GPU_PAYLOAD"
 #: The first stdout line of every host's command: ``HETERO_GPU_PGID=<process group id>``.
 PGID_MARKER = "HETERO_GPU_PGID="
 #: Where each host keeps a job's pid files, relative to the remote user's home directory.
@@ -56,7 +62,7 @@ _JOB_ID = re.compile(r"[A-Za-z0-9._-]+")
 _HOST = re.compile(r"[A-Za-z0-9._:-]+")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MARKERS = frozenset({JOB_ENV, HOST_ENV, NODE_RANK_ENV})
-_RESERVED_NAMES = {LAUNCH_ENV}
+_RESERVED_NAMES = {LAUNCH_ENV, PAYLOAD_ENV}
 _RESERVED_ENV = _MARKERS | _RESERVED_NAMES | {"CUDA_VISIBLE_DEVICES"}
 _MAX_JOB_ID = 128
 
@@ -125,6 +131,20 @@ exit 0
 _LEADER = ('exec 2>&3 3>&-; echo "' + PGID_MARKER + '$$"; { echo "$$" > "$1"; } 2>/dev/null'
            ' || { mkdir -p -- "${1%/*}" && echo "$$" > "$1"; } || exit '
            + str(SETUP_EXIT_CODE) + '; shift; exec "$@"')
+
+
+class ShellWord(str):
+    """A word of the host script written as it is, unquoted: only for constants of this
+    module (:data:`PAYLOAD_SCRIPT`), never for a value that comes from a user."""
+
+
+#: As ``Torchrun(script=PAYLOAD_SCRIPT)`` (or a word of a ``Command``): the job's payload file
+#: on each host (``LaunchSpec.payload``), by its absolute path.
+PAYLOAD_SCRIPT = ShellWord(f'"${PAYLOAD_ENV}"')
+
+
+def _word(value: str) -> str:
+    return value if isinstance(value, ShellWord) and value == PAYLOAD_SCRIPT else shlex.quote(value)
 
 
 def validate_job_id(job_id: str) -> str:
@@ -252,15 +272,25 @@ Program = Union[Torchrun, Command]
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    """What to run for a job, and where it runs on each host."""
+    """What to run for a job, and where it runs on each host.
+
+    ``payload``: bytes every host receives on the command's stdin and keeps as a file in the
+    job's run directory while the job runs (a script the program runs: :data:`PAYLOAD_SCRIPT`).
+    """
 
     job_id: str
     program: Program
     env: Mapping[str, str] = field(default_factory=dict)
     workdir: str | None = None
+    payload: bytes | None = None
 
     def __post_init__(self) -> None:
         validate_job_id(self.job_id)
+        if self.payload is not None and not isinstance(self.payload, bytes):
+            raise ValueError(f"payload must be bytes, got {type(self.payload).__name__}")
+        words = (self.program.script,) if isinstance(self.program, Torchrun) else self.program.argv
+        if self.payload is None and any(w == PAYLOAD_SCRIPT and isinstance(w, ShellWord) for w in words):
+            raise ValueError("the program runs the payload file, but the launch has no payload")
         env = dict(self.env)
         for name, value in env.items():
             validate_env_name(name)
@@ -341,6 +371,13 @@ def build_script(spec: LaunchSpec, shares: Sequence[HostShare], rank: int, rdzv_
     others = [(n, v) for n, v in env if n not in _MARKERS]
     lines = [f'run_dir="$HOME"/{q(run_dir(spec.job_id))}',
              f'mkdir -p "$run_dir" || exit {SETUP_EXIT_CODE}']
+    if spec.payload is not None:
+        # the launcher sends the payload first on stdin; what follows it is the watchdog's
+        size = len(spec.payload)
+        lines += [f'payload="$run_dir"/{q(shares[rank].host + ".payload")}',
+                  f'(umask 077 && head -c {size} >"$payload") && '
+                  f'[ "$(wc -c <"$payload" | tr -d \' \')" = {size} ] || {{ rm -f "$payload"; exit {SETUP_EXIT_CODE}; }}',
+                  f'export {PAYLOAD_ENV}="$payload"']
     if spec.workdir is not None:
         lines.append(f"cd {q(spec.workdir)} || exit {SETUP_EXIT_CODE}")
     lines.append("export " + " ".join(f"{n}={q(v)}" for n, v in others))
@@ -348,7 +385,7 @@ def build_script(spec: LaunchSpec, shares: Sequence[HostShare], rank: int, rdzv_
     # waiting parent, when setsid has to fork) stays unmarked, so a kill never hits it and it
     # reports how the session ended.
     pid_file = f'"$run_dir"/{q(shares[rank].host + ".pgid")}'
-    argv = " ".join(q(a) for a in program_argv(spec, shares, rank, rdzv_port))
+    argv = " ".join(_word(a) for a in program_argv(spec, shares, rank, rdzv_port))
     # From here on this shell's own stderr is /dev/null: when the job is killed, sh reports
     # "Terminated" there, and into a closed SSH channel that would be a SIGPIPE that ends this
     # shell before it removes the pid file. The job gets the real stderr back through fd 3.
@@ -371,7 +408,8 @@ def build_script(spec: LaunchSpec, shares: Sequence[HostShare], rank: int, rdzv_
                  + ' "$launch" >/dev/null 2>&1; } 3>&- &')
     lines += ["watchdog=$!", "exec 4<&-", 'wait "$job"', "status=$?", 'kill "$watchdog" 2>/dev/null']
     # The pid file lives as long as the process group it names.
-    lines += [f"rm -f {pid_file}", 'rmdir "$run_dir"', 'exit "$status"']
+    lines += [f"rm -f {pid_file}" + (' "$payload"' if spec.payload is not None else ""),
+              'rmdir "$run_dir"', 'exit "$status"']
     return "\n".join(lines) + "\n"
 
 
@@ -409,8 +447,9 @@ def parse_pgid_line(line: str) -> int | None:
 
 
 __all__ = [
-    "Command", "HostShare", "JOB_ENV", "HOST_ENV", "LaunchSpec", "NODE_RANK_ENV", "PGID_MARKER",
-    "Program", "RUN_ROOT", "SETUP_EXIT_CODE", "Torchrun", "build_commands", "build_host_command",
+    "Command", "HostShare", "JOB_ENV", "HOST_ENV", "LaunchSpec", "NODE_RANK_ENV", "PAYLOAD_ENV",
+    "PAYLOAD_SCRIPT", "PGID_MARKER", "Program", "RUN_ROOT", "SETUP_EXIT_CODE", "ShellWord", "Torchrun",
+    "build_commands", "build_host_command",
     "build_script", "host_environment", "parse_pgid_line", "program_argv", "run_dir",
     "torchrun_argv", "validate_env_name", "validate_host_name", "validate_job_id",
 ]

@@ -1,6 +1,7 @@
 """The rendezvous port: probed on the first host, or derived from the job id.
 
-Two policies, chosen by the caller (:func:`airflow_hetero_gpu.launch.remote.torchrun_job`):
+Two policies, or a fixed port, chosen by the caller (:func:`choose_rdzv_port`, which
+:func:`airflow_hetero_gpu.launch.remote.torchrun_job` calls):
 
 - ``"probe"`` (the default): run :data:`FREE_PORT_COMMAND` on the first host over SSH. It binds
   port 0 on all interfaces, prints the port the kernel picked, and closes the socket; torchrun's
@@ -16,10 +17,14 @@ Two policies, chosen by the caller (:func:`airflow_hetero_gpu.launch.remote.torc
 from __future__ import annotations
 
 import hashlib
+from typing import Literal
 
 import paramiko
 
+from airflow_hetero_gpu.collect.targets import SshTarget
 from airflow_hetero_gpu.launch.command import validate_job_id
+from airflow_hetero_gpu.launch.failures import JobStartError
+from airflow_hetero_gpu.launch.orphans import ClientFactory
 
 #: The range :func:`derive_port` draws from, inclusive.
 DEFAULT_PORT_RANGE = (29400, 29999)
@@ -59,4 +64,28 @@ def probe_free_port(client: paramiko.SSHClient, timeout: float = 15.0) -> int:
     return int(out)
 
 
-__all__ = ["DEFAULT_PORT_RANGE", "FREE_PORT_COMMAND", "PortProbeError", "derive_port", "probe_free_port"]
+def choose_rdzv_port(job_id: str, first: SshTarget, client_factory: ClientFactory,
+                     policy: int | Literal["probe", "derive"] = "probe",
+                     port_range: tuple[int, int] = DEFAULT_PORT_RANGE) -> int:
+    """The rendezvous port by ``policy``: a fixed number, ``"derive"`` (from the job id) or
+    ``"probe"`` (a free port on the first host, reached through ``client_factory``)."""
+    if isinstance(policy, int) and not isinstance(policy, bool):
+        if not 1 <= policy <= 65535:
+            raise ValueError(f"invalid rendezvous port {policy}: must be 1-65535")
+        return policy
+    if policy == "derive":
+        return derive_port(job_id, port_range)
+    if policy != "probe":
+        raise ValueError(f"invalid rendezvous port policy {policy!r}: use a port, 'probe' or 'derive'")
+    try:
+        client = client_factory(first)
+    except Exception as exc:
+        raise JobStartError(first.host_name, f"{exc or type(exc).__name__}") from exc
+    try:
+        return probe_free_port(client)
+    finally:
+        client.close()
+
+
+__all__ = ["DEFAULT_PORT_RANGE", "FREE_PORT_COMMAND", "PortProbeError", "choose_rdzv_port", "derive_port",
+           "probe_free_port"]

@@ -1,4 +1,5 @@
-"""Run one process per host over SSH, stream their output, and stop them all together.
+"""The job of many hosts: run one process per host over SSH, stream their output, and stop
+them all together.
 
 :class:`RemoteJob` takes one :class:`Worker` per host (an SSH target, a node rank and the
 command from :mod:`airflow_hetero_gpu.launch.command`) and
@@ -8,12 +9,14 @@ command from :mod:`airflow_hetero_gpu.launch.command`) and
 - starts each command on its own SSH channel (``exec``, no pty) and reads its stdout and stderr
   in one thread each, calling ``on_line(host, rank, stream, line)`` for every line as it comes
   (without a callback, lines go to this module's logger as ``[host/rank] line``) and
-  keeping only the last ``tail_lines`` lines per host (and at most ``max_line_bytes`` per line);
+  keeping only the last ``tail_lines`` lines per host (and at most ``max_line_bytes`` per line):
+  the channel pump, :mod:`airflow_hetero_gpu.launch.channel`;
 - waits for every host; the first host that exits non-zero becomes the job's
   :class:`JobFailure`, and every host's processes are then ended (see :meth:`RemoteJob.kill`);
 - asks each host's sshd for a keepalive answer every ``keepalive_interval`` seconds; a host that
   answers nothing for ``host_timeout`` seconds (its network went quiet, the machine froze) is
-  given up on as failed, like a host whose process exited non-zero. A host whose session is
+  given up on as failed, like a host whose process exited non-zero
+  (:mod:`airflow_hetero_gpu.launch.liveness`). A host whose session is
   gone ends its share of the job by itself (the watchdog of
   :mod:`airflow_hetero_gpu.launch.command`), even when no sweep can reach it;
 - :meth:`RemoteJob.kill` ends the job on every host: the orphan sweep of
@@ -21,206 +24,33 @@ command from :mod:`airflow_hetero_gpu.launch.command`) and
   waits ``kill_grace`` seconds, then sends SIGKILL. It is idempotent and may be called from any
   thread (Airflow calls ``on_kill`` from another thread than ``execute``).
 
-:func:`torchrun_job` builds the whole thing for a torchrun launch: rendezvous port, one command
-per host, the job.
+:func:`torchrun_job` builds the whole thing for a torchrun launch: rendezvous port
+(:mod:`airflow_hetero_gpu.launch.ports`), one command per host, the job. What a job hands back
+is in :mod:`airflow_hetero_gpu.launch.results`, how it fails in
+:mod:`airflow_hetero_gpu.launch.failures`; both are re-exported here.
 """
 
 from __future__ import annotations
 
 import logging
 import queue
-import re
 import threading
 import time
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
+from typing import Any, Iterable, Literal, Mapping, Sequence
 
 import paramiko
 
 from airflow_hetero_gpu.collect.targets import SshTarget
-from airflow_hetero_gpu.launch.command import (
-    HostShare,
-    LaunchSpec,
-    build_commands,
-    parse_pgid_line,
-    validate_job_id,
-)
+from airflow_hetero_gpu.launch.channel import HostRun, LineCallback, Worker
+from airflow_hetero_gpu.launch.command import HostShare, LaunchSpec, build_commands, validate_job_id
+from airflow_hetero_gpu.launch.failures import JobFailure, JobKilled, JobStartError, summarize_tail
+from airflow_hetero_gpu.launch.liveness import give_up_silent, start_keepalive
 from airflow_hetero_gpu.launch.orphans import KILL_WAIT_S, ClientFactory, SweepResult, sweep_host
-from airflow_hetero_gpu.launch.ports import DEFAULT_PORT_RANGE, derive_port, probe_free_port
+from airflow_hetero_gpu.launch.ports import DEFAULT_PORT_RANGE, choose_rdzv_port
+from airflow_hetero_gpu.launch.results import HostResult, JobResult
 
 log = logging.getLogger(__name__)
-
-#: ``on_line(host, rank, stream, line)``; ``stream`` is ``"stdout"`` or ``"stderr"``.
-LineCallback = Callable[[str, int, str, str], None]
-STREAMS = ("stdout", "stderr")
-
-
-# --------------------------------------------------------------------------------------------
-# What goes in and what comes out
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Worker:
-    """One host's process of a job: where (SSH target), which node rank, what command."""
-
-    target: SshTarget
-    rank: int
-    command: str
-
-    @property
-    def host(self) -> str:
-        return self.target.host_name
-
-
-@dataclass
-class HostResult:
-    """How one host's process ended. ``exit_code`` is None when no status came back (the
-    connection was lost, or the process was killed by a signal before it could report)."""
-
-    host: str
-    rank: int
-    exit_code: int | None
-    seconds: float
-    tail: list[str]
-    pgid: int | None = None
-    error: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"host": self.host, "rank": self.rank, "exit_code": self.exit_code,
-                "seconds": round(self.seconds, 3), "tail": list(self.tail), "pgid": self.pgid,
-                "error": self.error}
-
-
-class JobStartError(RuntimeError):
-    """The job could not be started on ``host``; nothing of it is left running."""
-
-    def __init__(self, host: str, reason: str):
-        reason = " ".join(reason.split())
-        super().__init__(f"cannot start on {host}: {reason}")
-        self.host = host
-        self.reason = reason
-
-
-_ROOT_CAUSE = "Root Cause (first observed failure):"
-_FIELD = re.compile(r"^\s*(rank|exitcode)\s*:\s*(-?\d+)")
-
-
-def summarize_tail(tail: Sequence[str]) -> str | None:
-    """One line that says why a host failed: torchrun's root cause when its failure report is
-    in the tail (``torchrun root cause: rank 3 exitcode 3``), else the last line with text."""
-    for start in range(len(tail) - 1, -1, -1):
-        if tail[start].strip() == _ROOT_CAUSE:
-            found: dict[str, str] = {}
-            for line in tail[start + 1:start + 12]:
-                match = _FIELD.match(line)
-                if match:
-                    found.setdefault(match.group(1), match.group(2))
-            if found:
-                return "torchrun root cause: " + " ".join(f"{k} {v}" for k, v in sorted(found.items(), reverse=True))
-            break
-    return next((line.strip() for line in reversed(tail) if any(c.isalnum() for c in line)), None)
-
-
-class JobFailure(RuntimeError):
-    """A host's process exited non-zero (or vanished): the job failed there.
-
-    ``str()`` is one line; ``tail`` holds the host's last output lines.
-    """
-
-    def __init__(self, host: str, rank: int, exit_code: int | None, tail: Sequence[str],
-                 reason: str | None = None):
-        status = f"exited with status {exit_code}" if exit_code is not None else (reason or "ended without an exit status")
-        summary = summarize_tail(tail)
-        super().__init__(f"worker on {host} (node rank {rank}) {status}" + (f"; {summary}" if summary else ""))
-        self.host = host
-        self.rank = rank
-        self.exit_code = exit_code
-        self.tail = list(tail)
-        self.summary = summary
-
-
-class JobKilled(RuntimeError):
-    """The job was stopped by :meth:`RemoteJob.kill` before it finished."""
-
-
-@dataclass
-class JobResult:
-    """Every host's outcome; ``failure`` is the first host that failed on its own."""
-
-    job_id: str
-    hosts: list[HostResult]
-    seconds: float
-    failure: JobFailure | None = None
-    killed: bool = False
-    cleanup: dict[str, SweepResult] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return self.failure is None and not self.killed and all(h.exit_code == 0 for h in self.hosts)
-
-    def __getitem__(self, host: str) -> HostResult:
-        for result in self.hosts:
-            if result.host == host:
-                return result
-        raise KeyError(host)
-
-    def raise_for_failure(self) -> "JobResult":
-        """Raise the :class:`JobFailure` (or :class:`JobKilled`) when the job did not succeed."""
-        if self.failure is not None:
-            raise self.failure
-        if self.killed:
-            raise JobKilled(f"job {self.job_id} was killed")
-        for host in self.hosts:
-            if host.exit_code != 0:
-                raise JobFailure(host.host, host.rank, host.exit_code, host.tail, host.error)
-        return self
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-able form (for XCom)."""
-        return {
-            "job_id": self.job_id,
-            "ok": self.ok,
-            "seconds": round(self.seconds, 3),
-            "killed": self.killed,
-            "failure": None if self.failure is None else {
-                "host": self.failure.host, "rank": self.failure.rank,
-                "exit_code": self.failure.exit_code, "message": str(self.failure),
-            },
-            "hosts": [h.as_dict() for h in self.hosts],
-        }
-
-
-# --------------------------------------------------------------------------------------------
-# One host's run
-# --------------------------------------------------------------------------------------------
-
-
-class _HostRun:
-    """The SSH channel of one worker, its reader threads and what they saw."""
-
-    def __init__(self, worker: Worker, client: paramiko.SSHClient, tail_lines: int):
-        self.worker = worker
-        self.client = client
-        self.channel: paramiko.Channel | None = None
-        self.tail: deque[str] = deque(maxlen=tail_lines)
-        self.pgid: int | None = None
-        self.started = 0.0
-        self.ended: float | None = None
-        self.exit_code: int | None = None
-        self.error: str | None = None
-        self.done = threading.Event()
-        self.threads: list[threading.Thread] = []
-        self.last_alive = time.monotonic()  # the host's last answer to a keepalive
-        self.lost = False                   # silent for too long: given up on
-
-    def result(self) -> HostResult:
-        end = self.ended if self.ended is not None else time.monotonic()
-        return HostResult(self.worker.host, self.worker.rank, self.exit_code,
-                          max(0.0, end - self.started) if self.started else 0.0,
-                          list(self.tail), self.pgid, self.error)
 
 
 class RemoteJob:
@@ -251,8 +81,8 @@ class RemoteJob:
         self.max_line_bytes = max_line_bytes
         self.keepalive_interval = float(keepalive_interval)
         self.host_timeout = float(host_timeout)
-        self._runs: list[_HostRun] = []
-        self._events: queue.Queue[_HostRun] = queue.Queue()
+        self._runs: list[HostRun] = []
+        self._events: queue.Queue[HostRun] = queue.Queue()
         self._lock = threading.Lock()
         self._started = False
         self._stopping = False          # no new command may start once this is set
@@ -278,7 +108,9 @@ class RemoteJob:
             self._started = True
         self._t0 = time.monotonic()
         clients = self._connect_all()
-        runs = [_HostRun(w, clients[w.host], self.tail_lines) for w in self.workers]
+        runs = [HostRun(w, clients[w.host], tail_lines=self.tail_lines, max_line_bytes=self.max_line_bytes,
+                        on_line=self.on_line or self._log_line, on_end=self._events.put)
+                for w in self.workers]
         error: JobStartError | None = None
         with self._lock:
             self._runs = runs
@@ -316,111 +148,12 @@ class RemoteJob:
             raise JobStartError(worker.host, reason or "connection failed")
         return clients
 
-    def _exec(self, run: _HostRun) -> None:
-        transport = run.client.get_transport()
-        if transport is None or not transport.is_active():
-            raise ConnectionError("SSH connection closed")
-        channel = transport.open_session()
-        run.started = time.monotonic()
-        try:
-            channel.exec_command(run.worker.command)
-        except BaseException:
-            channel.close()
-            raise
-        run.channel = channel
-        stdout = channel.makefile("rb")
-        stderr = channel.makefile_stderr("rb")
-        err_thread = threading.Thread(target=self._read, args=(run, "stderr", stderr), daemon=True,
-                                      name=f"{self.job_id}:{run.worker.host}:stderr")
-        out_thread = threading.Thread(target=self._read_and_finish, args=(run, stdout, err_thread),
-                                      daemon=True, name=f"{self.job_id}:{run.worker.host}:stdout")
-        alive_thread = threading.Thread(target=self._keepalive, args=(run,), daemon=True,
-                                        name=f"{self.job_id}:{run.worker.host}:keepalive")
-        run.threads = [out_thread, err_thread, alive_thread]
-        err_thread.start()
-        out_thread.start()
-        alive_thread.start()
+    def _exec(self, run: HostRun) -> None:
+        run.start(self.job_id)
+        start_keepalive(run, self.keepalive_interval, self.job_id)
 
-    # -- liveness ------------------------------------------------------------------------------
-
-    def _keepalive(self, run: _HostRun) -> None:
-        """Ask the host's sshd for an answer every ``keepalive_interval`` s (an OpenSSH
-        ``keepalive@openssh.com`` global request, as ``ServerAliveInterval`` does); each answer
-        is a sign of life. A host whose network went silent answers nothing, and output alone
-        cannot tell it from a job that prints nothing."""
-        transport = run.client.get_transport()
-        while transport is not None and transport.is_active() and not run.done.is_set():
-            try:
-                transport.global_request("keepalive@openssh.com", wait=True)  # blocks until answered
-            except Exception:
-                return
-            if not transport.is_active():
-                return
-            run.last_alive = time.monotonic()
-            run.done.wait(self.keepalive_interval)
-
-    def _check_alive(self) -> None:
-        """Give up on every running host that answered nothing for ``host_timeout`` s."""
-        now = time.monotonic()
-        with self._lock:
-            runs = list(self._runs)
-        for run in runs:
-            if run.channel is None or run.done.is_set() or now - run.last_alive < self.host_timeout:
-                continue
-            with self._lock:
-                if run.done.is_set():
-                    continue
-                run.lost = True
-                run.error = (f"no answer from {run.worker.host} for {now - run.last_alive:.0f} s "
-                             "(SSH keepalive): the host or its network is down")
-                run.ended = now
-                run.done.set()
-            log.warning("job %s: %s", self.job_id, run.error)
-            self._events.put(run)
-
-    # -- reading -------------------------------------------------------------------------------
-
-    def _read(self, run: _HostRun, stream: str, handle: Any) -> None:
-        # The PGID line is the program's first, but a login shell's rc files may print before it.
-        look_for_pgid = stream == "stdout"
-        try:
-            while True:
-                raw = handle.readline(self.max_line_bytes)
-                if not raw:
-                    return
-                line = raw.decode("utf-8", "replace").rstrip("\r\n")
-                if look_for_pgid:
-                    pgid = parse_pgid_line(line)
-                    if pgid is not None:
-                        run.pgid = pgid
-                        look_for_pgid = False
-                        continue
-                run.tail.append(line)
-                if self.on_line is None:
-                    log.info("[%s/%d] %s", run.worker.host, run.worker.rank, line)
-                    continue
-                try:
-                    self.on_line(run.worker.host, run.worker.rank, stream, line)
-                except Exception:  # a broken callback must not stop the reading
-                    log.exception("on_line callback failed for %s", run.worker.host)
-        except Exception as exc:  # the connection dropped mid-read
-            run.error = run.error or f"output stream lost: {exc or type(exc).__name__}"
-
-    def _read_and_finish(self, run: _HostRun, stdout: Any, err_thread: threading.Thread) -> None:
-        self._read(run, "stdout", stdout)
-        err_thread.join()
-        assert run.channel is not None
-        status = run.channel.recv_exit_status()
-        with self._lock:
-            if run.done.is_set():  # given up on as lost already
-                return
-            run.ended = time.monotonic()
-            if status >= 0:
-                run.exit_code = status
-            else:
-                run.error = run.error or "no exit status (connection lost or process killed by a signal)"
-            run.done.set()
-        self._events.put(run)
+    def _log_line(self, host: str, rank: int, stream: str, line: str) -> None:
+        log.info("[%s/%d] %s", host, rank, line)
 
     # -- waiting -------------------------------------------------------------------------------
 
@@ -449,7 +182,7 @@ class RemoteJob:
             try:
                 run = self._events.get(timeout=1.0 if left is None else min(left, 1.0))
             except queue.Empty:
-                self._check_alive()
+                give_up_silent(runs, self.host_timeout, self.job_id)
                 continue
             if id(run) not in pending:
                 continue
@@ -477,7 +210,7 @@ class RemoteJob:
             raise
         return result.raise_for_failure()
 
-    def _note_end(self, run: _HostRun) -> None:
+    def _note_end(self, run: HostRun) -> None:
         code = run.exit_code
         log.debug("job %s: %s exited with %s", self.job_id, run.worker.host, code)
         if code == 0:
@@ -551,10 +284,10 @@ class RemoteJob:
                 run.error = run.error or "did not end after SIGKILL; channel closed"
                 run.channel.close()
 
-    def _sweep(self, runs: Iterable[_HostRun], grace: float) -> None:
+    def _sweep(self, runs: Iterable[HostRun], grace: float) -> None:
         runs = list(runs)
 
-        def one(run: _HostRun) -> SweepResult:
+        def one(run: HostRun) -> SweepResult:
             host = run.worker.host
             transport = run.client.get_transport()
             if run.lost:  # its connection hangs: drop it, and try a fresh one (bounded by the
@@ -622,29 +355,6 @@ def placements_from_decision(decision: Any, targets: Mapping[str, SshTarget]) ->
                                   else sorted(devices))) for host, devices in by_host.items()]
 
 
-def choose_rdzv_port(job_id: str, first: SshTarget, client_factory: ClientFactory,
-                     policy: int | Literal["probe", "derive"] = "probe",
-                     port_range: tuple[int, int] = DEFAULT_PORT_RANGE) -> int:
-    """The rendezvous port by ``policy``: a fixed number, ``"derive"`` (from the job id) or
-    ``"probe"`` (a free port on the first host, see :mod:`airflow_hetero_gpu.launch.ports`)."""
-    if isinstance(policy, int) and not isinstance(policy, bool):
-        if not 1 <= policy <= 65535:
-            raise ValueError(f"invalid rendezvous port {policy}: must be 1-65535")
-        return policy
-    if policy == "derive":
-        return derive_port(job_id, port_range)
-    if policy != "probe":
-        raise ValueError(f"invalid rendezvous port policy {policy!r}: use a port, 'probe' or 'derive'")
-    try:
-        client = client_factory(first)
-    except Exception as exc:
-        raise JobStartError(first.host_name, f"{exc or type(exc).__name__}") from exc
-    try:
-        return probe_free_port(client)
-    finally:
-        client.close()
-
-
 def torchrun_job(spec: LaunchSpec, placements: Sequence[Placement], client_factory: ClientFactory, *,
                  rdzv_port: int | Literal["probe", "derive"] = "probe",
                  port_range: tuple[int, int] = DEFAULT_PORT_RANGE,
@@ -661,7 +371,7 @@ def torchrun_job(spec: LaunchSpec, placements: Sequence[Placement], client_facto
     ]
     port = choose_rdzv_port(spec.job_id, placements[0][0], client_factory, rdzv_port, port_range)
     commands = build_commands(spec, shares, port)
-    workers = [Worker(target, rank, command)
+    workers = [Worker(target, rank, command, stdin=spec.payload or b"")
                for rank, ((target, _), command) in enumerate(zip(placements, commands))]
     return RemoteJob(spec.job_id, workers, client_factory, **job_options)
 

@@ -87,12 +87,14 @@ class StoredInventory:
     fleet_files: dict[str, str]
     read_at: datetime
 
-    def captures(self, *, count_xids: bool = False, max_age: float | None = None) -> CaptureSet:
+    def captures(self, *, count_xids: bool = False, max_age: float | None = None,
+                 fresh: Collection[str] = ()) -> CaptureSet:
         """The stored outputs parsed as a capture set (the planner's input).
 
         Xid lines are left out unless ``count_xids`` (the ledger's evictions carry them). With
-        ``max_age``, a host whose outputs are older is marked stale: its GPUs are not placed on,
-        with the reason ``inventory N s old (max M s)``.
+        ``max_age``, a host whose outputs are older is marked stale (unless named in ``fresh``:
+        collected just now for this very reader): its GPUs are not placed on, with the reason
+        ``inventory N s old (max M s)``.
         """
         hosts: dict[str, HostCapture] = {}
         for name in sorted(self.hosts):
@@ -105,7 +107,7 @@ class StoredInventory:
                 cap.xid = []
             cap.collected_at = row.good_at
             age = row.age(self.read_at)
-            if max_age is not None and age is not None and age > max_age:
+            if max_age is not None and age is not None and age > max_age and name not in fresh:
                 cap.stale = f"inventory {age:.0f} s old (max {max_age:g} s)"
             hosts[name] = cap
         switches = None

@@ -1,0 +1,61 @@
+"""How a launch fails, in one line each: a host that could not start, a host whose process
+failed, a job that was killed, and the summary of a failed host's last output lines."""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+_ROOT_CAUSE = "Root Cause (first observed failure):"
+_FIELD = re.compile(r"^\s*(rank|exitcode)\s*:\s*(-?\d+)")
+
+
+def summarize_tail(tail: Sequence[str]) -> str | None:
+    """One line that says why a host failed: torchrun's root cause when its failure report is
+    in the tail (``torchrun root cause: rank 3 exitcode 3``), else the last line with text."""
+    for start in range(len(tail) - 1, -1, -1):
+        if tail[start].strip() == _ROOT_CAUSE:
+            found: dict[str, str] = {}
+            for line in tail[start + 1:start + 12]:
+                match = _FIELD.match(line)
+                if match:
+                    found.setdefault(match.group(1), match.group(2))
+            if found:
+                return "torchrun root cause: " + " ".join(f"{k} {v}" for k, v in sorted(found.items(), reverse=True))
+            break
+    return next((line.strip() for line in reversed(tail) if any(c.isalnum() for c in line)), None)
+
+
+class JobStartError(RuntimeError):
+    """The job could not be started on ``host``; nothing of it is left running."""
+
+    def __init__(self, host: str, reason: str):
+        reason = " ".join(reason.split())
+        super().__init__(f"cannot start on {host}: {reason}")
+        self.host = host
+        self.reason = reason
+
+
+class JobFailure(RuntimeError):
+    """A host's process exited non-zero (or vanished): the job failed there.
+
+    ``str()`` is one line; ``tail`` holds the host's last output lines.
+    """
+
+    def __init__(self, host: str, rank: int, exit_code: int | None, tail: Sequence[str],
+                 reason: str | None = None):
+        status = f"exited with status {exit_code}" if exit_code is not None else (reason or "ended without an exit status")
+        summary = summarize_tail(tail)
+        super().__init__(f"worker on {host} (node rank {rank}) {status}" + (f"; {summary}" if summary else ""))
+        self.host = host
+        self.rank = rank
+        self.exit_code = exit_code
+        self.tail = list(tail)
+        self.summary = summary
+
+
+class JobKilled(RuntimeError):
+    """The job was stopped by :meth:`RemoteJob.kill` before it finished."""
+
+
+__all__ = ["JobFailure", "JobKilled", "JobStartError", "summarize_tail"]
