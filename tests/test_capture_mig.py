@@ -144,3 +144,40 @@ def test_a_listing_that_is_not_this_gpus_is_not_used(tmp_path):
     assert [g.key for g in cluster.gpus] == [("h100", 0)]
     assert any("mig.txt lists GPU-7fdaf0a5" in note for note in cluster.host_notes["h100"])
     assert captures.hosts["h100"].mig is not None
+
+
+def _q_mig_devices(text: str) -> tuple[dict[int, tuple[int, int, float]], list[tuple[int, int]]]:
+    """From a real ``nvidia-smi -q``: per MIG device Index its (GI, CI, FB total MiB), and the
+    (GI, CI) of every process — read here only to check the table reader's numbering."""
+    devices, procs, current, section = {}, [], None, None
+    for line in text.splitlines():
+        key, _, value = (part.strip() for part in line.partition(":"))
+        if line.strip() == "MIG Device":
+            current, section = {}, "mig"
+        elif line.strip() == "Processes":
+            section = "procs"
+        elif section == "mig" and current is not None:
+            if key in ("Index", "GPU Instance ID", "Compute Instance ID"):
+                current[key] = int(value)
+            elif key == "Total" and "total" not in current:
+                current["total"] = float(value.split()[0])
+                devices[current["Index"]] = (current["GPU Instance ID"], current["Compute Instance ID"], current["total"])
+        elif section == "procs" and key == "GPU instance ID":
+            procs.append([int(value)])
+        elif section == "procs" and key == "Compute instance ID":
+            procs[-1].append(int(value))
+    return devices, [tuple(p) for p in procs]
+
+
+def test_the_table_numbers_mig_devices_as_q_and_L_do():
+    """The same H100 in three outputs: -q's MIG Device Index, the table's MIG Dev and -L's
+    Device N name the same device (same GPU instance, compute instance and memory)."""
+    devices, processes = _q_mig_devices((MIG / "q-h100-mig-enabled-load.txt").read_text())
+    table = parse_mig_usage((MIG / "table-h100-mig-4-instances-idle.txt").read_text(), "t")
+    listing = parse_mig_list((MIG / "L-h100-mig-4-instances.txt").read_text(), "l")
+    assert {d: (r.gpu_instance, r.compute_instance, r.memory_total_mib) for (g, d), r in table.devices.items()} == devices
+    assert [d.device for d in listing.of(0)] == sorted(devices)
+    assert [d.profile for d in listing.of(0)] == ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
+    # under load, -q shows three processes on GI 2, CI 0: MIG device 0, the 3g.40gb
+    assert processes == [(2, 0)] * 3
+    assert [d for d, (gi, ci, _) in devices.items() if (gi, ci) == (2, 0)] == [0]
