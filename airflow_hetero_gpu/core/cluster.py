@@ -7,7 +7,8 @@ Per-GPU facts are kept in numpy arrays so a plan over 100,000 GPUs stays in mill
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import copy
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Iterable, Mapping
 
@@ -40,6 +41,16 @@ class Pool:
         return "+".join(sorted(task_types)) + "@" + card_type
 
 
+def _with_task_types(g: Gpu, task_types: tuple[str, ...]) -> Gpu:
+    """``replace(g, task_types=...)`` for a frozen Gpu, without dataclasses.replace's per-field
+    work (it dominated building a 100,000-GPU cluster)."""
+    if g.task_types == task_types:
+        return g
+    new = copy.copy(g)
+    object.__setattr__(new, "task_types", task_types)
+    return new
+
+
 @dataclass
 class Cluster:
     gpus: list[Gpu]
@@ -50,9 +61,9 @@ class Cluster:
     host_notes: dict[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.gpus = sorted(self.gpus, key=lambda g: g.key.sort_key)
+        self.gpus = sorted(self.gpus, key=lambda g: (g.host, g.index, -1 if g.instance is None else g.instance))
         # task types come from the config (cluster.yaml's rules); stamp them on the GPUs
-        self.gpus = [replace(g, task_types=self.config.task_types_for(g.host, g.name)) for g in self.gpus]
+        self.gpus = [_with_task_types(g, self.config.task_types_for(g.host, g.name)) for g in self.gpus]
         self.keys = [g.key for g in self.gpus]  # GpuKey by position
         self.position = {k: i for i, k in enumerate(self.keys)}
         if len(self.position) != len(self.gpus):

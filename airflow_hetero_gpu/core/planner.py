@@ -110,12 +110,13 @@ def _host_avail(view: PoolView, k: int) -> list[HostAvail]:
     ends = np.concatenate((cuts, [len(pos)]))
     counts = ends - starts
     keep = np.flatnonzero(counts >= k) if counts.max() >= k else np.arange(len(starts))
-    hid_l, row_l, pos_l = hid.tolist(), c.row_of[pos].tolist(), pos.tolist()
+    hid_l, row_l = hid.tolist(), c.row_of[pos].tolist()
+    keys_of = c.keys
+    keys_l = [keys_of[p] for p in pos.tolist()]
     out = []
     for s, e in zip(starts[keep].tolist(), ends[keep].tolist()):
         h = hid_l[s]
-        keys = tuple(c.keys[p] for p in pos_l[s:e])
-        out.append(HostAvail(c.hosts[h], keys, tuple(row_l[s:e]), c.host_matrix_ids[h]))
+        out.append(HostAvail(c.hosts[h], tuple(keys_l[s:e]), tuple(row_l[s:e]), c.host_matrix_ids[h]))
     return out
 
 

@@ -123,13 +123,12 @@ class Selection:
 
 def _host_share(h: HostAvail, k: int, matrices: Sequence[np.ndarray]) -> tuple[int, tuple[GpuKey, ...]]:
     pair_sum, rows = best_subset(h.matrix_id, matrices[h.matrix_id], h.rows, k)
-    chosen: list[GpuKey] = []
-    used: set[int] = set()
-    for r in rows:  # first unused unit on that row (MIG instances of one GPU share a row)
-        at = next(i for i, row in enumerate(h.rows) if row == r and i not in used)
-        used.add(at)
-        chosen.append(h.keys[at])
-    return pair_sum, tuple(sorted(chosen, key=lambda key: key.sort_key))
+    if k == 1:  # the first unit on that row (MIG instances of one GPU share their GPU's row)
+        return pair_sum, (h.keys[h.rows.index(rows[0])],)
+    row_to_key = dict(zip(h.rows, h.keys))  # k > 1: whole GPUs, one row each
+    # a whole GPU's key is (host, index), an instance's (host, index, instance): plain tuple
+    # order puts a GPU before its instances
+    return pair_sum, tuple(sorted(row_to_key[r] for r in rows))
 
 
 def rank_order(hosts, net: NetworkTiers) -> list[str]:
@@ -147,10 +146,10 @@ def select_gpus(
     net: NetworkTiers,
 ) -> Selection | None:
     """Choose k GPUs among the pool's available ones (SPEC §7.1), or ``None`` if fewer exist."""
-    if sum(len(h) for h in hosts) < k:
+    if sum(len(h.keys) for h in hosts) < k:
         return None
     pairs = k * (k - 1) / 2
-    fits = [h for h in hosts if len(h) >= k]
+    fits = [h for h in hosts if len(h.keys) >= k]
     if fits:
         best = None
         seen: set[tuple[int, tuple[int, ...]]] = set()
@@ -160,7 +159,7 @@ def select_gpus(
                 continue
             seen.add(signature)
             pair_sum, keys = _host_share(h, k, matrices)
-            rank = (pair_sum, len(h), h.host, tuple(key.sort_key for key in keys))
+            rank = (pair_sum, len(h.keys), h.host, keys)
             if best is None or rank < best[0]:
                 best = (rank, keys)
         d = best[0][0] / pairs if k > 1 else 1.0
@@ -169,11 +168,11 @@ def select_gpus(
 
 
 def _span_hosts(hosts: Sequence[HostAvail], k: int, matrices, net: NetworkTiers) -> Selection | None:
-    order = sorted(hosts, key=lambda h: (-len(h), h.host))
+    order = sorted(hosts, key=lambda h: (-len(h.keys), h.host))
     # As few hosts as possible: the smallest m whose m largest hosts hold k.
     total, m = 0, 0
     for h in order:
-        total += len(h)
+        total += len(h.keys)
         m += 1
         if total >= k:
             break
@@ -190,12 +189,12 @@ def _span_hosts(hosts: Sequence[HostAvail], k: int, matrices, net: NetworkTiers)
             break
         inside = order if name in ("(all hosts)", "(no common switch)") else members.get(name, [])
         chosen = inside[:m]
-        if len(chosen) < m or sum(len(h) for h in chosen) < k:
+        if len(chosen) < m or sum(len(h.keys) for h in chosen) < k:
             continue
         keys: list[GpuKey] = []
         left = k
         for h in chosen:
-            take = min(left, len(h))
+            take = min(left, len(h.keys))
             _, share = _host_share(h, take, matrices)
             keys.extend(share)
             left -= take
@@ -207,7 +206,7 @@ def _span_hosts(hosts: Sequence[HostAvail], k: int, matrices, net: NetworkTiers)
     if best is None:
         return None
     ranks = {host: r for r, host in enumerate(rank_order({key.host for key in best[1]}, net))}
-    keys = sorted(best[1], key=lambda key: (ranks[key.host], key.sort_key))
+    keys = sorted(best[1], key=lambda key: (ranks[key[0]], key))
     return Selection(tuple(keys), best[0][0])
 
 
