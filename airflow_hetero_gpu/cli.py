@@ -67,14 +67,15 @@ def cmd_inventory(args) -> int:
     if args.json:
         print(json.dumps([g.to_json() for g in cluster.gpus], indent=2))
         return EXIT_OK
-    rows = [
-        (g.host, g.index, g.name, g.uuid, fmt(g.memory_total_mib, 0), fmt(g.memory_used_mib, 0),
-         fmt(g.utilization, 2), fmt(g.temperature_c, 0), fmt(g.power_w, 1), fmt(g.base_load, 2),
+    rows = [  # a MIG instance under its GPU: IDX "1 MIG 3"; HELD: why a unit is never handed out
+        (g.host, g.index if g.instance is None else f"{g.index} MIG {g.instance}", g.name, g.uuid,
+         fmt(g.memory_total_mib, 0), fmt(g.memory_used_mib, 0), fmt(g.utilization, 2), fmt(g.temperature_c, 0),
+         fmt(g.power_w, 1), fmt(float(cluster.base_load[i]), 2), ",".join(g.unschedulable),
          "yes" if g.healthy else "no", ",".join(g.reasons))
-        for g in cluster.gpus
+        for i, g in enumerate(cluster.gpus)
     ]
     print(table(["HOST", "IDX", "NAME", "UUID", "MEM MiB", "USED MiB", "UTIL", "TEMP C", "POWER W",
-                 "LOAD", "HEALTHY", "REASONS"], rows))
+                 "LOAD", "HELD", "HEALTHY", "REASONS"], rows))
     _print_host_problems(cluster)
     return EXIT_OK
 
