@@ -27,10 +27,13 @@ class _Parser(argparse.ArgumentParser):
 
 def _load(args):
     """The cluster: from ``--captures DIR``, else from the inventory of ``--ledger URL``."""
-    from airflow_hetero_gpu.core.inventory import load_cluster
+    from airflow_hetero_gpu.core.inventory import XidRule, load_cluster
 
     if args.captures:
-        return load_cluster(args.captures, args.config)
+        # a capture directory's Xid lines count when recent (--xid-window, cluster.yaml's
+        # thresholds.xid_window_s); a --ledger adds its evictions on top
+        rule = None if args.xid_window is None else XidRule.offline(args.xid_window)
+        return load_cluster(args.captures, args.config, xid_rule=rule)
     if not getattr(args, "ledger", None):
         raise HeteroGpuError("give --captures DIR (a capture directory) or --ledger URL (the ledger's inventory)")
     from airflow_hetero_gpu.collect.freshness import FreshInventory
@@ -64,14 +67,15 @@ def cmd_inventory(args) -> int:
     if args.json:
         print(json.dumps([g.to_json() for g in cluster.gpus], indent=2))
         return EXIT_OK
-    rows = [
-        (g.host, g.index, g.name, g.uuid, fmt(g.memory_total_mib, 0), fmt(g.memory_used_mib, 0),
-         fmt(g.utilization, 2), fmt(g.temperature_c, 0), fmt(g.power_w, 1), fmt(g.base_load, 2),
+    rows = [  # a MIG instance under its GPU: IDX "1 MIG 3"; HELD: why a unit is never handed out
+        (g.host, g.index if g.instance is None else f"{g.index} MIG {g.instance}", g.name, g.uuid,
+         fmt(g.memory_total_mib, 0), fmt(g.memory_used_mib, 0), fmt(g.utilization, 2), fmt(g.temperature_c, 0),
+         fmt(g.power_w, 1), fmt(float(cluster.base_load[i]), 2), ",".join(g.unschedulable),
          "yes" if g.healthy else "no", ",".join(g.reasons))
-        for g in cluster.gpus
+        for i, g in enumerate(cluster.gpus)
     ]
     print(table(["HOST", "IDX", "NAME", "UUID", "MEM MiB", "USED MiB", "UTIL", "TEMP C", "POWER W",
-                 "LOAD", "HEALTHY", "REASONS"], rows))
+                 "LOAD", "HELD", "HEALTHY", "REASONS"], rows))
     _print_host_problems(cluster)
     return EXIT_OK
 
@@ -148,6 +152,10 @@ def _captures_args(p: argparse.ArgumentParser, ledger_help: str) -> None:
                    help="with the ledger's inventory: do not place on hosts whose inventory is older "
                         "(the operator's inventory_max_age rule); default: no bound")
     p.add_argument("--config", metavar="FILE", help="cluster.yaml (default: DIR/cluster.yaml, or the ledger's)")
+    p.add_argument("--xid-window", type=non_negative_float, metavar="SECONDS",
+                   help="with --captures: count a kernel-log Xid line of DIR when logged within SECONDS of the "
+                        "capture (default: cluster.yaml's thresholds.xid_window_s, 3600; 0: no Xid line counts); "
+                        "the ledger's inventory takes Xids from its evictions")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 

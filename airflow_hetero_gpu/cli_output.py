@@ -45,7 +45,7 @@ def render_plan(result) -> str:
     else:
         by_host: dict[str, list[str]] = {}
         for g in d.gpus:
-            by_host.setdefault(g.host, []).append(str(g.index))
+            by_host.setdefault(g.host, []).append(str(g.index) if g.instance is None else f"{g.index} MIG {g.instance} ({g.uuid})")
         where = "; ".join(f"{h} GPU {','.join(ix)}" for h, ix in by_host.items())
         s = d.score
         lines.append(f"decision: pool {d.pool!r} -> {where}")

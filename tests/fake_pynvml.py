@@ -31,9 +31,11 @@ NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_RESET_REQUIRED = 16
+NVML_ERROR_INSUFFICIENT_RESOURCES = 23
 NVML_ERROR_UNKNOWN = 999
 
 ERROR_STRINGS = {
+    NVML_ERROR_INSUFFICIENT_RESOURCES: "Insufficient Resources",
     NVML_ERROR_UNINITIALIZED: "Uninitialized",
     NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
     NVML_ERROR_NOT_SUPPORTED: "Not Supported",
@@ -202,6 +204,36 @@ class FakeNvml:
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Mapping[str, Any]) -> int:
         slowdown = self._value(handle, "clocks_event_reasons.hw_slowdown", "hw_slowdown")
         return 0x1 | (0x8 if slowdown else 0)  # GPU idle, plus HW slowdown when on
+
+    def nvmlDeviceGetMigMode(self, handle: Mapping[str, Any]) -> list[int]:
+        """[current, pending]: 1 enabled, 0 disabled; NOT_SUPPORTED on GPUs without MIG."""
+        current = self._value(handle, "mig.mode.current", "mig_mode")
+        pending = handle.get("mig_pending") or current
+        return [int(str(current).lower() == "enabled"), int(str(pending).lower() == "enabled")]
+
+    class c_nvmlGpuFabricInfo_t:  # noqa: N801 - pynvml's name
+        clusterUuid = bytes(16)
+        status = 0
+        cliqueId = 0
+        state = 0
+
+    @staticmethod
+    def byref(obj: Any) -> Any:
+        return obj
+
+    def nvmlErrorString(self, code: int) -> str:
+        return ERROR_STRINGS.get(code, f"NVML Error with code {code}")
+
+    def nvmlDeviceGetGpuFabricInfo(self, handle: Mapping[str, Any], info: Any) -> int:
+        """Fills ``info`` from the state's ``fabric``; NOT_SUPPORTED on GPUs without a fabric."""
+        fabric = self._value(handle, "fabric.state", "fabric")
+        states = {"not started": 1, "in progress": 2, "completed": 3}
+        info.state = states[str(fabric["state"]).lower()]
+        status = str(fabric.get("status") or "Success")
+        info.status = 0 if status == "Success" else next(c for c, t in ERROR_STRINGS.items() if t == status)
+        info.cliqueId = int(fabric.get("clique_id") or 0)
+        info.clusterUuid = bytes.fromhex(str(fabric.get("cluster_uuid") or "0" * 32).replace("-", ""))
+        return 0
 
     def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: Mapping[str, Any]) -> int:
         pending = self._value(handle, "retired_pages.pending", "retired_pages_pending")

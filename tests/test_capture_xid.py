@@ -95,3 +95,49 @@ def test_rejects_unreadable_xid_lines(text, line, fragment):
                                               (48, False), (63, False), (79, False), (94, False), (119, False)])
 def test_application_xids(xid, application):
     assert (xid in APPLICATION_XIDS) is application
+
+
+# --- when a line was logged (the inventory's offline Xid rule ages lines by it) ---------------
+from datetime import datetime, timezone  # noqa: E402
+
+from airflow_hetero_gpu.capture.xid import line_time  # noqa: E402
+
+CAPTURED = datetime(2026, 3, 1, 12, 0, 0)
+
+# line prefix, expected time (None: no wall-clock time in the prefix)
+LINE_TIMES = [
+    ("Mar 01 11:50:00 dgx kernel: NVRM: Xid (PCI:0000:3b:00): 79,", datetime(2026, 3, 1, 11, 50)),
+    ("Feb 15 17:37:45 Gipfeli kernel: [82659.755847] NVRM: Xid (PCI:0000:41:00): 13,", datetime(2026, 2, 15, 17, 37, 45)),
+    # December seen in March is last year's; a line a few hours "ahead" (another time zone) is today's
+    ("Dec 31 23:59:59 dgx kernel: NVRM: Xid (PCI:0000:3b:00): 79,", datetime(2025, 12, 31, 23, 59, 59)),
+    ("Mar 01 20:00:00 dgx kernel: NVRM: Xid (PCI:0000:3b:00): 79,", datetime(2026, 3, 1, 20, 0)),
+    ("Mar  3 08:00:00 dgx kernel: NVRM: Xid (PCI:0000:3b:00): 79,", datetime(2025, 3, 3, 8, 0)),
+    ("2026-03-01T11:59:00+0000 dgx kernel: NVRM: Xid (PCI:0000:3b:00): 79,", None),  # offset: below
+    ("[Fri Aug 30 11:43:09 2024] NVRM: Xid (PCI:0000:cb:00): 13,", datetime(2024, 8, 30, 11, 43, 9)),
+    ("[Fri Aug  9 13:32:56 2024] NVRM: Xid (PCI:0000:00:08): 94,", datetime(2024, 8, 9, 13, 32, 56)),
+    ("[ 1234.567890] NVRM: Xid (PCI:0000:3b:00): 79,", None),
+    ("[6781741.548779] NVRM: Xid (PCI:0000:91:00): 79,", None),
+    ("kernel: NVRM: Xid (PCI:0000:dc:00): 45,", None),
+    ("NVRM: Xid (PCI:0019:01:00): 149,", None),
+]
+
+
+@pytest.mark.parametrize("line, expected", [c for c in LINE_TIMES if "T11:59" not in c[0]])
+def test_line_time_of_each_prefix(line, expected):
+    assert line_time(line, CAPTURED) == expected
+
+
+def test_line_time_of_an_iso_line_is_an_instant():
+    captured = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+    assert line_time("2026-03-01T11:59:00+0000 dgx kernel: NVRM: Xid (PCI:0000:3b:00): 79,", captured) == \
+        datetime(2026, 3, 1, 11, 59, tzinfo=timezone.utc)
+    assert line_time("2026-03-01T13:59:00+02:00 dgx kernel: x", captured) == \
+        datetime(2026, 3, 1, 11, 59, tzinfo=timezone.utc)  # the same instant
+    # a zone-aware capture time gives zone-less journal lines its own zone
+    assert line_time("Mar 01 11:50:00 dgx kernel: x", captured) == datetime(2026, 3, 1, 11, 50, tzinfo=timezone.utc)
+
+
+def test_line_time_skips_an_impossible_date():
+    # Feb 29 exists in 2024 only (of 2025-2027): the latest year that has it and is not ahead
+    assert line_time("Feb 29 10:00:00 h kernel: x", CAPTURED) is None
+    assert line_time("Feb 29 10:00:00 h kernel: x", datetime(2028, 3, 1)) == datetime(2028, 2, 29, 10, 0)

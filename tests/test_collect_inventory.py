@@ -13,7 +13,7 @@ from collect_helpers import (
 )
 
 from airflow_hetero_gpu.capture.directory import QUERY_FIELDS
-from airflow_hetero_gpu.capture.query import EXTRA_HEALTH_FIELDS
+from airflow_hetero_gpu.capture.query import OPTIONAL_FIELDS
 from airflow_hetero_gpu.collect.ssh import collect_captures
 from airflow_hetero_gpu.collect.targets import parse_hosts_arg
 from airflow_hetero_gpu.core.inventory import load_cluster
@@ -25,7 +25,7 @@ DRIVER_GONE = ("nvidia-smi exit 9: NVIDIA-SMI has failed because it couldn't com
                "driver. Make sure that the latest NVIDIA driver is installed and running.")
 
 #: What the collector asks nvidia-smi for: the SPEC fields plus the optional health fields.
-COLLECTED_FIELDS = ",".join([QUERY_FIELDS, *EXTRA_HEALTH_FIELDS])
+COLLECTED_FIELDS = ",".join([QUERY_FIELDS, *OPTIONAL_FIELDS])
 
 
 def collect(cluster, out, **kwargs):

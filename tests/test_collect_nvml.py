@@ -29,7 +29,7 @@ from fake_pynvml import (
 )
 
 from airflow_hetero_gpu.capture.directory import QUERY_FIELDS, HostCapture
-from airflow_hetero_gpu.capture.query import EXTRA_HEALTH_FIELDS, parse_query_csv
+from airflow_hetero_gpu.capture.query import EXTRA_HEALTH_FIELDS, FABRIC_FIELDS, MIG_FIELDS, parse_query_csv
 from airflow_hetero_gpu.collect import nvml_agent
 from airflow_hetero_gpu.collect.nvml import (
     AgentReply,
@@ -51,8 +51,9 @@ from airflow_hetero_gpu.testing.state import HostSpec
 REPO = Path(__file__).resolve().parents[1]
 
 
-#: What the collector asks nvidia-smi for: the SPEC fields, then the optional health fields.
-COLLECTED_FIELDS = ",".join([QUERY_FIELDS, *EXTRA_HEALTH_FIELDS])
+#: What the agent prints: the SPEC fields, the optional health fields, the MIG mode and the
+#: fabric registration (nvidia-smi is asked for the fabric health and tray index as well).
+COLLECTED_FIELDS = ",".join([QUERY_FIELDS, *EXTRA_HEALTH_FIELDS, *MIG_FIELDS, *FABRIC_FIELDS[:4]])
 
 
 def smi_csv(state) -> str:
@@ -190,7 +191,7 @@ def test_older_pynvml_without_a_function(monkeypatch):
     fake = FakeNvml(state)
     monkeypatch.setattr(FakeNvml, "nvmlDeviceGetRemappedRows", property(lambda self: _missing()), raising=True)
     text = nvml_query_csv(fake)
-    assert text.splitlines()[1].endswith(", [Not Supported], [Not Supported], Not Active")
+    assert text.splitlines()[1].endswith(", [Not Supported], [Not Supported], Not Active, Disabled, Disabled, N/A, N/A, N/A, N/A")
     assert inventory("node01", text) == inventory("node01", smi_csv(state))
 
 
@@ -320,8 +321,10 @@ def test_ssh_collection_with_nvml_gives_the_same_inventory(emulated_cluster, tmp
     assert via_nvml["node03"].reason == via_smi["node03"].reason == no_pynvml["node03"].reason
     assert via_nvml["node03"].reason.startswith("nvidia-smi exit 9: NVIDIA-SMI has failed")
     for host in ("node01", "node02"):
-        assert ((tmp_path / "nvml" / "hosts" / host / "query.csv").read_text()
-                == (tmp_path / "smi" / "hosts" / host / "query.csv").read_text()
+        # the agent's fields as nvidia-smi prints them; nvidia-smi is also asked for the fabric
+        # health and the tray index
+        assert (tmp_path / "nvml" / "hosts" / host / "query.csv").read_text() == smi_csv(cluster.state(host))
+        assert ((tmp_path / "smi" / "hosts" / host / "query.csv").read_text()
                 == (tmp_path / "fallback" / "hosts" / host / "query.csv").read_text())
     a, b = load_cluster(tmp_path / "nvml"), load_cluster(tmp_path / "smi")
     assert [g.to_json() for g in a.gpus] == [g.to_json() for g in b.gpus]
@@ -359,8 +362,24 @@ def test_device_check_script_against_the_emulation(tmp_path):
     assert same.returncode == 0, same.stdout + same.stderr
     assert "SAME inventory from nvidia-smi and NVML: 8 GPU(s)" in same.stdout
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "agent.csv", "agent.err", "agent.json", "nvidia-smi-version.txt", "nvidia-smi.csv", "nvidia-smi.err",
-        "report.txt"]
+        "agent.csv", "agent.err", "agent.json", "fabric.csv", "mig-list.txt", "nvidia-smi-version.txt",
+        "nvidia-smi.csv", "nvidia-smi.err", "q.txt", "report.txt", "table.txt"]
+    assert "GPU 0 fabric: state=None status=None clique=None" in same.stdout  # a PCIe-era A100 emulation
+
+    # A MIG-enabled GPU and an NVL72 tray: the MIG devices and the NVLink domain are read back.
+    from airflow_hetero_gpu.testing.demo import enable_mig, nvl72_rack
+
+    mig_spec = mixed_fleet()[1]
+    enable_mig(mig_spec, 1)
+    state_file.write_text(json.dumps(mig_spec.to_state()))
+    mig = subprocess.run(["bash", script], capture_output=True, text=True, env=env, timeout=120)
+    assert mig.returncode == 0, mig.stdout + mig.stderr
+    assert "GPU 1 MIG device 0: 3g.40gb MIG-" in mig.stdout and "memory 9/40448 MiB" in mig.stdout
+    state_file.write_text(json.dumps(nvl72_rack(trays=1)[0].to_state()))
+    tray = subprocess.run(["bash", script], capture_output=True, text=True, env=env, timeout=120)
+    assert tray.returncode == 0, tray.stdout + tray.stderr
+    assert "-> NVLink domain 9c6f5af3-53bf-49b5-a436-b66766c413c3/1" in tray.stdout
+    state_file.write_text(json.dumps(spec.to_state()))
 
     # An older driver that refuses remapped_rows.failure: compared on the fields it knows.
     old = dict(spec.to_state(), unknown_query_fields=["remapped_rows.failure"])

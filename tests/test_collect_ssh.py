@@ -13,7 +13,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from airflow_hetero_gpu.capture.query import EXTRA_HEALTH_FIELDS
+from airflow_hetero_gpu.capture.query import OPTIONAL_FIELDS
 from airflow_hetero_gpu.collect.ssh import (
     QUERY_FIELDS,
     atomic_write,
@@ -31,7 +31,7 @@ DRIVER_GONE = ("nvidia-smi exit 9: NVIDIA-SMI has failed because it couldn't com
                "driver. Make sure that the latest NVIDIA driver is installed and running.")
 
 #: What the collector asks nvidia-smi for: the SPEC fields plus the optional health fields.
-COLLECTED_FIELDS = ",".join([QUERY_FIELDS, *EXTRA_HEALTH_FIELDS])
+COLLECTED_FIELDS = ",".join([QUERY_FIELDS, *OPTIONAL_FIELDS])
 
 
 def factory_for(cluster, **kwargs):
@@ -284,7 +284,7 @@ def test_lost_gpu_is_kept_in_query_csv_with_a_warning(emulated_cluster, tmp_path
 ])
 def test_kernel_log_reading(emulated_cluster, tmp_path, faults, read_kernel_log, xid_file, warning):
     cluster = emulated_cluster(small_hosts(1, gpus=1))
-    cluster.add_xid("node01", 0, 79)
+    cluster.add_xid("node01", 0, 79, time=1017.123457)
     for fault in faults:
         cluster.inject_fault("node01", fault)
     result = collect(cluster, tmp_path / "out", read_kernel_log=read_kernel_log).hosts[0]

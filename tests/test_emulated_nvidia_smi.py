@@ -341,3 +341,120 @@ def test_nounits_query_matches_the_real_p100_sample():
 def test_legend_matches_the_real_capture():
     real = (SHARED_SMI / "topo" / "8x-a100-sxm-nv12-4nic-hgx-2numa.txt").read_text()
     assert nvsmi.LEGEND in real
+
+
+# ---------------------------------------------------------------------------------------------
+# MIG and the NVLink fabric (real samples in tests/data/mig and tests/data/fabric)
+# ---------------------------------------------------------------------------------------------
+import datetime as _dt  # noqa: E402
+
+from airflow_hetero_gpu.testing.demo import GB200, GB200_TRAY_BUS, nvl72_rack  # noqa: E402
+
+MIG_DATA = HERE / "data" / "mig"
+FABRIC_DATA = HERE / "data" / "fabric"
+MASKED = "GPU-00000000-0000-0000-0000-000000000000"
+
+
+def _masked_mig(n: int) -> str:
+    return f"MIG-{n:08d}-0000-0000-0000-{n:012d}"
+
+
+def _dev(profile, gi, ci, used, total, bar1, sm, ce, dec, jpg, processes=()):
+    return {"profile": profile, "gpu_instance": gi, "compute_instance": ci, "memory_used_mib": used,
+            "memory_total_mib": total, "bar1_total_mib": bar1, "sm": sm, "ce": ce, "enc": 0, "dec": dec, "ofa": 0,
+            "jpg": jpg, "processes": list(processes)}
+
+
+def _stamp(*when) -> float:
+    return _dt.datetime(*when).timestamp()
+
+
+def h100_mig_state() -> dict:
+    """The H100 of the nvidia_gpu_exporter MIG capture, idle (its table and -L)."""
+    devices = [_dev("3g.40gb", 2, 0, 26, 40448, 24739, 60, 3, 3, 3), _dev("2g.20gb", 3, 0, 17, 20096, 12369, 32, 2, 2, 2),
+               _dev("1g.10gb", 9, 0, 9, 9984, 6184, 16, 1, 1, 1), _dev("1g.10gb", 10, 0, 9, 9984, 6184, 16, 1, 1, 1)]
+    for n, d in enumerate(devices):
+        d["uuid"] = _masked_mig(n)
+    gpu = {"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": MASKED, "pci_bus_id": "00000000:00:09.0",
+           "memory_total_mib": 81559, "memory_used_mib": 59, "temperature_c": 42, "power_draw_w": 98.0,
+           "power_limit_w": 700.0, "mig_mode": "Enabled", "mig_devices": devices}
+    return host_state([gpu], driver_version="590.48.01", cuda_version="13.1", table_time=_stamp(2026, 7, 14, 9, 0, 26))
+
+
+def h200_mig_load_state() -> dict:
+    burn = [{"pid": 12249, "name": "/root/tools/memhog", "memory_mib": 2194},
+            {"pid": 12250, "name": "/root/tools/memhog", "memory_mib": 1170},
+            {"pid": 12267, "name": "./gpu_burn", "memory_mib": 13526}]
+    devices = [_dev("1c.3g.71gb", 2, 0, 16925, 71424, 59237, 16, 3, 3, 3),
+               _dev("2c.3g.71gb", 2, 1, 16925, 71424, 59237, 32, 3, 3, 3, burn),
+               _dev("2g.35gb", 3, 0, 17, 33280, 29618, 32, 2, 2, 2), _dev("1g.18gb", 9, 0, 9, 16384, 14809, 16, 1, 1, 1),
+               _dev("1g.18gb", 10, 0, 9, 16384, 14809, 16, 1, 1, 1)]
+    for n, d in enumerate(devices):
+        d["uuid"] = _masked_mig(n)
+    gpu = {"index": 0, "name": "NVIDIA H200", "uuid": MASKED, "pci_bus_id": "00000000:83:00.0",
+           "memory_total_mib": 143771, "memory_used_mib": 16959, "temperature_c": 36, "power_draw_w": 295.0,
+           "power_limit_w": 700.0, "mig_mode": "Enabled", "mig_devices": devices}
+    return host_state([gpu], driver_version="590.48.01", cuda_version="13.1", table_time=_stamp(2026, 7, 3, 22, 22, 26))
+
+
+@pytest.mark.parametrize("state, sample", [(h100_mig_state, "L-h100-mig-4-instances.txt"),
+                                           (h200_mig_load_state, "L-h200-mig.txt")])
+def test_mig_listing_is_reproduced_byte_for_byte(state, sample):
+    rc, out, _ = run_fake(state(), "-L")
+    assert rc == 0 and out == (MIG_DATA / sample).read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("state, sample", [(h100_mig_state, "table-h100-mig-4-instances-idle.txt"),
+                                           (h200_mig_load_state, "table-h200-mig-load.txt")])
+def test_mig_table_is_reproduced_byte_for_byte(state, sample):
+    rc, out, _ = run_fake(state())  # no arguments: the plain table
+    assert rc == 0 and out == (MIG_DATA / sample).read_text(encoding="utf-8")
+
+
+def test_plain_table_with_processes_is_reproduced_byte_for_byte():
+    gpu = {"index": 0, "name": "NVIDIA H100 80GB HBM3", "pci_bus_id": "00000000:00:09.0", "memory_total_mib": 81559,
+           "memory_used_mib": 19818, "temperature_c": 59, "power_draw_w": 629.0, "power_limit_w": 700.0,
+           "utilization_gpu": 100, "ecc_uncorrected_volatile": 0, "mig_mode": "Disabled",
+           "processes": [{"pid": 11327, "name": "/root/tools/memhog", "memory_mib": 2566},
+                         {"pid": 11328, "name": "/root/tools/memhog", "memory_mib": 1542},
+                         {"pid": 11345, "name": "./gpu_burn", "memory_mib": 15690}]}
+    state = host_state([gpu], driver_version="590.48.01", cuda_version="13.1", table_time=_stamp(2026, 7, 14, 8, 12, 53))
+    assert nvsmi.table_text(state) == (MIG_DATA / "table-h100-80gb-hbm3-load.txt").read_text(encoding="utf-8")
+
+
+def test_gb200_tray_table_is_reproduced():
+    """A real GB200 compute tray (4 GPUs, one PCI domain each); the copy lost its time stamp's
+    trailing spaces, so the first line is compared without them."""
+    spec = nvl72_rack(trays=1)[0]
+    for gpu, temp, watts in zip(spec.gpus, (37, 37, 36, 36), (166.0, 157.0, 150.0, 172.0)):
+        gpu.temperature_c, gpu.power_draw_w, gpu.memory_used_mib, gpu.mig_mode = temp, watts, 0, "Disabled"
+    state = dict(spec.to_state(), driver_version="590.48.01", cuda_version="13.1",
+                 table_time=_stamp(2026, 4, 20, 17, 3, 28))
+    real = (FABRIC_DATA / "table-gb200-4gpu-tray-driver590.txt").read_text(encoding="utf-8").splitlines()
+    got = nvsmi.table_text(state).splitlines()
+    assert [got[0].rstrip()] + got[1:] == real
+    assert [g["pci_bus_id"] for g in state["gpus"]] == list(GB200_TRAY_BUS) and GB200.memory_total_mib == 189471
+
+
+# real allfields sample, GPU state: the MIG and fabric cells must come out as the real row has them
+FABRIC_CELLS = ["mig.mode.current", "mig.mode.pending", "utilization.gpu [%]", "utilization.memory [%]",
+                "fabric.state", "fabric.status", "fabric.cliqueId", "fabric.clusterUuid", "fabric.health.summary",
+                "fabric.health.bandwidth", "platform.tray_index"]
+HGX = {"state": "Completed", "status": "Success", "clique_id": 0, "cluster_uuid": "00000000-0000-0000-0000-000000000000"}
+
+
+@pytest.mark.parametrize("sample, gpu", [
+    (MIG_DATA / "query-gpu-allfields-h100-mig-enabled-idle.csv", {"mig_mode": "Enabled", "utilization_gpu": 0, "fabric": HGX}),
+    (FABRIC_DATA / "query-gpu-allfields-h100-80gb-hbm3-idle.csv",
+     {"mig_mode": "Disabled", "utilization_gpu": 0, "utilization_memory": 0, "fabric": HGX}),
+    (FABRIC_DATA / "query-gpu-allfields-l40s-load.csv", {"utilization_gpu": 9, "utilization_memory": 2}),
+])
+def test_mig_and_fabric_cells_of_real_rows(sample, gpu):
+    header, rows = csv_cells(sample)
+    real = dict(zip(header, rows[0]))
+    state = host_state([{"index": 0, "name": "x", "memory_total_mib": 1, "pci_bus_id": "00000000:00:09.0", **gpu}])
+    fields = [c.split(" [")[0] for c in FABRIC_CELLS]
+    rc, out, _ = run_fake(state, "--query-gpu=" + ",".join(fields), "--format=csv")
+    got_header, got_row = out.splitlines()
+    assert rc == 0 and got_header == ", ".join(FABRIC_CELLS)
+    assert dict(zip(FABRIC_CELLS, got_row.split(", "))) == {c: real[c] for c in FABRIC_CELLS}

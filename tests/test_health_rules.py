@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from airflow_hetero_gpu.capture.directory import QUERY_FIELDS, read_capture_dir
-from airflow_hetero_gpu.capture.query import EXTRA_HEALTH_FIELDS, parse_query_csv
+from airflow_hetero_gpu.capture.query import EXTRA_HEALTH_FIELDS, FABRIC_FIELDS, MIG_FIELDS, parse_query_csv
 from airflow_hetero_gpu.core import watch
 from airflow_hetero_gpu.core.config import ClusterConfig, Thresholds, config_from_mapping
 from airflow_hetero_gpu.core.health import RULES, GpuFacts, health_reasons
@@ -66,7 +66,8 @@ def test_rules(facts, overrides, reasons):
 
 def test_every_rule_is_registered_once():
     names = [r.__name__ for r in RULES]
-    assert names == ["stale", "unreachable", "lost", "ecc", "retired_pages", "row_remap", "temperature", "hw_slowdown", "xid"]
+    assert names == ["stale", "unreachable", "lost", "ecc", "retired_pages", "row_remap", "temperature", "hw_slowdown",
+                     "fabric", "xid"]
 
 
 @pytest.mark.parametrize("data, message", [
@@ -348,23 +349,37 @@ def test_ledger_applies_checks_with_hysteresis(tmp_path):
 
 
 # --- the collector's query: extra fields with a fallback for older drivers ------------------------
+REST = list(MIG_FIELDS + FABRIC_FIELDS)  # asked for after the health fields
 FALLBACK_TABLE = [
-    # (fields the driver does not know, extra fields in the header, warnings)
-    ([], list(EXTRA_HEALTH_FIELDS), []),
-    (["remapped_rows.pending", "remapped_rows.failure"], ["clocks_event_reasons.hw_slowdown"],
+    # (fields the driver does not know, extra fields in the header, warnings, queries run)
+    ([], list(EXTRA_HEALTH_FIELDS) + REST, [], 1),
+    (["remapped_rows.pending", "remapped_rows.failure"], ["clocks_event_reasons.hw_slowdown"] + REST,
      ["nvidia-smi does not know remapped_rows.pending; its health rule is off for this host",
-      "nvidia-smi does not know remapped_rows.failure; its health rule is off for this host"]),
+      "nvidia-smi does not know remapped_rows.failure; its health rule is off for this host"], 3),
     # a driver before the 535 series: the slowdown flag under its older name
     (["clocks_event_reasons.hw_slowdown"], ["remapped_rows.pending", "remapped_rows.failure",
-                                            "clocks_event_reasons.hw_slowdown"], []),
+                                            "clocks_event_reasons.hw_slowdown"] + REST, [], 2),
     (["clocks_event_reasons.hw_slowdown", "clocks_throttle_reasons.hw_slowdown"],
-     ["remapped_rows.pending", "remapped_rows.failure"],
-     ["nvidia-smi does not know clocks_throttle_reasons.hw_slowdown; its health rule is off for this host"]),
+     ["remapped_rows.pending", "remapped_rows.failure"] + REST,
+     ["nvidia-smi does not know clocks_throttle_reasons.hw_slowdown; its health rule is off for this host"], 3),
+    # a driver without the fabric fields: the four of the registration go at once, one query more
+    (["fabric.state", "fabric.status", "fabric.cliqueId", "fabric.clusterUuid"],
+     list(EXTRA_HEALTH_FIELDS) + [f for f in REST if f not in FABRIC_FIELDS[:4]],
+     ["nvidia-smi does not know fabric.state; fabric.state, fabric.status, fabric.cliqueId, fabric.clusterUuid "
+      "not read on this host"], 2),
+    # an old driver knowing neither MIG, the fabric, nor the tray index
+    (list(MIG_FIELDS + FABRIC_FIELDS), list(EXTRA_HEALTH_FIELDS),
+     ["nvidia-smi does not know mig.mode.current; mig.mode.current, mig.mode.pending not read on this host",
+      "nvidia-smi does not know fabric.state; fabric.state, fabric.status, fabric.cliqueId, fabric.clusterUuid "
+      "not read on this host",
+      "nvidia-smi does not know fabric.health.summary; fabric.health.summary, fabric.health.bandwidth "
+      "not read on this host",
+      "nvidia-smi does not know platform.tray_index; platform.tray_index not read on this host"], 5),
 ]
 
 
-@pytest.mark.parametrize("unknown, extra, warnings", FALLBACK_TABLE)
-def test_collector_query_falls_back_field_by_field(monkeypatch, unknown, extra, warnings):
+@pytest.mark.parametrize("unknown, extra, warnings, queries", FALLBACK_TABLE)
+def test_collector_query_falls_back_field_by_field(monkeypatch, unknown, extra, warnings, queries):
     from airflow_hetero_gpu.collect import gather
     from airflow_hetero_gpu.collect.command import CommandResult
 
@@ -384,5 +399,5 @@ def test_collector_query_falls_back_field_by_field(monkeypatch, unknown, extra, 
     header = [c.split(" [")[0] for c in result.stdout.splitlines()[0].split(", ")]
     assert header == QUERY_FIELDS.split(",") + extra
     assert got_warnings == warnings
-    assert len(commands) == 1 + len(unknown)
+    assert len(commands) == queries
     assert parse_query_csv(result.stdout, "query.csv").rows[0].index == 0

@@ -104,6 +104,11 @@ def test_launch_spec_rejects_bad_input(kwargs, message):
     (lambda: HostShare("a b", "10.0.0.1"), "invalid host name"),
     (lambda: HostShare("a", "10.0.0.1", (0, 0)), "repeat"),
     (lambda: HostShare("a", "10.0.0.1", (-1,)), "non-negative"),
+    # a MIG instance goes alone, by its real UUID form
+    (lambda: HostShare("a", "10.0.0.1", (0, MIG)), "a MIG instance goes alone"),
+    (lambda: HostShare("a", "10.0.0.1", (MIG, MIG.replace("7b", "7c"))), "a MIG instance goes alone"),
+    (lambda: HostShare("a", "10.0.0.1", ("MIG-$(touch x)",)), "a MIG instance goes alone"),
+    (lambda: HostShare("a", "10.0.0.1", ("GPU-feb88891-0321-5fef-9c87-d4af3b54259e",)), "a MIG instance goes alone"),
     (lambda: build_commands(LaunchSpec("j", Command(("true",))), SHARES, 0), "rendezvous port"),
     (lambda: build_commands(LaunchSpec("j", Command(("true",))), [SHARES[0], SHARES[0]], 29500), "twice"),
     (lambda: build_commands(LaunchSpec("j", Command(("true",))), [], 29500), "at least one host"),
@@ -283,6 +288,20 @@ def test_env_values_workdir_and_pid_file(tmp_path: Path, pwned: Path):
                                        "2,5", "2", "10.1.1.1", "29555"]
     # Removed with the process group it named, and the job's run directory with it.
     assert not (tmp_path / ".hetero-gpu" / "run" / "job-env").exists()
+
+
+MIG = "MIG-feb88891-0321-5fef-9c87-d4af3b54259e"
+
+
+@pytest.mark.parametrize("device", [MIG, "MIG-GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f/1/0"])
+def test_a_mig_instance_is_named_by_its_uuid_in_cuda_visible_devices(tmp_path: Path, device: str):
+    spec = LaunchSpec("job-mig", Command(("sh", "-c", 'printf "%s|%s" "$CUDA_VISIBLE_DEVICES" "$HETERO_GPU_NODE_RANK"')))
+    proc = run_locally(build_host_command(spec, [HostShare("h0", "127.0.0.1", (device,))], 0, 1), tmp_path, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n", 1)[1] == f"{device}|0"
+    torchrun = Torchrun("train.py")
+    assert torchrun_argv(torchrun, "job-mig", [HostShare("h0", "127.0.0.1", (device,))], 0, 29500)[:5] == [
+        "torchrun", "--nnodes", "1", "--nproc-per-node", "1"]
 
 
 def test_exit_status_and_setup_errors(tmp_path: Path):

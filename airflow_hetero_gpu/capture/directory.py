@@ -7,6 +7,8 @@ DIR/
   hosts/<host>/query.csv    nvidia-smi --query-gpu=<FIELDS> --format=csv
   hosts/<host>/topo.txt     nvidia-smi topo -m
   hosts/<host>/xid.log      optional
+  hosts/<host>/mig.txt      nvidia-smi -L, where a GPU has MIG enabled (optional)
+  hosts/<host>/mig-usage.txt  nvidia-smi (the table), with mig.txt (optional)
   hosts/<host>/error.txt    present when collecting from that host failed
 ```
 """
@@ -19,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Mapping
 
+from airflow_hetero_gpu.capture.mig import MigListing, MigUsage, parse_mig_list, parse_mig_usage
 from airflow_hetero_gpu.capture.query import QueryResult, parse_query_csv
 from airflow_hetero_gpu.capture.slurm import SwitchTopology, parse_topology_conf
 from airflow_hetero_gpu.capture.topo import TopoMatrix, parse_topo
@@ -40,8 +43,13 @@ class HostCapture:
     xid: list[XidEvent] = field(default_factory=list)
     error: str | None = None  # why collecting from this host failed (its GPUs are unreachable)
     notes: list[str] = field(default_factory=list)  # things worth telling, not failures
-    collected_at: datetime | None = None  # when the outputs were read (known for the ledger's inventory)
+    # when the outputs were read: the ledger's inventory knows it; for a capture directory, the
+    # modification time of xid.log (the collector writes it as it reads the kernel log) or of
+    # query.csv. The offline Xid rule ages journal lines against it (core/inventory.py).
+    collected_at: datetime | None = None
     stale: str | None = None  # why the outputs are too old to place on ("inventory 312 s old (max 120 s)")
+    mig: MigListing | None = None  # mig.txt: the MIG devices of MIG-enabled GPUs
+    mig_usage: MigUsage | None = None  # mig-usage.txt: their memory and processes
 
 
 @dataclass
@@ -60,7 +68,7 @@ def _read_text(path: Path) -> str:
 
 
 #: The raw outputs a host's capture holds, in the order they are read.
-HOST_FILES = ("error.txt", "query.csv", "topo.txt", "xid.log")
+HOST_FILES = ("error.txt", "query.csv", "topo.txt", "xid.log", "mig.txt", "mig-usage.txt")
 
 
 def parse_host(host: str, files: Mapping[str, str], where: str, *, error: str | None = None) -> HostCapture:
@@ -94,6 +102,10 @@ def parse_host(host: str, files: Mapping[str, str], where: str, *, error: str | 
         cap.notes.append("no topo.txt: GPU pairs treated as SYS")
     if "xid.log" in files:
         cap.xid = parse_xid_log(files["xid.log"], f"{where}/xid.log")
+    if "mig.txt" in files:
+        cap.mig = parse_mig_list(files["mig.txt"], f"{where}/mig.txt")
+    if "mig-usage.txt" in files:
+        cap.mig_usage = parse_mig_usage(files["mig-usage.txt"], f"{where}/mig-usage.txt")
     return cap
 
 
@@ -108,7 +120,13 @@ def host_files(host_dir: Path) -> dict[str, str]:
 
 
 def read_host(host_dir: Path) -> HostCapture:
-    return parse_host(host_dir.name, host_files(host_dir), str(host_dir))
+    cap = parse_host(host_dir.name, host_files(host_dir), str(host_dir))
+    for name in ("xid.log", "query.csv"):
+        path = host_dir / name
+        if path.exists():
+            cap.collected_at = datetime.fromtimestamp(path.stat().st_mtime).astimezone()
+            break
+    return cap
 
 
 def read_capture_dir(root: str | Path) -> CaptureSet:

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from airflow_hetero_gpu.capture.busid import normalize_bus_id
 from airflow_hetero_gpu.errors import CaptureError
 
-__all__ = ["EXTRA_HEALTH_FIELDS", "REQUIRED_FIELDS", "LostDevice", "QueryResult", "QueryRow", "parse_query_csv"]
+__all__ = ["EXTRA_HEALTH_FIELDS", "FABRIC_FIELDS", "MIG_FIELDS", "OPTIONAL_FIELDS", "REQUIRED_FIELDS",
+           "LostDevice", "QueryResult", "QueryRow", "field_group", "parse_query_csv"]
 
 REQUIRED_FIELDS = ("index", "name", "memory.total")
 
@@ -41,6 +42,24 @@ FIELD_ALIASES = {"gpu_name": "name", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_
 #: Health fields beyond SPEC §2 that the collector asks for when the driver knows them
 #: (row remapping: A100 and later; the slowdown flag: every driver, under two names).
 EXTRA_HEALTH_FIELDS = ("remapped_rows.pending", "remapped_rows.failure", "clocks_event_reasons.hw_slowdown")
+#: MIG mode now and after the next GPU reset ("Enabled", "Disabled"; [N/A] on GPUs without MIG).
+MIG_FIELDS = ("mig.mode.current", "mig.mode.pending")
+#: The GPU's NVLink fabric registration (multi-node NVLink domains, GB200/GB300 NVL72) and the
+#: compute tray it sits in; bare ``N/A`` on GPUs without an NVLink fabric.
+FABRIC_FIELDS = ("fabric.state", "fabric.status", "fabric.cliqueId", "fabric.clusterUuid",
+                 "fabric.health.summary", "fabric.health.bandwidth", "platform.tray_index")
+#: Every field beyond SPEC §2 the collector asks for where the driver knows it.
+OPTIONAL_FIELDS = EXTRA_HEALTH_FIELDS + MIG_FIELDS + FABRIC_FIELDS
+#: Fields that drivers learnt together: a driver that refuses one refuses the others, so the
+#: collector leaves out the whole group at once (one query less per field on an older driver).
+FIELD_GROUPS: tuple[tuple[str, ...], ...] = (
+    MIG_FIELDS, FABRIC_FIELDS[:4], FABRIC_FIELDS[4:6], FABRIC_FIELDS[6:],
+)
+
+
+def field_group(name: str) -> tuple[str, ...]:
+    """The optional fields that go with ``name`` (just ``name`` for the health fields)."""
+    return next((g for g in FIELD_GROUPS if name in g), (name,))
 
 PROBLEM_VALUES = {"[unknown error]": "unknown-error", "[gpu requires reset]": "requires-reset"}
 
@@ -77,10 +96,19 @@ class QueryRow:
     retired_pages_pending: bool | None
     problems: frozenset[str]
     line: int
-    # Optional health fields (EXTRA_HEALTH_FIELDS); None when not collected or [N/A].
+    # Optional fields (OPTIONAL_FIELDS); None when not collected or N/A.
     remapped_rows_pending: bool | None = None
     remapped_rows_failure: bool | None = None
     hw_slowdown: bool | None = None
+    mig_mode_current: str | None = None   # "Enabled" / "Disabled"
+    mig_mode_pending: str | None = None
+    fabric_state: str | None = None       # "Not Started", "In Progress", "Completed"
+    fabric_status: str | None = None      # "Success" or an error (valid when Completed)
+    fabric_clique_id: int | None = None
+    fabric_cluster_uuid: str | None = None
+    fabric_health_summary: str | None = None  # "Healthy", "Unhealthy", "Limited Capacity"
+    fabric_health_bandwidth: str | None = None  # "Full", "Degraded"
+    tray_index: int | None = None
 
 
 @dataclass(frozen=True)
@@ -182,6 +210,15 @@ _FIELDS: dict[str, _Field] = {
     "remapped_rows.pending": _Field("remapped_rows_pending", _yes_no),
     "remapped_rows.failure": _Field("remapped_rows_failure", _yes_no),
     "clocks_event_reasons.hw_slowdown": _Field("hw_slowdown", _active),
+    "mig.mode.current": _Field("mig_mode_current", _text),
+    "mig.mode.pending": _Field("mig_mode_pending", _text),
+    "fabric.state": _Field("fabric_state", _text),
+    "fabric.status": _Field("fabric_status", _text),
+    "fabric.cliqueId": _Field("fabric_clique_id", _integer),
+    "fabric.clusterUuid": _Field("fabric_cluster_uuid", _text),
+    "fabric.health.summary": _Field("fabric_health_summary", _text),
+    "fabric.health.bandwidth": _Field("fabric_health_bandwidth", _text),
+    "platform.tray_index": _Field("tray_index", _integer),
 }
 
 

@@ -22,7 +22,7 @@ from airflow_hetero_gpu.collect.fleet import Collector
 from airflow_hetero_gpu.collect.records import host_records
 from airflow_hetero_gpu.core.cluster import Cluster
 from airflow_hetero_gpu.core.config import ClusterConfig, config_from_text
-from airflow_hetero_gpu.core.inventory import cluster_from_captures
+from airflow_hetero_gpu.core.inventory import XIDS_FROM_LEDGER, cluster_from_captures
 from airflow_hetero_gpu.errors import ConfigError
 from airflow_hetero_gpu.ledger.inventory import StoredInventory
 
@@ -50,7 +50,8 @@ class FreshInventory:
         if config is None:
             text = self.stored.config_text
             config = config_from_text(text, "ledger inventory file cluster.yaml") if text else ClusterConfig()
-        return cluster_from_captures(self.stored.captures(max_age=self.max_age, fresh=self.collected), config)
+        return cluster_from_captures(self.stored.captures(max_age=self.max_age, fresh=self.collected), config,
+                                     xid_rule=XIDS_FROM_LEDGER)
 
     def stale_hosts(self) -> list[str]:
         """Hosts not placed on: older than ``max_age`` (and not collected just now)."""

@@ -1,8 +1,8 @@
 """What the collector runs on a host, and how it reads the answers.
 
-Three constant command lines (nothing from the user is ever interpolated into them): the
-``nvidia-smi --query-gpu`` query (or the NVML agent), ``nvidia-smi topo -m`` and the kernel-log
-Xid read. :func:`gather` runs them on one connected client and returns the capture files.
+Constant command lines (nothing from the user is ever interpolated into them): the
+``nvidia-smi --query-gpu`` query (or the NVML agent), ``nvidia-smi topo -m``, the kernel-log
+Xid read, and on a host with MIG enabled the MIG listings (:mod:`.mig`). :func:`gather` runs them on one connected client and returns the capture files.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import re
 import paramiko
 
 from airflow_hetero_gpu.capture.directory import QUERY_FIELDS
-from airflow_hetero_gpu.capture.query import EXTRA_HEALTH_FIELDS
+from airflow_hetero_gpu.capture.query import EXTRA_HEALTH_FIELDS, OPTIONAL_FIELDS, field_group
 from airflow_hetero_gpu.collect.command import CommandResult, run_command
+from airflow_hetero_gpu.collect.mig import mig_enabled, mig_files
 from airflow_hetero_gpu.collect.nvml import AgentReply, agent_command, agent_script, parse_agent_reply
 from airflow_hetero_gpu.collect.reasons import HostFailure, first_line
 
@@ -32,7 +33,7 @@ _KERNEL_LOG_DENIED = re.compile(
     re.IGNORECASE,
 )
 
-CAPTURE_FILES = ("query.csv", "topo.txt", "xid.log")
+CAPTURE_FILES = ("query.csv", "topo.txt", "xid.log", "mig.txt", "mig-usage.txt")
 
 
 def _nvidia_smi_failure(result: CommandResult) -> HostFailure:
@@ -62,13 +63,15 @@ _INVALID_FIELD = re.compile(r'Field "(?P<field>[^"]+)" is not a valid field to q
 
 
 def _smi_query(client: paramiko.SSHClient, command_timeout: float, warnings: list[str]) -> CommandResult:
-    """``nvidia-smi --query-gpu`` with the SPEC fields plus :data:`EXTRA_HEALTH_FIELDS`.
+    """``nvidia-smi --query-gpu`` with the SPEC fields plus ``OPTIONAL_FIELDS`` (health, MIG
+    mode, NVLink fabric).
 
     A driver that does not know an extra field refuses the whole query (``Field "x" is not a
     valid field to query.``, exit 2): the field is asked for under its older name where it has
-    one, else left out, and the query runs again; the SPEC fields are always asked for.
+    one, else left out with the fields that came with it (``field_group``), and the query runs
+    again; the SPEC fields are always asked for.
     """
-    extra = list(EXTRA_HEALTH_FIELDS)
+    extra = list(OPTIONAL_FIELDS)
     while True:
         fields = ",".join([QUERY_FIELDS, *extra])
         query = run_command(client, f"nvidia-smi --query-gpu={fields} --format=csv", command_timeout,
@@ -81,9 +84,13 @@ def _smi_query(client: paramiko.SSHClient, command_timeout: float, warnings: lis
             extra = []
         elif field in OLDER_FIELD_NAMES:
             extra[extra.index(field)] = OLDER_FIELD_NAMES[field]
-        else:
+        elif field in EXTRA_HEALTH_FIELDS or field in OLDER_FIELD_NAMES.values():
             extra.remove(field)
             warnings.append(f"nvidia-smi does not know {field}; its health rule is off for this host")
+        else:
+            group = field_group(field)
+            extra = [f for f in extra if f not in group]
+            warnings.append(f"nvidia-smi does not know {field}; {', '.join(group)} not read on this host")
 
 
 def _query(client: paramiko.SSHClient, command_timeout: float, nvml_python: str | None,
@@ -120,6 +127,12 @@ def gather(client: paramiko.SSHClient, command_timeout: float, read_kernel_log: 
         failure = _nvidia_smi_failure(topo)
         raise HostFailure(f"topo -m: {failure}")
     files = {"query.csv": query_text, "topo.txt": topo.stdout}
+    if mig_enabled(query_text):
+        def run(command: str, label: str) -> tuple[int, str, str]:
+            r = run_command(client, command, command_timeout, label)
+            return r.returncode, r.stdout, r.stderr
+
+        files.update(mig_files(run, warnings))
     if read_kernel_log:
         xid = run_command(client, XID_COMMAND, command_timeout, "kernel log read")
         lines = [line for line in xid.stdout.splitlines() if "NVRM: Xid" in line]

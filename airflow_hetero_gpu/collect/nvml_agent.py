@@ -26,14 +26,18 @@ from typing import Any, Callable, Iterable
 
 #: The ``--query-gpu`` fields of SPEC section 2 (``capture.directory.QUERY_FIELDS``) followed by
 #: the optional health fields the collector asks nvidia-smi for (``capture.query.
-#: EXTRA_HEALTH_FIELDS``); repeated because this file may not import the package, and kept equal
-#: to those by a test.
+#: EXTRA_HEALTH_FIELDS``), the MIG mode (``MIG_FIELDS``) and the fabric registration (the first
+#: four ``FABRIC_FIELDS``; NVML's fabric health mask and the tray index are left to nvidia-smi);
+#: repeated because this file may not import the package, and kept equal to those by a test.
 FIELDS = (
     "index", "uuid", "name", "pci.bus_id", "memory.total", "memory.used", "utilization.gpu",
     "temperature.gpu", "power.draw", "power.limit", "ecc.errors.uncorrected.volatile.total",
     "retired_pages.pending", "remapped_rows.pending", "remapped_rows.failure",
-    "clocks_event_reasons.hw_slowdown",
+    "clocks_event_reasons.hw_slowdown", "mig.mode.current", "mig.mode.pending",
+    "fabric.state", "fabric.status", "fabric.cliqueId", "fabric.clusterUuid",
 )
+#: nvmlGpuFabricState_t as nvidia-smi prints it (0: not supported, which it prints as N/A).
+FABRIC_STATES = {1: "Not Started", 2: "In Progress", 3: "Completed"}
 #: Units nvidia-smi shows in the header (``memory.total [MiB]``) and after each value.
 UNITS = {"memory.total": "MiB", "memory.used": "MiB", "utilization.gpu": "%",
          "power.draw": "W", "power.limit": "W"}
@@ -205,6 +209,21 @@ def _active(mask: Any) -> str:
     return "Active" if int(mask) & HW_SLOWDOWN else "Not Active"
 
 
+def _enabled(mode: Any) -> str:
+    return "Enabled" if int(mode) else "Disabled"
+
+
+def _bare_na(text: str) -> str:
+    """nvidia-smi prints the fabric fields of a GPU without a fabric as a bare ``N/A``."""
+    return "N/A" if text in (NA, NOT_SUPPORTED) else text
+
+
+def _cluster_uuid(raw: Any) -> str:
+    data = bytes(raw)
+    h = data.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
 def device_row(nvml: Any, index: int, handle: Any) -> tuple[str, str | None]:
     """(CSV row, bus id) of one opened GPU; raises _DeviceLost when it goes away meanwhile."""
     r = _Reader(nvml)
@@ -233,6 +252,37 @@ def device_row(nvml: Any, index: int, handle: Any) -> tuple[str, str | None]:
             return remap[0][position]
         return read
 
+    mig: list[Any] = []
+
+    def mig_mode(position: int) -> Callable[[], Any]:
+        def read() -> Any:
+            if not mig:
+                mig.append(tuple(nvml.nvmlDeviceGetMigMode(handle)))  # (current, pending)
+            return mig[0][position]
+        return read
+
+    fabric: list[Any] = []
+
+    def fab(attr: str) -> Callable[[], Any]:
+        def read() -> Any:
+            if not fabric:
+                info = nvml.c_nvmlGpuFabricInfo_t()
+                nvml.nvmlDeviceGetGpuFabricInfo(handle, nvml.byref(info))
+                if int(info.state) not in FABRIC_STATES:  # NVML_GPU_FABRIC_STATE_NOT_SUPPORTED
+                    raise nvml.NVMLError(NVML_ERROR_NOT_SUPPORTED)
+                fabric.append(info)
+            info = fabric[0]
+            if attr == "state":
+                return FABRIC_STATES[int(info.state)]
+            if attr == "status":  # valid once the registration completed
+                if int(info.state) != 3:
+                    return "N/A"
+                return "Success" if int(info.status) == 0 else _text(nvml.nvmlErrorString(int(info.status)))
+            if attr == "cliqueId":
+                return str(int(info.cliqueId))
+            return _cluster_uuid(info.clusterUuid)
+        return read
+
     cells = [
         str(index),
         r.cell(lambda: _text(nvml.nvmlDeviceGetUUID(handle))),
@@ -250,6 +300,9 @@ def device_row(nvml: Any, index: int, handle: Any) -> tuple[str, str | None]:
         r.cell(remapped(2), _yes_no),
         r.cell(remapped(3), _yes_no),
         r.cell(lambda: _clock_event_reasons(nvml, handle), _active),
+        r.cell(mig_mode(0), _enabled),
+        r.cell(mig_mode(1), _enabled),
+        *(_bare_na(r.cell(fab(attr))) for attr in ("state", "status", "cliqueId", "clusterUuid")),
     ]
     return ", ".join(cells), (bus_id[0] if bus_id else None)
 

@@ -51,6 +51,7 @@ from airflow_hetero_gpu.collect.gather import (  # noqa: F401 - re-exported
     gather,
 )
 from airflow_hetero_gpu.collect.limits import OpenFilesLimitError, ensure_open_files
+from airflow_hetero_gpu.collect.mig import MIG_FILES
 from airflow_hetero_gpu.collect.nvml import agent_command
 from airflow_hetero_gpu.collect.reasons import HostFailure, classify_connect_error  # noqa: F401
 from airflow_hetero_gpu.collect.targets import SshTarget
@@ -123,10 +124,12 @@ class CollectReport:
 def _write_success(host_dir: Path, files: dict[str, str]) -> list[str]:
     for name, text in files.items():
         atomic_write(host_dir / name, text)
-    try:
-        (host_dir / ERROR_FILE).unlink()
-    except FileNotFoundError:
-        pass
+    # a stale error, or a MIG listing of a host whose GPUs no longer have MIG enabled
+    for name in (ERROR_FILE, *(f for f in MIG_FILES if f not in files)):
+        try:
+            (host_dir / name).unlink()
+        except FileNotFoundError:
+            pass
     return sorted(files)
 
 

@@ -80,6 +80,8 @@ def diff_inventory(
 
 
 def diff_clusters(old, new) -> InventoryChange:
-    """:func:`diff_inventory` of two :class:`~airflow_hetero_gpu.core.cluster.Cluster` objects."""
-    return diff_inventory(old.gpus, new.gpus, old_pools=[p.id for p in old.pools],
+    """:func:`diff_inventory` of two :class:`~airflow_hetero_gpu.core.cluster.Cluster` objects
+    (physical GPUs; MIG instances show as pools added or removed)."""
+    whole = lambda c: [g for g in c.gpus if g.instance is None]  # noqa: E731
+    return diff_inventory(whole(old), whole(new), old_pools=[p.id for p in old.pools],
                           new_pools=[p.id for p in new.pools], unreachable_hosts=new.host_errors)

@@ -7,7 +7,8 @@ Per-GPU facts are kept in numpy arrays so a plan over 100,000 GPUs stays in mill
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import copy
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Iterable, Mapping
 
@@ -21,18 +22,33 @@ from airflow_hetero_gpu.core.topology import REGISTRY, HostWiring, NetworkTiers,
 
 @dataclass(frozen=True)
 class Pool:
-    """A candidate pool (S3): GPUs of one card type supporting the same set of task types."""
+    """A candidate pool (S3): GPUs of one card type supporting the same set of task types.
+
+    ``mig``: its members are MIG instances (card type ``<GPU name> MIG <profile>``), which serve
+    1-GPU jobs only.
+    """
 
     id: str
     card_type: str
     task_types: tuple[str, ...]
     positions: np.ndarray  # positions of its GPUs in Cluster.gpus
+    mig: bool = False
 
     @staticmethod
     def make_id(card_type: str, task_types: tuple[str, ...]) -> str:
         if task_types == (card_type,):
             return card_type
         return "+".join(sorted(task_types)) + "@" + card_type
+
+
+def _with_task_types(g: Gpu, task_types: tuple[str, ...]) -> Gpu:
+    """``replace(g, task_types=...)`` for a frozen Gpu, without dataclasses.replace's per-field
+    work (it dominated building a 100,000-GPU cluster)."""
+    if g.task_types == task_types:
+        return g
+    new = copy.copy(g)
+    object.__setattr__(new, "task_types", task_types)
+    return new
 
 
 @dataclass
@@ -45,10 +61,11 @@ class Cluster:
     host_notes: dict[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.gpus = sorted(self.gpus, key=lambda g: (g.host, g.index))
+        self.gpus = sorted(self.gpus, key=lambda g: (g.host, g.index, -1 if g.instance is None else g.instance))
         # task types come from the config (cluster.yaml's rules); stamp them on the GPUs
-        self.gpus = [replace(g, task_types=self.config.task_types_for(g.host, g.name)) for g in self.gpus]
-        self.position = {g.key: i for i, g in enumerate(self.gpus)}
+        self.gpus = [_with_task_types(g, self.config.task_types_for(g.host, g.name)) for g in self.gpus]
+        self.keys = [g.key for g in self.gpus]  # GpuKey by position
+        self.position = {k: i for i, k in enumerate(self.keys)}
         if len(self.position) != len(self.gpus):
             seen: set[GpuKey] = set()
             dup = next(g.key for g in self.gpus if g.key in seen or seen.add(g.key))
@@ -57,8 +74,16 @@ class Cluster:
         host_id = {h: i for i, h in enumerate(self.hosts)}
         n = len(self.gpus)
         self.host_of = np.fromiter((host_id[g.host] for g in self.gpus), dtype=np.int64, count=n)
-        self.base_load = np.fromiter((g.base_load for g in self.gpus), dtype=np.float64, count=n)
+        unknown = self.config.thresholds.unknown_utilization
+        self.base_load = np.fromiter((g.load(unknown) for g in self.gpus), dtype=np.float64, count=n)
         self.healthy = np.fromiter((g.healthy for g in self.gpus), dtype=bool, count=n)
+        # never handed out although healthy: a MIG-enabled GPU (its instances are), a pending
+        # MIG mode change (Gpu.unschedulable says why)
+        self.schedulable = np.fromiter((not g.unschedulable for g in self.gpus), dtype=bool, count=n)
+        self.instances_of: dict[GpuKey, list[GpuKey]] = {}
+        for g in self.gpus:
+            if g.instance is not None:
+                self.instances_of.setdefault(g.key.gpu, []).append(g.key)
         self.memory_free = np.fromiter(
             (np.nan if g.memory_free_mib is None else g.memory_free_mib for g in self.gpus),
             dtype=np.float64, count=n,
@@ -69,7 +94,13 @@ class Cluster:
         self.matrix_row: dict[str, dict[int, int]] = {}
         by_host: dict[str, list[int]] = {}
         for g in self.gpus:
-            by_host.setdefault(g.host, []).append(g.index)
+            if g.instance is None:
+                by_host.setdefault(g.host, []).append(g.index)
+            else:  # a MIG instance sits where its GPU sits
+                by_host.setdefault(g.host, [])
+        for g in self.gpus:
+            if g.instance is not None and g.index not in by_host[g.host]:
+                by_host[g.host].append(g.index)
         for host, indices in by_host.items():
             w = self.wiring.get(host)
             if w is None or set(indices) - set(w.indices):
@@ -88,7 +119,8 @@ class Cluster:
         for i, g in enumerate(self.gpus):
             groups.setdefault((g.name, g.task_types), []).append(i)
         self.pools = sorted(
-            (Pool(Pool.make_id(ct, tt), ct, tt, np.array(pos, dtype=np.int64)) for (ct, tt), pos in groups.items()),
+            (Pool(Pool.make_id(ct, tt), ct, tt, np.array(pos, dtype=np.int64),
+                  mig=self.gpus[pos[0]].instance is not None) for (ct, tt), pos in groups.items()),
             key=lambda p: p.id,
         )
         self.pool_of = np.zeros(n, dtype=np.int64)
@@ -97,7 +129,31 @@ class Cluster:
         self.pool_by_id = {p.id: p for p in self.pools}
         # host h owns positions host_start[h] .. host_start[h + 1] - 1 (GPUs are sorted by host)
         self.host_start = np.searchsorted(self.host_of, np.arange(len(self.hosts) + 1))
-        self.max_host_gpus = int(np.diff(self.host_start).max(initial=0))
+        whole = np.bincount(self.host_of[[g.instance is None for g in self.gpus]], minlength=len(self.hosts)) \
+            if n else np.zeros(len(self.hosts), dtype=np.int64)
+        self.max_host_gpus = int(whole.max(initial=0))
+        # multi-node NVLink domains (GB200/GB300 NVL72 partitions), from the GPUs' fabric
+        self.host_domain_notes: dict[str, str] = {}
+        self.net = self.net.with_domains(self._host_domains())
+
+    def _host_domains(self) -> dict[str, str]:
+        """host -> NVLink domain: the one domain every GPU of the host that has one reports.
+
+        A host whose GPUs report different domains gets none (and a note): distances are kept
+        per host pair, and guessing one domain could put a job's ranks across two partitions.
+        """
+        seen: dict[str, set[str]] = {}
+        for g in self.gpus:
+            if g.instance is None and g.nvlink_domain is not None:
+                seen.setdefault(g.host, set()).add(g.nvlink_domain)
+        out = {}
+        for host, domains in seen.items():
+            if len(domains) == 1:
+                out[host] = next(iter(domains))
+            else:
+                self.host_domain_notes[host] = (f"GPUs in {len(domains)} NVLink domains ({', '.join(sorted(domains))}): "
+                                                "the host is placed by its network switches only")
+        return out
 
     # --- lookups -----------------------------------------------------------------------------
     def gpu(self, key: tuple[str, int]) -> Gpu:
@@ -106,11 +162,15 @@ class Cluster:
     def host_matrix(self, host: str):
         return self.matrix_row[host], self.matrices[self.matrix_id[host]]
 
+    def nvlink_domains(self) -> dict[str, list[str]]:
+        """Every multi-node NVLink domain (``<cluster UUID>/<clique id>``) with its hosts."""
+        return {name: sorted(hosts) for name, hosts in self.net.domains.items()}
+
     def mean_distance(self, keys) -> float:
         """``d(S)`` of SPEC §5 for any set of GPUs of this cluster."""
         return mean_distance([tuple(k) for k in keys], self.host_matrix, self.net)
 
-    def distance(self, a: tuple[str, int], b: tuple[str, int]) -> int:
+    def distance(self, a: tuple, b: tuple) -> int:
         if a[0] == b[0]:
             rows, m = self.host_matrix(a[0])
             return int(m[rows[a[1]], rows[b[1]]])
@@ -124,24 +184,35 @@ class Cluster:
     def graph(self) -> nx.Graph:
         """The cluster's GPU topology graph.
 
-        Nodes: every GPU ``(host, index)`` (attributes from the inventory), every host
-        ``("host", name)`` and every switch ``("switch", name)``. GPU-GPU edges inside a host carry
-        the ``topo -m`` label (``link``) and its weight; ``uplink`` edges join GPUs to their host,
-        hosts to their tier-1 switch and switches to their parents. Distances between hosts are
-        10 × the tier of the lowest common switch (SPEC §5), see :meth:`distance`.
+        Nodes: every GPU ``GpuKey(host, index)`` and MIG instance ``GpuKey(host, index,
+        instance)`` (attributes from the inventory), every host ``("host", name)``, every switch
+        ``("switch", name)`` and every multi-node NVLink domain ``("nvlink-domain", name)``.
+        GPU-GPU edges inside a host carry the ``topo -m`` label (``link``) and its weight;
+        ``uplink`` edges join GPUs to their host, hosts to their tier-1 switch and switches to
+        their parents; ``mig`` edges join a MIG instance to its GPU; ``nvlink-domain`` edges join
+        the hosts of a domain to it. Distances between hosts are 10 × the tier of the lowest common
+        switch (SPEC §5), or the NVLink distance inside a domain, see :meth:`distance`.
         """
         g = nx.Graph()
         for gpu in self.gpus:
-            g.add_node(gpu.key, kind="gpu", **gpu.to_json(), pool=self.pool_of_gpu(gpu.key).id)
+            g.add_node(gpu.key, kind="mig" if gpu.instance is not None else "gpu", **gpu.to_json(),
+                       pool=self.pool_of_gpu(gpu.key).id)
+            if gpu.instance is not None:
+                g.add_edge(gpu.key.gpu, gpu.key, kind="mig")
         for host in self.hosts:
-            g.add_node(("host", host), kind="host", error=self.host_errors.get(host))
+            g.add_node(("host", host), kind="host", error=self.host_errors.get(host),
+                       nvlink_domain=self.net.domain_of.get(host))
+        for name, members in self.net.domains.items():
+            g.add_node(("nvlink-domain", name), kind="nvlink-domain")
+            for host in sorted(members):
+                g.add_edge(("host", host), ("nvlink-domain", name), kind="nvlink-domain")
         for host, w in self.wiring.items():
             for a in w.indices:
-                if (host, a) in self.position:
+                if GpuKey(host, a) in self.position:
                     g.add_edge(("host", host), GpuKey(host, a), kind="uplink")
             for i, a in enumerate(w.indices):
                 for b in w.indices[i + 1:]:
-                    if (host, a) in self.position and (host, b) in self.position:
+                    if GpuKey(host, a) in self.position and GpuKey(host, b) in self.position:
                         label = w.label(a, b)
                         g.add_edge(GpuKey(host, a), GpuKey(host, b), kind="link", link=label, weight=link_weight(label))
         if self.net.flat:

@@ -50,6 +50,9 @@ class Weights(_Strict):
 class Thresholds(_Strict):
     busy_utilization: Number = Field(0.10, ge=0, le=1)
     full_utilization: Number = Field(0.90, ge=0, le=1)
+    # The load assumed for a GPU whose utilization nvidia-smi cannot tell ([N/A]): 1 (busy),
+    # so an unknown GPU is never taken for an idle one (docs/concepts.md).
+    unknown_utilization: Number = Field(1.0, ge=0, le=1)
     max_temperature_c: Number = 90
     # SPEC §8: an evicted GPU comes back after this many consecutive healthy checks.
     readmit_after_healthy_checks: StrictInt = Field(3, ge=1)
@@ -60,6 +63,9 @@ class Thresholds(_Strict):
     # Optional rules on fields older drivers lack (they never fire where the field is absent).
     check_row_remap: StrictBool = True
     check_hw_slowdown: StrictBool = True
+    # A capture directory read without a ledger: an Xid line counts when logged within this
+    # many seconds of the capture (readers with a ledger take Xids from its evictions instead).
+    xid_window_s: Number = Field(3600, ge=0)
 
     @model_validator(mode="after")
     def _ordered(self) -> "Thresholds":

@@ -3,10 +3,11 @@
 A GPU is unhealthy (abnormal) when any rule gives a reason. The rules run in the order of
 :data:`RULES`; a GPU's ``reasons`` list every rule that fired, in that order.
 
-Besides SPEC §4's rules, two optional ones read fields that older drivers lack (the collector
+Besides SPEC §4's rules, optional ones read fields that older drivers lack (the collector
 asks for them where the driver knows them, see docs/health.md): row remapping
-(``row-remap-failure``, ``row-remap-pending``) and hardware slowdown (``hw-slowdown``). A fact
-that was not collected is ``None`` and never fires a rule. How long a reason must last before
+(``row-remap-failure``, ``row-remap-pending``), hardware slowdown (``hw-slowdown``) and the
+NVLink fabric (``fabric-registering``, ``fabric-error``, ``fabric-unhealthy``,
+``fabric-degraded``). A fact that was not collected is ``None`` and never fires a rule. How long a reason must last before
 it evicts a GPU is :mod:`airflow_hetero_gpu.core.watch`'s business, not the rules'.
 """
 
@@ -36,6 +37,11 @@ class GpuFacts:
     remapped_rows_failure: bool | None = None  # remapped_rows.failure
     remapped_rows_pending: bool | None = None  # remapped_rows.pending
     hw_slowdown: bool | None = None  # clocks_event_reasons.hw_slowdown (clocks_throttle_reasons.*)
+    fabric_state: str | None = None  # fabric.state ... of a GPU on a multi-node NVLink platform
+    fabric_status: str | None = None
+    fabric_health_summary: str | None = None
+    fabric_bandwidth: str | None = None
+    multinode_nvlink: bool = False  # GB200/GB300 tray, or a non-zero fabric cluster UUID
 
     @classmethod
     def from_row(cls, row: "QueryRow", *, host_error: str | None = None,
@@ -52,7 +58,27 @@ class GpuFacts:
             remapped_rows_failure=row.remapped_rows_failure,
             remapped_rows_pending=row.remapped_rows_pending,
             hw_slowdown=row.hw_slowdown,
+            fabric_state=row.fabric_state,
+            fabric_status=row.fabric_status,
+            fabric_health_summary=row.fabric_health_summary,
+            fabric_bandwidth=row.fabric_health_bandwidth,
+            multinode_nvlink=multinode_nvlink(row.name, row.fabric_cluster_uuid),
         )
+
+
+#: Grace-Blackwell superchips: their trays join a multi-node NVLink domain (NVL72/NVL36).
+MULTINODE_NVLINK_NAMES = ("nvidia gb200", "nvidia gb300")
+_NO_VALUE = {"", "n/a", "not supported", "[n/a]"}
+
+
+def multinode_nvlink(name: str | None, cluster_uuid: str | None) -> bool:
+    """Whether a GPU sits on a multi-node NVLink platform: a GB200/GB300 by name, or any GPU
+    whose fabric reports a non-zero cluster UUID. An HGX H100/H200 (NVSwitch inside one host)
+    is not one: its registration status says nothing about the placement across hosts."""
+    uuid = (cluster_uuid or "").strip().lower()
+    if uuid and uuid not in _NO_VALUE and not set(uuid) <= set("0-"):
+        return True
+    return (name or "").strip().lower().startswith(MULTINODE_NVLINK_NAMES)
 
 
 Rule = Callable[[GpuFacts, Thresholds], "str | list[str] | None"]
@@ -101,12 +127,33 @@ def hw_slowdown(f: GpuFacts, th: Thresholds) -> str | None:
     return "hw-slowdown" if th.check_hw_slowdown and f.hw_slowdown else None
 
 
+def fabric(f: GpuFacts, th: Thresholds) -> list[str] | None:
+    """The NVLink fabric of a multi-node NVLink GPU: its registration must have completed with
+    success (until then CUDA cannot use the fabric); on any GPU, a fabric health summary other
+    than Healthy, or degraded bandwidth, is a fault too (N/A on GPUs without a fabric)."""
+    out = []
+    state = (f.fabric_state or "").strip().lower()
+    if f.multinode_nvlink and state not in _NO_VALUE:
+        if state != "completed":
+            out.append("fabric-registering")
+        elif (f.fabric_status or "").strip().lower() not in _NO_VALUE | {"success"}:
+            out.append("fabric-error")
+    summary = (f.fabric_health_summary or "").strip().lower()
+    if summary == "unhealthy":
+        out.append("fabric-unhealthy")
+    degraded = summary == "limited capacity" or (f.fabric_bandwidth or "").strip().lower().startswith("degraded")
+    if degraded:
+        out.append("fabric-degraded")
+    return out or None
+
+
 def xid(f: GpuFacts, th: Thresholds) -> list[str] | None:
     codes = sorted({x for x in f.xids if x not in APPLICATION_XIDS})
     return [f"xid-{x}" for x in codes] or None
 
 
-RULES: list[Rule] = [stale, unreachable, lost, ecc, retired_pages, row_remap, temperature, hw_slowdown, xid]
+RULES: list[Rule] = [stale, unreachable, lost, ecc, retired_pages, row_remap, temperature, hw_slowdown, fabric,
+                     xid]
 
 
 def health_reasons(facts: GpuFacts, thresholds: Thresholds) -> tuple[str, ...]:

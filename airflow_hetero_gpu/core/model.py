@@ -6,19 +6,100 @@ Plain dataclasses, no Airflow, no I/O. Everything here serialises to the JSON of
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from airflow_hetero_gpu.errors import RequestError
 
 
-class GpuKey(NamedTuple):
-    """A GPU's address in the cluster: host name and nvidia-smi index."""
+class GpuKey(tuple):
+    """A schedulable unit's address: ``(host, index)`` for a whole GPU (host name, nvidia-smi
+    index), ``(host, index, instance)`` for a MIG instance (its MIG device index on that GPU).
 
-    host: str
-    index: int
+    A plain tuple of two or three items, so a whole GPU's key equals, hashes and sorts like the
+    ``(host, index)`` pair it always was (keys read back from JSON or database rows still find
+    their GPU, and an instance sorts right after its GPU). Code that handles MIG instances reads
+    ``key.instance`` (``None`` for a whole GPU) and ``key.gpu`` (the physical GPU's key); a
+    two-name unpacking ``host, index = key`` fails loudly on an instance's key.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, host: str, index: int, instance: int | None = None) -> "GpuKey":
+        return tuple.__new__(cls, (host, index) if instance is None else (host, index, instance))
+
+    def __getnewargs__(self):  # pickle and copy call __new__ with the items
+        return tuple(self)
+
+    @property
+    def host(self) -> str:
+        return self[0]
+
+    @property
+    def index(self) -> int:
+        return self[1]
+
+    @property
+    def instance(self) -> int | None:
+        return self[2] if len(self) > 2 else None
+
+    def __repr__(self) -> str:
+        extra = "" if self.instance is None else f", instance={self.instance}"
+        return f"GpuKey(host={self.host!r}, index={self.index!r}{extra})"
 
     def __str__(self) -> str:
-        return f"{self.host}:{self.index}"
+        if self.instance is None:
+            return f"{self.host}:{self.index}"
+        return f"{self.host}:{self.index}/mig{self.instance}"
+
+    @property
+    def gpu(self) -> "GpuKey":
+        """The physical GPU: this key without its MIG instance."""
+        return self if self.instance is None else GpuKey(self.host, self.index)
+
+    @property
+    def sort_key(self) -> tuple[str, int, int]:
+        """Host, index, then instance (the whole GPU first)."""
+        return (self.host, self.index, -1 if self.instance is None else self.instance)
+
+
+def as_key(key) -> GpuKey:
+    """A :class:`GpuKey` from a key, a ``(host, index)`` or a ``(host, index, instance)`` tuple."""
+    return key if isinstance(key, GpuKey) else GpuKey(*key)
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """A GPU's NVLink fabric registration (``fabric.*`` fields) and its compute tray.
+
+    ``domain`` names the multi-node NVLink domain (NVL72 rack partition) the GPU belongs to:
+    ``<cluster UUID>/<clique id>`` when the registration completed with success and the cluster
+    UUID is not all zeros, else ``None``. An HGX H100 (NVSwitch inside one host only) reports
+    ``Completed``, clique 0 and an all-zero cluster UUID: no domain, so equal clique ids alone
+    never join hosts.
+    """
+
+    state: str | None = None
+    status: str | None = None
+    clique_id: int | None = None
+    cluster_uuid: str | None = None
+    health_summary: str | None = None
+    bandwidth: str | None = None
+    tray_index: int | None = None
+
+    @property
+    def registered(self) -> bool:
+        return (self.state or "").lower() == "completed" and (self.status or "").lower() == "success"
+
+    @property
+    def domain(self) -> str | None:
+        uuid = (self.cluster_uuid or "").strip().lower()
+        if not self.registered or self.clique_id is None or not uuid or set(uuid) <= set("0-"):
+            return None
+        return f"{uuid}/{self.clique_id}"
+
+    def to_json(self) -> dict:
+        return {"state": self.state, "status": self.status, "clique_id": self.clique_id,
+                "cluster_uuid": self.cluster_uuid, "health_summary": self.health_summary,
+                "bandwidth": self.bandwidth, "tray_index": self.tray_index, "domain": self.domain}
 
 
 @dataclass(frozen=True)
@@ -38,18 +119,45 @@ class Gpu:
     healthy: bool = True
     reasons: tuple[str, ...] = ()
     task_types: tuple[str, ...] = ()  # sorted; filled from cluster.yaml rules
+    # MIG: on a whole GPU the mode now and after the next reset ("Enabled"/"Disabled", None
+    # where the GPU has no MIG); on a MIG instance its MIG device index, profile ("3g.40gb")
+    # and the UUID of the GPU it is carved from (``uuid`` is then the instance's MIG-... UUID)
+    mig_mode: str | None = None
+    mig_pending: str | None = None
+    instance: int | None = None
+    mig_profile: str | None = None
+    gpu_uuid: str | None = None
+    # why this unit is never handed out although healthy: "mig-enabled" (its instances are
+    # handed out instead), "mig-mode-change-pending" (until the GPU is reset)
+    unschedulable: tuple[str, ...] = ()
+    fabric: Fabric | None = None
 
     @property
     def key(self) -> GpuKey:
-        return GpuKey(self.host, self.index)
+        return GpuKey(self.host, self.index, self.instance)
 
     @property
-    def base_load(self) -> float:
-        """``u = max(utilization, memory.used / memory.total)`` clamped to [0, 1] (SPEC §4)."""
-        u = self.utilization or 0.0
+    def is_mig_instance(self) -> bool:
+        return self.instance is not None
+
+    def load(self, unknown_utilization: float = 1.0) -> float:
+        """``u = max(utilization, memory.used / memory.total)`` clamped to [0, 1] (SPEC §4);
+        an unknown utilization (nvidia-smi's ``[N/A]``) counts as ``unknown_utilization``
+        (cluster.yaml's ``thresholds.unknown_utilization``, default 1: not idle)."""
+        u = unknown_utilization if self.utilization is None else self.utilization
         if self.memory_total_mib and self.memory_used_mib is not None and self.memory_total_mib > 0:
             u = max(u, self.memory_used_mib / self.memory_total_mib)
         return min(1.0, max(0.0, u))
+
+    @property
+    def base_load(self) -> float:
+        """:meth:`load` with the default for an unknown utilization (1)."""
+        return self.load()
+
+    @property
+    def nvlink_domain(self) -> str | None:
+        """The multi-node NVLink domain (``Fabric.domain``) of this GPU, if any."""
+        return self.fabric.domain if self.fabric is not None else None
 
     @property
     def memory_free_mib(self) -> float | None:
@@ -58,8 +166,18 @@ class Gpu:
         return self.memory_total_mib - (self.memory_used_mib or 0.0)
 
     def ref(self) -> dict:
-        """The short form used in decisions: host, index, uuid, name."""
-        return {"host": self.host, "index": self.index, "uuid": self.uuid, "name": self.name}
+        """The short form used in decisions: host, index, uuid, name (and, for a MIG instance,
+        ``instance``: its MIG device index; ``uuid`` is then the instance's ``MIG-`` UUID)."""
+        out = {"host": self.host, "index": self.index, "uuid": self.uuid, "name": self.name}
+        if self.instance is not None:
+            out["instance"] = self.instance
+        return out
+
+    @property
+    def cuda_device(self) -> str:
+        """What ``CUDA_VISIBLE_DEVICES`` names this unit by: the index of a whole GPU, the
+        ``MIG-`` UUID of a MIG instance."""
+        return self.uuid if self.instance is not None else str(self.index)
 
     def to_json(self) -> dict:
         return {
@@ -74,7 +192,18 @@ class Gpu:
             "power_w": self.power_w,
             "healthy": self.healthy,
             "reasons": list(self.reasons),
+            "instance": self.instance,
+            "mig": self._mig_json(),
+            "unschedulable": list(self.unschedulable),
+            "fabric": self.fabric.to_json() if self.fabric is not None else None,
         }
+
+    def _mig_json(self) -> dict | None:
+        if self.instance is not None:
+            return {"profile": self.mig_profile, "gpu_uuid": self.gpu_uuid}
+        if self.mig_mode is None and self.mig_pending is None:
+            return None
+        return {"mode": self.mig_mode, "pending": self.mig_pending}
 
 
 @dataclass(frozen=True)
@@ -239,6 +368,7 @@ class PlanResult:
             "decision": self.decision.to_json() if self.decision else None,
             "pools": [p.to_json() for p in self.pools],
             "unhealthy": [
-                {"host": g.host, "index": g.index, "reasons": list(g.reasons)} for g in self.unhealthy
+                {"host": g.host, "index": g.index, **({} if g.instance is None else {"instance": g.instance}),
+                 "reasons": list(g.reasons)} for g in self.unhealthy
             ],
         }

@@ -15,17 +15,38 @@ import numpy as np
 from airflow_hetero_gpu.core import filters, scorers
 from airflow_hetero_gpu.core.cluster import Cluster
 from airflow_hetero_gpu.core.config import ClusterConfig
-from airflow_hetero_gpu.core.model import Decision, GpuKey, PlanRequest, PlanResult, PoolReport, Score
+from airflow_hetero_gpu.core.cardtype import card_type_matches, is_mig_card_type
+from airflow_hetero_gpu.core.model import Decision, GpuKey, PlanRequest, PlanResult, PoolReport, Score, as_key
 from airflow_hetero_gpu.core.selection import EPS, HostAvail, choose_replacement, select_gpus
 from airflow_hetero_gpu.core.view import ClusterState, PoolView
+from airflow_hetero_gpu.errors import RequestError
 
 
 def _mask(cluster: Cluster, keys) -> np.ndarray:
+    """The units ``keys`` name, and what they share a GPU with: a whole-GPU key also marks the
+    GPU's MIG instances, an instance key also marks its GPU (a reservation or eviction of one
+    never lets the other be handed out)."""
     m = np.zeros(len(cluster.gpus), dtype=bool)
-    pos = [cluster.position[k] for k in (GpuKey(*k) for k in keys) if k in cluster.position]
+    pos = []
+    for key in map(as_key, keys):
+        if key in cluster.position:
+            pos.append(cluster.position[key])
+        if key.instance is None:
+            pos.extend(cluster.position[i] for i in cluster.instances_of.get(key, ()))
+        elif key.gpu in cluster.position:
+            pos.append(cluster.position[key.gpu])
     if pos:
         m[pos] = True
     return m
+
+
+def _holders(cluster: Cluster, reserved: Mapping[GpuKey, str]) -> dict[GpuKey, str]:
+    """Reservation holders by unit, spread like :func:`_mask` (to name them in reasons)."""
+    out = dict(reserved)
+    for key, job in reserved.items():
+        for other in (cluster.instances_of.get(key, ()) if key.instance is None else (key.gpu,)):
+            out.setdefault(other, job)
+    return out
 
 
 def cluster_state(
@@ -46,15 +67,19 @@ def cluster_state(
     cfg = config or cluster.config
     th = cfg.thresholds
     if reserved_mask is None:
-        reserved = {GpuKey(*k): v for k, v in (reserved or {}).items()}
+        reserved = {as_key(k): v for k, v in (reserved or {}).items()}
         reserved_mask = _mask(cluster, reserved)
+        reserved = _holders(cluster, reserved)
     else:
         reserved = reserved if reserved is not None else {}
         reserved_mask = np.asarray(reserved_mask, dtype=bool)
         if reserved_mask.shape != (len(cluster.gpus),):
             raise ValueError(f"reserved_mask: expected {len(cluster.gpus)} entries, got {reserved_mask.shape}")
-    evicted = {GpuKey(*k): tuple(v) for k, v in (evicted or {}).items()}
+    evicted = {as_key(k): tuple(v) for k, v in (evicted or {}).items()}
     evicted_mask = _mask(cluster, evicted)
+    for key, why in list(evicted.items()):  # an evicted GPU's instances carry its reasons
+        for inst in cluster.instances_of.get(key, ()) if key.instance is None else ():
+            evicted.setdefault(inst, why)
     healthy = cluster.healthy & ~evicted_mask
     load = cluster.base_load.copy()
     load[reserved_mask] = 1.0
@@ -64,7 +89,7 @@ def cluster_state(
             memory_ok = cluster.memory_free >= request.gpu_memory_mib  # unknown (nan) is not enough
     else:
         memory_ok = np.ones(len(cluster.gpus), dtype=bool)
-    available = healthy & ~reserved_mask & ~busy & memory_ok
+    available = healthy & cluster.schedulable & ~reserved_mask & ~busy & memory_ok
     return ClusterState(cluster, request, th, reserved, evicted, reserved_mask, healthy, load, busy,
                         memory_ok, available)
 
@@ -85,11 +110,13 @@ def _host_avail(view: PoolView, k: int) -> list[HostAvail]:
     ends = np.concatenate((cuts, [len(pos)]))
     counts = ends - starts
     keep = np.flatnonzero(counts >= k) if counts.max() >= k else np.arange(len(starts))
-    hid_l, idx_l, row_l = hid.tolist(), c.index_of[pos].tolist(), c.row_of[pos].tolist()
+    hid_l, row_l = hid.tolist(), c.row_of[pos].tolist()
+    keys_of = c.keys
+    keys_l = [keys_of[p] for p in pos.tolist()]
     out = []
     for s, e in zip(starts[keep].tolist(), ends[keep].tolist()):
         h = hid_l[s]
-        out.append(HostAvail(c.hosts[h], tuple(idx_l[s:e]), tuple(row_l[s:e]), c.host_matrix_ids[h]))
+        out.append(HostAvail(c.hosts[h], tuple(keys_l[s:e]), tuple(row_l[s:e]), c.host_matrix_ids[h]))
     return out
 
 
@@ -119,6 +146,7 @@ def plan(
     ``cluster.gpus``, for callers that keep one; see :func:`cluster_state`.
     """
     cfg = (config or cluster.config).with_weights(weights)
+    _check_mig_request(cluster, request)
     state = cluster_state(cluster, request, reserved, evicted, cfg, reserved_mask=reserved_mask)
     w = cfg.weights.model_dump()
     reports: list[PoolReport] = []
@@ -153,8 +181,22 @@ def plan(
             if rep.stage == "preselected":
                 rep.reason = _lost_because(rep, best)
         decision = Decision(best.pool, [cluster.gpu(k) for k in best.selection], best.score, best.mean_distance)
-    unhealthy = [_with_eviction(cluster.gpus[int(p)], state.evicted) for p in np.flatnonzero(~state.healthy)]
+    unhealthy = [_with_eviction(cluster.gpus[int(p)], state.evicted) for p in np.flatnonzero(~state.healthy)
+                 if cluster.gpus[int(p)].instance is None]  # an instance is sick when its GPU is
     return PlanResult(request, decision, reports, unhealthy, dict(cluster.host_errors))
+
+
+def _check_mig_request(cluster: Cluster, request: PlanRequest) -> None:
+    """k > 1 of a MIG instance type is a mistake, not a lack of capacity: NCCL cannot span MIG
+    instances (one process sees one instance), so no pool could ever host it."""
+    if request.gpus <= 1 or not request.gpu_types:
+        return
+    named = [t for t in request.gpu_types if is_mig_card_type(t)]
+    matched = [p for p in cluster.pools if any(card_type_matches(p.card_type, t) for t in request.gpu_types)]
+    if len(named) == len(request.gpu_types) or (matched and all(p.mig for p in matched)):
+        which = " or ".join(repr(t) for t in request.gpu_types)
+        raise RequestError(f"gpu_type {which} names MIG instances, which serve 1-GPU jobs only (NCCL cannot "
+                           f"span MIG instances); ask for gpus=1, or for a whole-GPU card type for {request.gpus} GPUs")
 
 
 def _first_failure(chain, view: PoolView) -> str | None:
@@ -192,8 +234,8 @@ def _with_eviction(g, evicted):
 
 def replacement(
     cluster: Cluster,
-    holding: Sequence[tuple[str, int]],
-    bad: tuple[str, int],
+    holding: Sequence[tuple],
+    bad: tuple,
     *,
     reserved: Mapping[GpuKey, str] | None = None,
     evicted: Mapping[GpuKey, Sequence[str]] | None = None,
@@ -207,4 +249,4 @@ def replacement(
     pos = pool.positions[state.available[pool.positions]]
     candidates = [cluster.gpus[int(p)].key for p in pos]
     found = choose_replacement(holding, bad, candidates, cluster.mean_distance)
-    return GpuKey(*found) if found else None
+    return as_key(found) if found else None

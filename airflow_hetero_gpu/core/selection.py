@@ -4,10 +4,14 @@
   (exact search up to 16 available GPUs a host, greedy above), then the host with the smallest
   d, ties to the host with *fewer* available GPUs (best fit), then host name, then the lowest
   GPU indices.
-* Else span hosts: as few hosts as possible, under the lowest common switch tier possible,
-  hosts with the most available GPUs first, each host's share chosen as above.
+* Else span hosts: as few hosts as possible, inside one multi-node NVLink domain or under the
+  lowest common switch tier possible, hosts with the most available GPUs first, each host's
+  share chosen as above.
 
-All or nothing: the result has exactly k GPUs or is ``None``.
+All or nothing: the result has exactly k GPUs or is ``None``. The keys come in *rank order*: the
+hosts along the network tree (:func:`rank_order`: the hosts of one NVLink domain, of one leaf
+switch, of one spine, consecutive), each host's GPUs by index, so that the ring and tree
+collectives that follow node ranks cross each switch as few times as possible.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from airflow_hetero_gpu.core.model import GpuKey
 from airflow_hetero_gpu.core.topology import NetworkTiers, mean_distance
 
 EXACT_SEARCH_MAX_GPUS = 16
@@ -93,24 +98,45 @@ def _greedy_subset(matrix: np.ndarray, rows: tuple[int, ...], k: int) -> tuple[i
 
 @dataclass(frozen=True)
 class HostAvail:
-    """One host's available GPUs in a pool."""
+    """One host's available units in a pool: whole GPUs, or MIG instances (several share the
+    row of their GPU in the distance matrix)."""
 
     host: str
-    indices: tuple[int, ...]  # nvidia-smi indices, ascending
-    rows: tuple[int, ...]  # the same GPUs as rows of the host's distance matrix
+    keys: tuple[GpuKey, ...]  # ascending (index, instance)
+    rows: tuple[int, ...]  # the same units as rows of the host's distance matrix
     matrix_id: int
+
+    @classmethod
+    def of_indices(cls, host: str, indices, rows, matrix_id: int) -> "HostAvail":
+        """Whole GPUs given by nvidia-smi index."""
+        return cls(host, tuple(GpuKey(host, int(i)) for i in indices), tuple(rows), matrix_id)
+
+    def __len__(self) -> int:
+        return len(self.keys)
 
 
 @dataclass(frozen=True)
 class Selection:
-    keys: tuple[tuple[str, int], ...]
+    keys: tuple[GpuKey, ...]  # in rank order (module docstring)
     mean_distance: float
 
 
-def _host_share(h: HostAvail, k: int, matrices: Sequence[np.ndarray]) -> tuple[int, tuple[int, ...]]:
+def _host_share(h: HostAvail, k: int, matrices: Sequence[np.ndarray]) -> tuple[int, tuple[GpuKey, ...]]:
     pair_sum, rows = best_subset(h.matrix_id, matrices[h.matrix_id], h.rows, k)
-    row_to_index = dict(zip(h.rows, h.indices))
-    return pair_sum, tuple(row_to_index[r] for r in rows)
+    if k == 1:  # the first unit on that row (MIG instances of one GPU share their GPU's row)
+        return pair_sum, (h.keys[h.rows.index(rows[0])],)
+    row_to_key = dict(zip(h.rows, h.keys))  # k > 1: whole GPUs, one row each
+    # a whole GPU's key is (host, index), an instance's (host, index, instance): plain tuple
+    # order puts a GPU before its instances
+    return pair_sum, tuple(sorted(row_to_key[r] for r in rows))
+
+
+def rank_order(hosts, net: NetworkTiers) -> list[str]:
+    """``hosts`` along the network tree: sorted by their path from the top switch down (spine,
+    leaf, NVLink domain), then by name, so the hosts under one leaf switch or in one NVLink
+    domain get consecutive node ranks (``a1, b1, a2, b2`` with ``a*`` under one leaf and ``b*``
+    under another gives ``a1, a2, b1, b2``)."""
+    return sorted(hosts, key=lambda h: (tuple(reversed(net.groups_of(h))), h))
 
 
 def select_gpus(
@@ -120,10 +146,10 @@ def select_gpus(
     net: NetworkTiers,
 ) -> Selection | None:
     """Choose k GPUs among the pool's available ones (SPEC §7.1), or ``None`` if fewer exist."""
-    if sum(len(h.indices) for h in hosts) < k:
+    if sum(len(h.keys) for h in hosts) < k:
         return None
     pairs = k * (k - 1) / 2
-    fits = [h for h in hosts if len(h.indices) >= k]
+    fits = [h for h in hosts if len(h.keys) >= k]
     if fits:
         best = None
         seen: set[tuple[int, tuple[int, ...]]] = set()
@@ -132,22 +158,21 @@ def select_gpus(
             if signature in seen:  # same wiring, same free GPUs as an earlier (smaller-named) host
                 continue
             seen.add(signature)
-            pair_sum, idx = _host_share(h, k, matrices)
-            rank = (pair_sum, len(h.indices), h.host, idx)
+            pair_sum, keys = _host_share(h, k, matrices)
+            rank = (pair_sum, len(h.keys), h.host, keys)
             if best is None or rank < best[0]:
-                best = (rank, h.host, idx)
-        _, host, idx = best
+                best = (rank, keys)
         d = best[0][0] / pairs if k > 1 else 1.0
-        return Selection(tuple((host, i) for i in idx), d)
+        return Selection(best[1], d)
     return _span_hosts(hosts, k, matrices, net)
 
 
 def _span_hosts(hosts: Sequence[HostAvail], k: int, matrices, net: NetworkTiers) -> Selection | None:
-    order = sorted(hosts, key=lambda h: (-len(h.indices), h.host))
+    order = sorted(hosts, key=lambda h: (-len(h.keys), h.host))
     # As few hosts as possible: the smallest m whose m largest hosts hold k.
     total, m = 0, 0
     for h in order:
-        total += len(h.indices)
+        total += len(h.keys)
         m += 1
         if total >= k:
             break
@@ -164,14 +189,14 @@ def _span_hosts(hosts: Sequence[HostAvail], k: int, matrices, net: NetworkTiers)
             break
         inside = order if name in ("(all hosts)", "(no common switch)") else members.get(name, [])
         chosen = inside[:m]
-        if len(chosen) < m or sum(len(h.indices) for h in chosen) < k:
+        if len(chosen) < m or sum(len(h.keys) for h in chosen) < k:
             continue
-        keys: list[tuple[str, int]] = []
+        keys: list[GpuKey] = []
         left = k
         for h in chosen:
-            take = min(left, len(h.indices))
-            _, idx = _host_share(h, take, matrices)
-            keys.extend((h.host, i) for i in idx)
+            take = min(left, len(h.keys))
+            _, share = _host_share(h, take, matrices)
+            keys.extend(share)
             left -= take
         d = _mean_distance_keys(keys, by_name, matrices, net)
         rank = (d, tuple(sorted(h.host for h in chosen)))
@@ -180,33 +205,36 @@ def _span_hosts(hosts: Sequence[HostAvail], k: int, matrices, net: NetworkTiers)
             best_tier = tier
     if best is None:
         return None
-    keys = sorted(best[1])
+    ranks = {host: r for r, host in enumerate(rank_order({key.host for key in best[1]}, net))}
+    keys = sorted(best[1], key=lambda key: (ranks[key[0]], key))
     return Selection(tuple(keys), best[0][0])
 
 
 def _mean_distance_keys(keys, by_name: Mapping[str, HostAvail], matrices, net: NetworkTiers) -> float:
     def host_matrix(host: str):
         h = by_name[host]
-        return dict(zip(h.indices, h.rows)), matrices[h.matrix_id]
+        return {key.index: row for key, row in zip(h.keys, h.rows)}, matrices[h.matrix_id]
 
     return mean_distance(keys, host_matrix, net)
 
 
 def choose_replacement(
-    holding: Sequence[tuple[str, int]],
-    bad: tuple[str, int],
-    candidates: Sequence[tuple[str, int]],
-    distance_of: Callable[[Sequence[tuple[str, int]]], float],
-) -> tuple[str, int] | None:
-    """SPEC §8: the available GPU g' minimising d(S - g + g'), ties to g's host, then (host, index)."""
-    rest = [g for g in holding if tuple(g) != tuple(bad)]
-    held = {tuple(g) for g in holding}
+    holding: Sequence[tuple],
+    bad: tuple,
+    candidates: Sequence[tuple],
+    distance_of: Callable[[Sequence[tuple]], float],
+) -> tuple | None:
+    """SPEC §8: the available GPU g' minimising d(S - g + g'), ties to g's host, then (host,
+    index, instance). Keys are ``GpuKey`` or plain ``(host, index)`` tuples."""
+    as_key = lambda k: k if isinstance(k, GpuKey) else GpuKey(*k)  # noqa: E731
+    rest = [g for g in holding if as_key(g) != as_key(bad)]
+    held = {as_key(g) for g in holding}
     best = None
     for cand in candidates:
-        if tuple(cand) in held:
+        if as_key(cand) in held:
             continue
         d = distance_of([*rest, cand])
-        rank = (d, 0 if cand[0] == bad[0] else 1, cand[0], cand[1])
+        rank = (d, 0 if cand[0] == bad[0] else 1, *as_key(cand).sort_key)
         if best is None or rank[0] < best[0][0] - EPS or (
             abs(rank[0] - best[0][0]) <= EPS and rank[1:] < best[0][1:]
         ):

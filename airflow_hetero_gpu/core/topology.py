@@ -4,7 +4,10 @@ Inside a host: every GPU pair has an edge weighted by its ``topo -m`` link (NV# 
 PHB 4, NODE 5, SYS/SOC 6); the distance is the weighted shortest path, so on a DGX-1 two GPUs
 without a direct NVLink are 2 apart through a third GPU. Between hosts: 10 × the tier of the
 lowest switch both hang under (no ``topology.conf``: one tier-1 switch, distance 10; no common
-switch: 10 × (highest tier + 1)).
+switch: 10 × (highest tier + 1)); but hosts in one multi-node NVLink domain (the GPUs' fabric
+clique: GB200/GB300 NVL72 trays of one rack partition) are :data:`NVLINK_DOMAIN_DISTANCE` apart,
+the weight of an NVLink inside a host: their GPUs reach each other through one NVLink switch hop,
+as the GPUs of an NVSwitch host do, and closer than any network switch.
 
 Distance matrices are computed once per distinct matrix *content* and shared by every host
 that has the same wiring, so a 10,000-host fleet of DGX boxes costs one shortest-path run.
@@ -12,7 +15,7 @@ that has the same wiring, so a 10,000-host fleet of DGX boxes costs one shortest
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import combinations
 from typing import Iterable, Mapping, Sequence
 
@@ -23,6 +26,10 @@ from airflow_hetero_gpu.capture.topo import link_weight
 
 UNKNOWN_LINK = "SYS"  # a pair the host's matrix does not cover is treated as the farthest link
 INTER_HOST_UNIT = 10
+#: Distance between GPUs of two hosts in one NVLink domain: an NV# link's weight (SPEC §5).
+NVLINK_DOMAIN_DISTANCE = 1
+#: The pseudo tier of an NVLink domain among the host groups a multi-host job may span.
+DOMAIN_TIER = 0
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,9 @@ class NetworkTiers:
     max_tier: int = 1
     flat: bool = True  # no topology.conf: every host under one tier-1 switch
     _host_groups: dict[str, list[tuple[int, str]]] = field(default_factory=dict, repr=False)
+    # multi-node NVLink domains: host -> domain name, and the hosts of each domain
+    domain_of: dict[str, str] = field(default_factory=dict)
+    domains: dict[str, frozenset[str]] = field(default_factory=dict)
 
     @classmethod
     def single_switch(cls) -> "NetworkTiers":
@@ -108,6 +118,14 @@ class NetworkTiers:
         return cls(groups=gs, max_tier=max((t for _, t, _ in gs), default=0), flat=False,
                    _host_groups=host_groups)
 
+    def with_domains(self, domain_of: Mapping[str, str]) -> "NetworkTiers":
+        """A copy whose hosts ``domain_of`` names sit in those NVLink domains (host -> domain)."""
+        members: dict[str, set[str]] = {}
+        for host, domain in domain_of.items():
+            members.setdefault(domain, set()).add(host)
+        return replace(self, domain_of=dict(domain_of),
+                       domains={d: frozenset(h) for d, h in sorted(members.items())})
+
     def tier(self, a: str, b: str) -> int:
         """Tier of the lowest switch holding both hosts; ``max_tier + 1`` when none does."""
         if self.flat:
@@ -122,31 +140,38 @@ class NetworkTiers:
         return self.max_tier + 1
 
     def host_distance(self, a: str, b: str) -> int:
+        domain = self.domain_of.get(a)
+        if domain is not None and domain == self.domain_of.get(b):
+            return NVLINK_DOMAIN_DISTANCE
         return INTER_HOST_UNIT * self.tier(a, b)
 
     def groups_of(self, host: str) -> list[str]:
-        """The switches ``host`` hangs under, lowest tier first."""
-        return [name for _, name in self._host_groups.get(host, ())]
+        """The NVLink domain and the switches ``host`` hangs under, closest first."""
+        domain = self.domain_of.get(host)
+        return ([] if domain is None else [domain]) + [name for _, name in self._host_groups.get(host, ())]
 
     def spanning_groups(self, hosts: Iterable[str]) -> list[tuple[str, int, frozenset[str]]]:
-        """Candidate host groups for a multi-host job, lowest tier first; the last one, the
-        whole set, stands for "no common switch"."""
+        """Candidate host groups for a multi-host job, closest first: NVLink domains (tier
+        :data:`DOMAIN_TIER`), then switches by tier; the last one, the whole set, stands for
+        "no common switch"."""
         everyone = frozenset(hosts)
+        domains = [(name, DOMAIN_TIER, members) for name, members in self.domains.items()]
         if self.flat:
-            return [("(all hosts)", 1, everyone)]
-        return [*self.groups, ("(no common switch)", self.max_tier + 1, everyone)]
+            return [*domains, ("(all hosts)", 1, everyone)]
+        return [*domains, *self.groups, ("(no common switch)", self.max_tier + 1, everyone)]
 
 
-def mean_distance(keys: Sequence[tuple[str, int]], host_matrix, net: NetworkTiers) -> float:
+def mean_distance(keys: Sequence[tuple], host_matrix, net: NetworkTiers) -> float:
     """``d(S)``: mean distance over all unordered pairs of ``keys``; 1 for a single GPU.
 
-    ``host_matrix(host) -> (row_of_index, matrix)`` gives a host's distance matrix.
+    ``keys`` are ``(host, index[, instance])``; ``host_matrix(host) -> (row_of_index, matrix)``
+    gives a host's distance matrix.
     """
     if len(keys) <= 1:
         return 1.0
     by_host: dict[str, list[int]] = {}
-    for host, index in keys:
-        by_host.setdefault(host, []).append(index)
+    for key in keys:
+        by_host.setdefault(key[0], []).append(key[1])
     total = 0
     for host, idx in by_host.items():
         if len(idx) > 1:

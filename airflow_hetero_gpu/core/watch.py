@@ -43,7 +43,7 @@ from airflow_hetero_gpu.core import occupancy
 from airflow_hetero_gpu.core.cluster import Cluster
 from airflow_hetero_gpu.core.config import ClusterConfig, Thresholds
 from airflow_hetero_gpu.core.health import GpuFacts, health_reasons
-from airflow_hetero_gpu.core.inventory import cluster_from_captures
+from airflow_hetero_gpu.core.inventory import XIDS_FROM_LEDGER, cluster_from_captures
 from airflow_hetero_gpu.core.model import GpuKey, PlanRequest, PlanResult
 from airflow_hetero_gpu.core.planner import cluster_state, plan
 
@@ -51,8 +51,10 @@ HARD = "hard"
 SOFT = "soft"
 UNREACHABLE = "unreachable"
 
-#: Reasons whose eviction waits for consecutive bad checks; every other reason is hard.
-SOFT_REASONS = frozenset({"temperature", "hw-slowdown"})
+#: Reasons whose eviction waits for consecutive bad checks; every other reason is hard. A fabric
+#: registration in progress and degraded fabric bandwidth often clear by themselves (route
+#: recovery); a fabric error or an unhealthy fabric does not.
+SOFT_REASONS = frozenset({"temperature", "hw-slowdown", "fabric-registering", "fabric-degraded"})
 
 # What a step asks of the ledger.
 OK = "ok"                        # not evicted, nothing wrong
@@ -229,12 +231,17 @@ def evaluate(captures: CaptureSet, config: ClusterConfig,
     th = config.thresholds
     bare = CaptureSet(captures.root, {name: replace(cap, xid=[]) for name, cap in captures.hosts.items()},
                       captures.switches, captures.config_path)
-    raw = cluster_from_captures(bare, config)
+    raw = cluster_from_captures(bare, config, xid_rule=XIDS_FROM_LEDGER)
     rows: dict[str, dict[int, Any]] = {
         name: {r.index: r for r in (cap.query.rows if cap.query else [])} for name, cap in bare.hosts.items()}
     gpus = []
     observations = []
+    judged: dict[GpuKey, tuple[str, ...]] = {}
     for g in raw.gpus:
+        if g.instance is not None:  # a MIG instance is as healthy as its GPU (judged first: order)
+            reasons = judged.get(g.key.gpu, g.reasons)
+            gpus.append(replace(g, healthy=not reasons, reasons=reasons))
+            continue
         cap = bare.hosts[g.host]
         xids = tuple(new_xids.get(g.key, ()))
         row = rows[g.host].get(g.index)
@@ -243,6 +250,7 @@ def evaluate(captures: CaptureSet, config: ClusterConfig,
         else:  # a GPU nvidia-smi could not open: the inventory placed it at a free index
             facts = GpuFacts(host_error=cap.error, lost=True, xids=xids, stale=cap.stale is not None)
         reasons = health_reasons(facts, th)
+        judged[g.key] = reasons
         gpus.append(replace(g, healthy=not reasons, reasons=reasons))
         observations.append(Observation(g.key, g.uuid, reasons))
     cluster = Cluster(gpus, dict(raw.wiring), raw.net, raw.config, dict(raw.host_errors))

@@ -294,7 +294,7 @@ class HealthWatch:
 
     def _inventory_changes(self, cluster: "Cluster") -> list[str]:
         """S10: compare with the previous check's inventory; log new hosts, GPUs and pools."""
-        now = [[g.host, g.index, g.uuid, g.name] for g in cluster.gpus]
+        now = [[g.host, g.index, g.uuid, g.name] for g in cluster.gpus if g.instance is None]
         pools = [p.id for p in cluster.pools]
         lines: list[str] = []
         if self._inventory is None:

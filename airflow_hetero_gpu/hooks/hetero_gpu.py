@@ -35,7 +35,7 @@ from airflow_hetero_gpu.fsutil import atomic_write
 from airflow_hetero_gpu.collect.targets import SshTarget
 from airflow_hetero_gpu.core.changes import InventoryChange, diff_clusters
 from airflow_hetero_gpu.core.config import ClusterConfig, load_config
-from airflow_hetero_gpu.core.inventory import cluster_from_captures
+from airflow_hetero_gpu.core.inventory import XIDS_FROM_LEDGER, cluster_from_captures
 from airflow_hetero_gpu.errors import ConfigError, HeteroGpuError
 from airflow_hetero_gpu.settings import setting
 
@@ -318,10 +318,11 @@ class HeteroGpuHook(BaseHook):
         return report
 
     def load_cluster(self) -> Cluster:
-        """Read the capture directory as it is now (this hook's hosts only)."""
+        """Read the capture directory as it is now (this hook's hosts only). Its readers plan
+        with the ledger, whose evictions carry the Xid lines (``XIDS_FROM_LEDGER``)."""
         captures = read_capture_dir(self.captures_path)
         captures.hosts = {name: cap for name, cap in captures.hosts.items() if name in self.hosts}
-        return cluster_from_captures(captures, load_config(captures.config_path))
+        return cluster_from_captures(captures, load_config(captures.config_path), xid_rule=XIDS_FROM_LEDGER)
 
     def get_cluster(self) -> Cluster:
         """Collect, read, log failed hosts and what changed since this hook's previous call."""

@@ -8,8 +8,9 @@ Every host of a job runs the same shape of command: a POSIX ``sh -c`` script tha
    starts, so no shared file system is needed) and exports its path as ``HETERO_GPU_PAYLOAD``;
    :data:`PAYLOAD_SCRIPT` as a torchrun script (or an argv word) runs that file,
 2. changes to the working directory (when one is given),
-3. exports ``CUDA_VISIBLE_DEVICES`` (the GPUs chosen on that host, comma-joined; empty hides
-   every GPU) and the user's environment,
+3. exports ``CUDA_VISIBLE_DEVICES`` (the GPUs chosen on that host, comma-joined: nvidia-smi
+   indices, or the ``MIG-<uuid>`` of a MIG instance; empty hides every GPU) and the user's
+   environment,
 4. ``setsid -w env <job markers> sh -c <leader>``: a new session and process group whose
    processes all carry ``HETERO_GPU_JOB_ID``, ``HETERO_GPU_HOST``, ``HETERO_GPU_NODE_RANK`` and
    ``HETERO_GPU_LAUNCH`` (this launch; the orphan sweep finds the job's processes by them); the leader prints
@@ -172,20 +173,33 @@ def validate_env_name(name: str) -> str:
     return name
 
 
+#: A MIG instance's UUID as nvidia-smi -L prints it (R470+: ``MIG-<uuid>``; older drivers:
+#: ``MIG-GPU-<uuid>/<GPU instance>/<compute instance>``); CUDA takes both in CUDA_VISIBLE_DEVICES.
+MIG_UUID = re.compile(r"MIG-(?:GPU-)?[0-9A-Fa-f]{8}(?:-[0-9A-Fa-f]{4}){3}-[0-9A-Fa-f]{12}(?:/\d+/\d+)?")
+
+
 @dataclass(frozen=True)
 class HostShare:
-    """One host's part of a job: its name, the address other hosts reach it at, its GPUs."""
+    """One host's part of a job: its name, the address other hosts reach it at, its GPUs.
+
+    ``gpus`` are nvidia-smi indices, or the one ``MIG-<uuid>`` of a MIG instance (a process
+    sees one MIG instance, so a share holds either whole GPUs or a single instance).
+    """
 
     host: str
     address: str
-    gpus: tuple[int, ...] = ()
+    gpus: tuple[int | str, ...] = ()
 
     def __post_init__(self) -> None:
         validate_host_name(self.host)
         if not self.address or any(c.isspace() for c in self.address):
             raise ValueError(f"invalid address {self.address!r} for host {self.host!r}")
         gpus = tuple(self.gpus)
-        if any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in gpus):
+        mig = [g for g in gpus if isinstance(g, str)]
+        if mig:
+            if len(gpus) != 1 or not MIG_UUID.fullmatch(mig[0]):
+                raise ValueError(f"GPUs of host {self.host!r}: a MIG instance goes alone, as its MIG-<uuid>: {gpus!r}")
+        elif any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in gpus):
             raise ValueError(f"GPU indices of host {self.host!r} must be non-negative integers: {gpus!r}")
         if len(set(gpus)) != len(gpus):
             raise ValueError(f"GPU indices of host {self.host!r} repeat: {gpus!r}")

@@ -337,19 +337,22 @@ class RemoteJob:
 # Building a torchrun job
 # --------------------------------------------------------------------------------------------
 
-Placement = tuple[SshTarget, Sequence[int]]
+Placement = tuple[SshTarget, Sequence[int | str]]
 
 
 def placements_from_decision(decision: Any, targets: Mapping[str, SshTarget]) -> list[Placement]:
-    """Each host of a planner ``Decision`` with its chosen GPU indices, in the decision's host
-    order (the first host serves the rendezvous); ``targets`` maps host names to SSH targets."""
-    by_host: dict[str, list[int]] = {}
+    """Each host of a planner ``Decision`` with its chosen GPUs (indices, or the ``MIG-<uuid>``
+    of a MIG instance), in the decision's host order, which is its rank order along the network
+    tree (the first host serves the rendezvous); ``targets`` maps host names to SSH targets."""
+    by_host: dict[str, list[int | str]] = {}
     for gpu in decision.gpus:
-        by_host.setdefault(gpu.host, []).append(int(gpu.index))
+        device = gpu.cuda_device if getattr(gpu, "instance", None) is not None else int(gpu.index)
+        by_host.setdefault(gpu.host, []).append(device)
     missing = [h for h in by_host if h not in targets]
     if missing:
         raise ValueError(f"no SSH target for host(s) {', '.join(missing)}")
-    return [(targets[host], tuple(sorted(indices))) for host, indices in by_host.items()]
+    return [(targets[host], tuple(sorted(devices, key=str) if any(isinstance(d, str) for d in devices)
+                                  else sorted(devices))) for host, devices in by_host.items()]
 
 
 def torchrun_job(spec: LaunchSpec, placements: Sequence[Placement], client_factory: ClientFactory, *,

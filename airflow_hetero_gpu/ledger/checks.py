@@ -35,15 +35,32 @@ def check_lease(seconds: object) -> timedelta:
 
 
 def check_key(key: object) -> GpuKey:
+    """A GPU as (host, index), or a MIG instance as (host, index, instance)."""
     if isinstance(key, (str, bytes)):
         raise LedgerError(f"GPU: expected (host, index), got {key!r}")
     try:
-        host, index = key  # type: ignore[misc]
+        host, index, *rest = key  # type: ignore[misc]
     except (TypeError, ValueError):
         raise LedgerError(f"GPU: expected (host, index), got {key!r}") from None
-    if not isinstance(host, str) or not host or isinstance(index, bool) or not isinstance(index, int) or index < 0:
-        raise LedgerError(f"GPU: expected (host, index >= 0), got {key!r}")
-    return GpuKey(host, index)
+    instance = rest[0] if rest else None
+    if (not isinstance(host, str) or not host or isinstance(index, bool) or not isinstance(index, int) or index < 0
+            or len(rest) > 1 or (instance is not None and (isinstance(instance, bool) or not isinstance(instance, int)
+                                                           or instance < 0))):
+        raise LedgerError(f"GPU: expected (host, index >= 0[, MIG instance >= 0]), got {key!r}")
+    return GpuKey(host, index, instance)
+
+
+def instance_column(instance: int | None) -> int:
+    """``reservation_gpus.mig_instance`` of a unit: its MIG device index, or WHOLE_GPU."""
+    from airflow_hetero_gpu.ledger.schema import WHOLE_GPU
+
+    return WHOLE_GPU if instance is None else instance
+
+
+def instance_of(column: int | None) -> int | None:
+    from airflow_hetero_gpu.ledger.schema import WHOLE_GPU
+
+    return None if column is None or column == WHOLE_GPU else column
 
 
 def check_reasons(reasons: Iterable[str] | str) -> tuple[str, ...]:

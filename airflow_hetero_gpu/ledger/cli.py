@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from airflow_hetero_gpu.cli_output import EXIT_OK, table
 from airflow_hetero_gpu.core.cluster import Cluster
 from airflow_hetero_gpu.core.config import ClusterConfig
-from airflow_hetero_gpu.core.model import GpuKey, PlanRequest, PlanResult
+from airflow_hetero_gpu.core.model import PlanRequest, PlanResult
 from airflow_hetero_gpu.ledger.errors import LedgerError
 from airflow_hetero_gpu.ledger.store import DEFAULT_LEASE_SECONDS, Ledger
 
@@ -81,7 +81,7 @@ def cmd_reservations(args: argparse.Namespace) -> int:
         print(json.dumps([r.to_json() for r in live], indent=2))
         return EXIT_OK
     rows = [
-        (r.job_id, r.pool, len(r.gpus), " ".join(str(GpuKey(g.host, g.index)) for g in r.gpus),
+        (r.job_id, r.pool, len(r.gpus), " ".join(str(g.key) for g in r.gpus),
          f"{r.score.get('total', 0.0):.3f}", r.expires_at.strftime("%Y-%m-%d %H:%M:%S"), _remaining(r.expires_at),
          "/".join(str(x) for x in (r.identity.dag_id, r.identity.run_id, r.identity.task_id) if x) if r.identity else "")
         for r in live

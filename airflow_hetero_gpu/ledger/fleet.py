@@ -138,6 +138,7 @@ class FleetMixin:
                     "temperature_c": g.temperature_c, "memory_used_mib": g.memory_used_mib,
                     "memory_total_mib": g.memory_total_mib, "healthy": g.healthy, "reasons": list(g.reasons),
                     "reserved": reserved.get(g.key), "evicted": g.key in evicted,
+                    **({} if g.instance is None else {"instance": g.instance}),  # a MIG instance
                 })
         ok = {r.host: r.ok for r in records}
         history.store_samples(conn, now, {h: (ok[h], gpus) for h, gpus in by_host.items()}, interval)

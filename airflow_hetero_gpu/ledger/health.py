@@ -29,9 +29,10 @@ class HealthMixin:
     def evict(self, key: tuple[str, int], uuid: str | None = None, reasons: Iterable[str] | str = ()) -> Eviction:
         """Record ``key`` as abnormal: it leaves every pool until readmitted.
 
-        Evicting an evicted GPU adds the new reasons and restarts its healthy-check count.
+        Evicting an evicted GPU adds the new reasons and restarts its healthy-check count. Health
+        is a GPU's: a MIG instance's key evicts its GPU, and so every instance of it.
         """
-        key = check_key(key)
+        key = check_key(key).gpu
         with self._write(f"evict GPU {key}") as (conn, now):
             return self._evict(conn, now, key, uuid, check_reasons(reasons))
 
@@ -65,7 +66,7 @@ class HealthMixin:
         in a row readmits it (``ClusterConfig.thresholds.readmit_after_healthy_checks``). A healthy
         check of a GPU that is not evicted changes nothing.
         """
-        key = check_key(key)
+        key = check_key(key).gpu
         if isinstance(readmit_after, bool) or not isinstance(readmit_after, int) or readmit_after < 1:
             raise LedgerError(f"readmit_after: expected a positive integer, got {readmit_after!r}")
         where = and_(ev_t.c.host == key.host, ev_t.c.gpu_index == key.index)

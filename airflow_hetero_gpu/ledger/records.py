@@ -50,19 +50,25 @@ class TaskIdentity:
 
 @dataclass(frozen=True)
 class ReservedGpu:
-    """One GPU of a reservation; ``slot`` is its place in the job's GPU list (rank order)."""
+    """One unit of a reservation: a whole GPU, or a MIG instance (``instance``, its MIG device
+    index; ``uuid`` is then the instance's ``MIG-`` UUID). ``slot`` is its place in the job's
+    GPU list (rank order)."""
 
     host: str
     index: int
     uuid: str | None
     slot: int
+    instance: int | None = None
 
     @property
     def key(self) -> GpuKey:
-        return GpuKey(self.host, self.index)
+        return GpuKey(self.host, self.index, self.instance)
 
     def to_json(self) -> dict:
-        return {"host": self.host, "index": self.index, "uuid": self.uuid}
+        out = {"host": self.host, "index": self.index, "uuid": self.uuid}
+        if self.instance is not None:
+            out["instance"] = self.instance
+        return out
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@
 :mod:`airflow_hetero_gpu.ledger.db`): expire stale leases, read the live reservations and the
 evictions, run :func:`airflow_hetero_gpu.core.planner.plan` with them, insert the reservation and
 its k GPU rows, commit. Nobody else can plan in between, and the GPU rows' primary key
-(host, gpu_index) makes a double claim impossible even if this logic were wrong.
+(host, gpu_index, mig_instance) makes a double claim impossible even if this logic were wrong.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from airflow_hetero_gpu.core.model import Decision, Gpu, GpuKey, PlanRequest, Pl
 from airflow_hetero_gpu.core.planner import plan as core_plan
 from airflow_hetero_gpu.core.planner import replacement as core_replacement
 from airflow_hetero_gpu.ledger import history
-from airflow_hetero_gpu.ledger.checks import check_job_id, check_key, check_lease, check_reasons
+from airflow_hetero_gpu.ledger.checks import check_job_id, check_key, check_lease, check_reasons, instance_column, instance_of
 from airflow_hetero_gpu.ledger.errors import LedgerError, NoLiveReservation, ReservationConflict
 from airflow_hetero_gpu.ledger.records import Reservation, ReservedGpu, TaskIdentity
 from airflow_hetero_gpu.ledger.schema import job_hosts as job_hosts_t
@@ -87,7 +87,8 @@ class ReservationsMixin:
             mean_distance=float(decision.mean_distance), **ident_values,
         ))
         conn.execute(insert(gpu_t), [
-            {"host": g.host, "gpu_index": g.index, "job_id": job_id, "slot": slot, "uuid": g.uuid or None}
+            {"host": g.host, "gpu_index": g.index, "mig_instance": instance_column(g.instance), "job_id": job_id,
+             "slot": slot, "uuid": g.uuid or None}
             for slot, g in enumerate(decision.gpus)
         ])
 
@@ -156,7 +157,7 @@ class ReservationsMixin:
 
     def _load(self, conn: Connection, now: datetime, job_id: str | None = None) -> list[Reservation]:
         stmt = (
-            select(res_t, gpu_t.c.host, gpu_t.c.gpu_index, gpu_t.c.uuid, gpu_t.c.slot)
+            select(res_t, gpu_t.c.host, gpu_t.c.gpu_index, gpu_t.c.mig_instance, gpu_t.c.uuid, gpu_t.c.slot)
             .select_from(res_t.outerjoin(gpu_t, gpu_t.c.job_id == res_t.c.job_id))
             .where(res_t.c.expires_at > now)
             .order_by(res_t.c.job_id, gpu_t.c.slot)
@@ -170,11 +171,11 @@ class ReservationsMixin:
 
     def _reserved_map(self, conn: Connection, now: datetime) -> dict[GpuKey, str]:
         stmt = (
-            select(gpu_t.c.host, gpu_t.c.gpu_index, gpu_t.c.job_id)
+            select(gpu_t.c.host, gpu_t.c.gpu_index, gpu_t.c.mig_instance, gpu_t.c.job_id)
             .join(res_t, res_t.c.job_id == gpu_t.c.job_id)
             .where(res_t.c.expires_at > now)
         )
-        return {GpuKey(r.host, r.gpu_index): r.job_id for r in conn.execute(stmt)}
+        return {GpuKey(r.host, r.gpu_index, instance_of(r.mig_instance)): r.job_id for r in conn.execute(stmt)}
 
     # --- replacement (S12) ----------------------------------------------------------------------
     def replace(
@@ -209,7 +210,7 @@ class ReservationsMixin:
                 held = ", ".join(str(k) for k in res.keys)
                 raise LedgerError(f"replace: GPU {bad} is not held by job {job_id!r} (it holds {held})")
             evicted = self._evicted_map(conn)
-            evicted.setdefault(bad, why)
+            evicted.setdefault(bad.gpu, why)  # not a sibling instance of a faulty GPU either
             new = core_replacement(
                 cluster, res.keys, bad, reserved=self._reserved_map(conn, now), evicted=evicted, config=config,
                 gpu_memory_mib=(res.request or {}).get("gpu_memory_mib"),
@@ -219,12 +220,18 @@ class ReservationsMixin:
             old = next(g for g in res.gpus if g.key == bad)
             conn.execute(
                 update(gpu_t)
-                .where(gpu_t.c.job_id == job_id, gpu_t.c.host == bad.host, gpu_t.c.gpu_index == bad.index)
-                .values(host=new.host, gpu_index=new.index, uuid=cluster.gpu(new).uuid or None)
+                .where(gpu_t.c.job_id == job_id, gpu_t.c.host == bad.host, gpu_t.c.gpu_index == bad.index,
+                       gpu_t.c.mig_instance == instance_column(bad.instance))
+                .values(host=new.host, gpu_index=new.index, mig_instance=instance_column(new.instance),
+                        uuid=cluster.gpu(new).uuid or None)
             )
-            self._evict(conn, now, bad, uuid or old.uuid, why)
-            history.record_event(conn, now, "replaced", bad, uuid or old.uuid, why, job_id,
-                                 {"replacement": {"host": new.host, "index": new.index}})
+            # health is a GPU's: a MIG instance's fault evicts its GPU (and with it every instance)
+            gpu_uuid = uuid or (old.uuid if bad.instance is None else cluster.gpu(bad).gpu_uuid)
+            self._evict(conn, now, bad.gpu, gpu_uuid, why)
+            replacement = {"host": new.host, "index": new.index}
+            if new.instance is not None:
+                replacement["instance"] = new.instance
+            history.record_event(conn, now, "replaced", bad.gpu, gpu_uuid, why, job_id, {"replacement": replacement})
             add_job_hosts(conn, now, job_id, [new.host])
             self._hook("replace", job_id)
         return new
@@ -265,7 +272,8 @@ def add_job_hosts(conn: Connection, now: datetime, job_id: str, hosts: Iterable[
 
 def _reservation(rows: Sequence[Any]) -> Reservation:
     first = rows[0]
-    gpus = tuple(ReservedGpu(r.host, r.gpu_index, r.uuid, r.slot) for r in rows if r.host is not None)
+    gpus = tuple(ReservedGpu(r.host, r.gpu_index, r.uuid, r.slot, instance_of(r.mig_instance))
+                 for r in rows if r.host is not None)
     fields = ("dag_id", "run_id", "task_id", "try_number", "map_index")
     has_identity = any(getattr(first, f) is not None for f in fields)
     return Reservation(
@@ -283,7 +291,7 @@ def _existing_result(res: Reservation, cluster: Cluster, request: PlanRequest) -
     def gpu(g: ReservedGpu) -> Gpu:
         if g.key in cluster.position:
             return cluster.gpu(g.key)
-        return Gpu(g.host, g.index, g.uuid or "", pool.card_type if pool else res.pool)
+        return Gpu(g.host, g.index, g.uuid or "", pool.card_type if pool else res.pool, instance=g.instance)
 
     terms = {k: float(v) for k, v in res.score.items() if k != "total"}
     score = Score(terms, float(res.score.get("total", 0.0)))

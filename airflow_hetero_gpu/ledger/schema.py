@@ -19,6 +19,9 @@ Version history
      stored collection), history (``host_samples``, ``gpu_events``), ``job_hosts`` (the hosts
      every try of a job ran on) and ``watch_runs`` (a rescheduled health sensor's record
      between pokes).
+  5. MIG instances as units of their own: ``reservation_gpus.mig_instance`` (the MIG device
+     index on the GPU, :data:`WHOLE_GPU` for a whole GPU) joins the primary key, so two jobs can
+     hold two instances of one GPU at once while no unit is ever held twice.
 
 To add a version: append a step to :data:`STEPS` (never edit a released one) and update the
 table definitions below to the result.
@@ -80,7 +83,10 @@ class UtcDateTime(TypeDecorator):
         return value.astimezone(timezone.utc)
 
 
-# --- the current tables (version 4) -------------------------------------------------------------
+#: ``reservation_gpus.mig_instance`` of a whole GPU (a MIG instance has its MIG device index).
+WHOLE_GPU = -1
+
+# --- the current tables (version 5) -------------------------------------------------------------
 metadata = MetaData()
 
 schema_version = Table(
@@ -116,8 +122,10 @@ reservation_gpus = Table(
     Column("job_id", String(NAME), ForeignKey("reservations.job_id", ondelete="CASCADE"), nullable=False,
            index=True),
     Column("slot", Integer, nullable=False),  # the GPU's place in the job's GPU list (rank order)
-    Column("uuid", String(NAME), nullable=True),
-    PrimaryKeyConstraint("host", "gpu_index", name="pk_reservation_gpus"),  # one holder per GPU, ever
+    Column("uuid", String(NAME), nullable=True),  # a MIG instance's MIG-... UUID
+    # version 5
+    Column("mig_instance", Integer, nullable=False, server_default=str(WHOLE_GPU)),
+    PrimaryKeyConstraint("host", "gpu_index", "mig_instance", name="pk_reservation_gpus"),  # one holder per unit
     UniqueConstraint("job_id", "slot", name="uq_reservation_gpus_slot"),
 )
 
@@ -314,6 +322,38 @@ def _v4(conn: Connection) -> None:
     m.create_all(conn)
 
 
+def _v5(conn: Connection) -> None:
+    """``mig_instance`` joins ``reservation_gpus``' primary key; existing rows are whole GPUs."""
+    if conn.dialect.name == "sqlite":  # no ALTER of a primary key: rebuild the table, rows and all
+        conn.exec_driver_sql("ALTER TABLE reservation_gpus RENAME TO reservation_gpus_v4")
+        conn.exec_driver_sql("DROP INDEX IF EXISTS ix_reservation_gpus_job_id")
+        m = MetaData()
+        Table("reservations", m, Column("job_id", String(NAME), primary_key=True))  # for the FK only
+        rebuilt = Table(
+            "reservation_gpus", m,
+            Column("host", String(NAME), nullable=False),
+            Column("gpu_index", Integer, nullable=False),
+            Column("job_id", String(NAME), ForeignKey("reservations.job_id", ondelete="CASCADE"), nullable=False,
+                   index=True),
+            Column("slot", Integer, nullable=False),
+            Column("uuid", String(NAME), nullable=True),
+            Column("mig_instance", Integer, nullable=False, server_default=str(WHOLE_GPU)),
+            PrimaryKeyConstraint("host", "gpu_index", "mig_instance", name="pk_reservation_gpus"),
+            UniqueConstraint("job_id", "slot", name="uq_reservation_gpus_slot"),
+        )
+        rebuilt.create(conn)
+        conn.exec_driver_sql(
+            "INSERT INTO reservation_gpus (host, gpu_index, job_id, slot, uuid, mig_instance) "
+            f"SELECT host, gpu_index, job_id, slot, uuid, {WHOLE_GPU} FROM reservation_gpus_v4")
+        conn.exec_driver_sql("DROP TABLE reservation_gpus_v4")
+        return
+    conn.execute(AddColumn("reservation_gpus", Column("mig_instance", Integer, nullable=False,
+                                                      server_default=str(WHOLE_GPU))))
+    conn.exec_driver_sql("ALTER TABLE reservation_gpus DROP CONSTRAINT pk_reservation_gpus")
+    conn.exec_driver_sql("ALTER TABLE reservation_gpus ADD CONSTRAINT pk_reservation_gpus "
+                         "PRIMARY KEY (host, gpu_index, mig_instance)")
+
+
 @dataclass(frozen=True)
 class Step:
     version: int
@@ -327,6 +367,7 @@ STEPS: tuple[Step, ...] = (
     Step(3, "health watch memory per GPU: soft-fault streaks, last Xid line acted on", _v3),
     Step(4, "the fleet inventory: hosts' raw outputs, cluster files, collections, history, job hosts, "
             "sensor records", _v4),
+    Step(5, "MIG instances: reservation GPUs keyed by (host, index, MIG instance)", _v5),
 )
 LATEST = STEPS[-1].version
 

@@ -8,11 +8,13 @@ keeps it running on what it has and tries again at the next tick).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from airflow.sdk.exceptions import AirflowException
 
-GpuList = list[tuple[str, int]]
+from airflow_hetero_gpu.core.model import GpuKey
+
+GpuList = list[GpuKey]  # in rank order: the ledger keeps a job's GPUs in slot order
 
 
 class GpuSetWatch:
@@ -30,15 +32,33 @@ class GpuSetWatch:
         self._cluster = cluster
         self._kill = kill
         self.log = log
-        self._waiting_for: set[tuple[str, int]] = set()
+        self._waiting_for: set[GpuKey] = set()
+        self._devices: dict[GpuKey, str] = {}
 
-    def next_gpus(self, gpus: Sequence[tuple[str, int]]) -> GpuList | None:
+    def remember(self, gpus: Iterable[Any]) -> None:
+        """The ``MIG-<uuid>`` of each MIG instance among ``gpus`` (decision GPUs or the ledger's
+        reserved GPUs: anything with ``key`` and ``uuid``)."""
+        for g in gpus:
+            if g.key.instance is not None and g.uuid:
+                self._devices[g.key] = g.uuid
+
+    def device(self, key: tuple) -> int | str:
+        """What CUDA_VISIBLE_DEVICES names a GPU of the job by: its index, or a MIG instance's UUID."""
+        key = GpuKey(*key)
+        if key.instance is None:
+            return key.index
+        if key not in self._devices:
+            raise AirflowException(f"job {self.job_id}: no MIG UUID known for {key}")
+        return self._devices[key]
+
+    def next_gpus(self, gpus: Sequence[tuple]) -> GpuList | None:
         """The job's new GPU set when the ledger changed it (a replacement), else None."""
         ledger = self._ledger()
         res = ledger.get(self.job_id)
         if res is None:
             return None
-        current = [(g.host, g.index) for g in res.gpus]
+        self.remember(res.gpus)
+        current = [g.key for g in res.gpus]
         if sorted(current) != sorted(gpus):
             return current
         evicted = ledger.evicted_map()
@@ -50,7 +70,7 @@ class GpuSetWatch:
         for key in bad:
             new = ledger.replace(self.job_id, key, cluster, reasons=evicted[key])
             if new is None:
-                msg = (f"job {self.job_id}: GPU {key[0]}:{key[1]} is abnormal ({', '.join(evicted[key])}) and no "
+                msg = (f"job {self.job_id}: GPU {key} is abnormal ({', '.join(evicted[key])}) and no "
                        "healthy GPU of its pool can replace it")
                 if self.on_no_replacement == "fail":
                     self._kill()
@@ -59,9 +79,10 @@ class GpuSetWatch:
                     self._waiting_for.add(key)
                     self.log.warning("%s; waiting for one (on_no_replacement='wait')", msg)
             else:
-                self.log.info("job %s: GPU %s:%s replaced by %s:%s", self.job_id, key[0], key[1], new.host, new.index)
+                self.log.info("job %s: GPU %s replaced by %s", self.job_id, key, new)
                 changed = True
         if changed:
             res = ledger.get(self.job_id)
-            return [(g.host, g.index) for g in res.gpus]
+            self.remember(res.gpus)
+            return [g.key for g in res.gpus]
         return None

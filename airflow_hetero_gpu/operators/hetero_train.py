@@ -38,6 +38,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_hetero_gpu.errors import HeteroGpuError
 from airflow_hetero_gpu.ledger.errors import LedgerError
+from airflow_hetero_gpu.operators.messages import key_json
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -385,7 +386,8 @@ class HeteroTrainOperator(BaseOperator):
                                    on_line=self._on_line)
             run = TrainingRun(job_id, settings, targets, factory, lease=lease, gpu_set=gpu_set, log=self.log,
                               on_job=self._set_job)
-            runs, restarts = run.run([(g.host, g.index) for g in decision.gpus])
+            gpu_set.remember(decision.gpus)
+            runs, restarts = run.run([g.key for g in decision.gpus])  # rank order along the network tree
         except BaseException:
             # whatever stopped us (a failure, a timeout, the task being killed): nothing of the
             # job may outlive the task, and its GPUs go back at once
@@ -398,14 +400,14 @@ class HeteroTrainOperator(BaseOperator):
         final = runs[-1]["gpus"]
         out = result.to_json()["decision"]
         if restarts:  # the GPUs the job finished on; the first placement stays in run.initial_gpus
-            by_key = {(g.host, g.index): g for g in decision.gpus}
-            out["gpus"] = [by_key[k].ref() if k in by_key else {"host": k[0], "index": k[1]} for k in final]
-            out["hosts"] = list(dict.fromkeys(h for h, _ in final))
+            by_key = {g.key: g for g in decision.gpus}
+            out["gpus"] = [by_key[k].ref() if k in by_key else key_json(k) for k in final]
+            out["hosts"] = list(dict.fromkeys(k[0] for k in final))
         out["job_id"] = job_id
         out["run"] = {"duration_s": round(time.monotonic() - started, 3), "restarts": restarts,
                       "hosts": runs[-1]["hosts"], "exit_codes": runs[-1]["exit_codes"],
-                      "gpus": [{"host": h, "index": i} for h, i in final],
-                      "initial_gpus": [{"host": g.host, "index": g.index} for g in decision.gpus]}
+                      "gpus": [key_json(k) for k in final],
+                      "initial_gpus": [key_json(g.key) for g in decision.gpus]}
         return out
 
     def _set_job(self, job) -> None:

@@ -72,13 +72,14 @@ class TrainingRun:
             self.log.info("job %s: restarting on %s (restart %d of at most %d), resuming from its checkpoint",
                           self.job_id, fmt_gpus(gpus), restarts, self.settings.max_restarts)
 
-    def run_once(self, gpus: Sequence[tuple[str, int]]) -> tuple[str, dict[str, Any]]:
+    def run_once(self, gpus: Sequence[tuple]) -> tuple[str, dict[str, Any]]:
         from airflow_hetero_gpu.launch.remote import torchrun_job
 
-        by_host: dict[str, list[int]] = {}
-        for h, i in gpus:
-            by_host.setdefault(h, []).append(i)
-        placements = [(self.targets[h], tuple(sorted(ix))) for h, ix in by_host.items()]
+        by_host: dict[str, list[int | str]] = {}  # hosts in rank order, as the GPU list has them
+        for key in gpus:
+            by_host.setdefault(key[0], []).append(self.gpu_set.device(key))
+        placements = [(self.targets[h], tuple(sorted(ix, key=str) if any(isinstance(i, str) for i in ix) else sorted(ix)))
+                      for h, ix in by_host.items()]
         s = self.settings
         job = torchrun_job(s.spec, placements, self.factory, on_line=s.on_line, rdzv_port=s.rdzv_port,
                            rdzv_address=s.rdzv_host, host_timeout=float(s.host_timeout),

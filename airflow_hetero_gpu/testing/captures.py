@@ -1,7 +1,9 @@
 """Write a capture directory (SPEC §2) from emulated host specs, without SSH.
 
 The files hold exactly what the emulated ``nvidia-smi`` prints for those hosts (the same
-renderer the fake tools use), so tests and samples exercise the real readers.
+renderer the fake tools use) for the collector's commands (the query with its optional fields,
+``topo -m``, and ``-L`` plus the table where a GPU has MIG on), so tests and samples exercise
+the real readers.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from pathlib import Path
 from typing import Iterable
 
 from airflow_hetero_gpu.capture.directory import QUERY_FIELDS
+from airflow_hetero_gpu.capture.query import OPTIONAL_FIELDS
 from airflow_hetero_gpu.testing import nvsmi
 from airflow_hetero_gpu.testing.state import HostSpec
 
@@ -25,15 +28,11 @@ def write_capture_dir(
     """Render ``hosts`` into ``root``; ``errors`` maps host -> error.txt text (collection failed)."""
     root = Path(root)
     for spec in hosts:
-        state = spec.to_state()
         d = root / "hosts" / spec.name
         d.mkdir(parents=True, exist_ok=True)
-        text, _rc = nvsmi.query_gpu(state, QUERY_FIELDS, "csv")
-        (d / "query.csv").write_text(text)
-        (d / "topo.txt").write_text(nvsmi.topo_text(state))
-        xid = "".join(line for line in nvsmi.dmesg_text(state).splitlines(True) if "NVRM: Xid" in line)
-        if xid:
-            (d / "xid.log").write_text(xid)
+        for name, text in host_files(spec).items():
+            if text or name != "xid.log":
+                (d / name).write_text(text)
     for host, message in (errors or {}).items():
         d = root / "hosts" / host
         d.mkdir(parents=True, exist_ok=True)
@@ -46,8 +45,14 @@ def write_capture_dir(
 
 
 def host_files(spec: HostSpec) -> dict[str, str]:
-    """The raw outputs a collection of ``spec`` reads (what :func:`write_capture_dir` writes)."""
+    """The raw outputs a collection of ``spec`` reads (what :func:`write_capture_dir` writes):
+    the query with its optional fields, ``topo -m``, the kernel log's Xid lines, and ``-L`` plus
+    the table where a GPU has MIG on (collect/ssh.py)."""
     state = spec.to_state()
-    files = {"query.csv": nvsmi.query_gpu(state, QUERY_FIELDS, "csv")[0], "topo.txt": nvsmi.topo_text(state)}
+    files = {"query.csv": nvsmi.query_gpu(state, ",".join([QUERY_FIELDS, *OPTIONAL_FIELDS]), "csv")[0],
+             "topo.txt": nvsmi.topo_text(state)}
     files["xid.log"] = "".join(line for line in nvsmi.dmesg_text(state).splitlines(True) if "NVRM: Xid" in line)
+    if any(str(g.get("mig_mode") or "").lower() == "enabled" for g in state["gpus"]):
+        files["mig.txt"] = nvsmi.list_gpus(state)[0]
+        files["mig-usage.txt"] = nvsmi.table_text(state)
     return files

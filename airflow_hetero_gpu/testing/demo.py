@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from airflow_hetero_gpu.testing.state import GpuSpec, HostSpec
+from airflow_hetero_gpu.testing.state import GpuSpec, HostSpec, mig_devices
 
 
 @dataclass(frozen=True)
@@ -29,14 +29,31 @@ class CardModel:
     retired_pages: bool = False    # pre-Ampere page retirement ("No"); Ampere+ remap rows ([N/A])
     serial: bool = True
     vbios: str = ""
+    mig: bool = False              # MIG-capable: mig.mode.current prints Disabled, not [N/A]
 
 
-A100_80 = CardModel("NVIDIA A100-SXM4-80GB", 81920, 400.0, 61.3, "8.0", 1410, 1593, vbios="92.00.36.00.02")
+A100_80 = CardModel("NVIDIA A100-SXM4-80GB", 81920, 400.0, 61.3, "8.0", 1410, 1593, vbios="92.00.36.00.02", mig=True)
 V100_32 = CardModel("Tesla V100-SXM2-32GB", 32768, 300.0, 42.8, "7.0", 1530, 877,
                     retired_pages=True, vbios="88.00.80.00.01")
 RTX_4090 = CardModel("NVIDIA GeForce RTX 4090", 24564, 450.0, 26.8, "8.9", 3120, 10501,
                      ecc=False, serial=False, vbios="95.02.18.80.5F")
-H200 = CardModel("NVIDIA H200", 143771, 700.0, 74.5, "9.0", 1980, 2619, vbios="96.00.A5.00.01")
+H200 = CardModel("NVIDIA H200", 143771, 700.0, 74.5, "9.0", 1980, 2619, vbios="96.00.A5.00.01", mig=True)
+H100_80 = CardModel("NVIDIA H100 80GB HBM3", 81559, 700.0, 98.0, "9.0", 1980, 2619, vbios="96.00.A5.00.01", mig=True)
+#: A Grace-Blackwell superchip GPU as a real GB200 tray's table shows it (tests/data/fabric).
+GB200 = CardModel("NVIDIA GB200", 189471, 1200.0, 166.0, "10.0", 2062, 3996, vbios="97.00.82.00.0F")
+
+#: The fabric an HGX H100/H200 reports: registered, but no multi-node domain (real allfields row).
+HGX_FABRIC = {"state": "Completed", "status": "Success", "clique_id": 0,
+              "cluster_uuid": "00000000-0000-0000-0000-000000000000", "health_summary": None, "bandwidth": None}
+#: PCI bus ids of the four GPUs of a GB200 compute tray (one PCI domain per GPU, real table).
+GB200_TRAY_BUS = ("00000008:01:00.0", "00000009:01:00.0", "00000018:01:00.0", "00000019:01:00.0")
+#: A GB200 tray's own four GPUs in ``topo -m`` (assumed: NV18 between every pair, as through the
+#: rack's NVLink switches; two Grace CPUs of 72 cores each, one NUMA node per CPU).
+GB200_TRAY_TOPOLOGY: dict[str, Any] = {
+    "matrix": [["X" if i == j else "NV18" for j in range(4)] for i in range(4)],
+    "cpu_affinity": ["0-71", "0-71", "72-143", "72-143"],
+    "numa_affinity": ["0", "0", "1", "1"],
+}
 
 
 def make_gpus(host: str, model: CardModel, bus_ids: Sequence[str], *,
@@ -72,6 +89,7 @@ def make_gpus(host: str, model: CardModel, bus_ids: Sequence[str], *,
             clock_sm_max_mhz=model.clock_sm_max_mhz,
             clock_mem_mhz=model.clock_mem_mhz,
             vbios_version=model.vbios or None,
+            mig_mode="Disabled" if model.mig else None,
         ))
     return gpus
 
@@ -128,3 +146,51 @@ def small_hosts(count: int = 2, gpus: int = 2) -> list[HostSpec]:
         HostSpec(f"node{n + 1:02d}", make_gpus(f"node{n + 1:02d}", A100_80, HGX_A100_BUS[:gpus]), dict(topo))
         for n in range(count)
     ]
+
+
+def nvl72_rack(prefix: str = "nvl72-t", trays: int = 18, *, cliques: Sequence[int] | None = None,
+               cluster_uuid: str = "9c6f5af3-53bf-49b5-a436-b66766c413c3",
+               driver_version: str = "590.48.01") -> list[HostSpec]:
+    """One GB200 NVL72 rack: ``trays`` compute trays (hosts ``<prefix>00`` ...) of 4 GPUs, all
+    registered in the rack's NVLink fabric. ``cliques`` gives each tray's NVLink partition
+    (clique id); default one partition for the whole rack (clique 1). A split rack is two
+    partitions, e.g. ``[1] * 9 + [2] * 9``."""
+    cliques = list(cliques) if cliques is not None else [1] * trays
+    if len(cliques) != trays:
+        raise ValueError(f"cliques: expected {trays} entries (one per tray), got {len(cliques)}")
+    hosts = []
+    for tray, clique in enumerate(cliques):
+        name = f"{prefix}{tray:02d}"
+        gpus = make_gpus(name, GB200, ["01"] * 4)
+        for gpu, bus in zip(gpus, GB200_TRAY_BUS):
+            gpu.pci_bus_id = bus
+            gpu.tray_index = tray
+            gpu.fabric = {"state": "Completed", "status": "Success", "clique_id": clique, "cluster_uuid": cluster_uuid,
+                          "health_summary": "Healthy", "bandwidth": "Full"}
+        hosts.append(HostSpec(name, gpus, dict(GB200_TRAY_TOPOLOGY), driver_version=driver_version))
+    return hosts
+
+
+def hgx_h100_hosts(names: Sequence[str]) -> list[HostSpec]:
+    """8-GPU HGX H100 hosts (NVSwitch inside the host): fabric registered, no multi-node domain."""
+    hosts = []
+    for name in names:
+        gpus = make_gpus(name, H100_80, HGX_H200_BUS)
+        for gpu in gpus:
+            gpu.fabric = dict(HGX_FABRIC)
+        hosts.append(HostSpec(name, gpus, {"sample": "hgx-h200-8gpu-nv18-10nic-ansi"}, driver_version="590.48.01"))
+    return hosts
+
+
+#: The MIG layout the emulation gives a MIG-enabled 80 GB A100/H100: 3g + 2g + 1g + 1g (7 slices).
+MIG_LAYOUT = ("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb")
+
+
+def enable_mig(host: HostSpec, index: int, profiles: Sequence[str] = MIG_LAYOUT) -> GpuSpec:
+    """Turn MIG on for one GPU of a host spec, with one idle MIG device per profile."""
+    gpu = next(g for g in host.gpus if g.index == index)
+    gpu.mig_mode = "Enabled"
+    gpu.mig_devices = mig_devices(host.name, index, list(profiles))
+    gpu.utilization_gpu = None
+    gpu.memory_used_mib = sum(d["memory_used_mib"] for d in gpu.mig_devices)
+    return gpu

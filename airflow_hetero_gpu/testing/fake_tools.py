@@ -27,7 +27,8 @@ def _emit(stdout: TextIO, text: str) -> None:
 
 
 def nvidia_smi(argv: Sequence[str], state: dict, out: TextIO, err: TextIO) -> int:
-    """The fake ``nvidia-smi``: ``--query-gpu``, ``-L``, ``topo -m``; faults from the state."""
+    """The fake ``nvidia-smi``: the plain table (no arguments), ``--query-gpu``, ``-L``,
+    ``topo -m``; faults from the state."""
     query: str | None = None
     fmt: str | None = None
     ids: str | None = None
@@ -60,6 +61,8 @@ def nvidia_smi(argv: Sequence[str], state: dict, out: TextIO, err: TextIO) -> in
             else:
                 raise nvsmi.QueryError(nvsmi.INVALID_ARGS + "\n\n")
             i += 1
+        if not args:
+            mode = "table"
         if mode is None or (mode == "query" and fmt is None):
             raise nvsmi.QueryError(nvsmi.INVALID_ARGS + "\n\n")
         if mode == "query":
@@ -89,6 +92,8 @@ def nvidia_smi(argv: Sequence[str], state: dict, out: TextIO, err: TextIO) -> in
         text, rc = nvsmi.query_gpu(state, query or "", fmt or "", ids)
     elif mode == "list":
         text, rc = nvsmi.list_gpus(state)
+    elif mode == "table":
+        text, rc = nvsmi.table_text(state), nvsmi.RC_OK
     else:
         text, rc = nvsmi.topo_text(state), nvsmi.RC_OK
     _emit(out, text)

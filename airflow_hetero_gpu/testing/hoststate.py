@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from airflow_hetero_gpu.testing.state import FAULTS, GPU_KEYS, STATE_FILE, read_state, write_state
+from airflow_hetero_gpu.testing.state import FAULTS, GPU_KEYS, STATE_FILE, current_uptime, read_state, write_state
 
 
 @dataclass(frozen=True)
@@ -113,10 +113,11 @@ class HostStateMethods:
 
     def add_xid(self, name: str, gpu: int, xid: int, *, time: float | None = None,
                 pid: int | None = None, process: str | None = None, text: str | None = None) -> None:
-        """Append a kernel-log Xid line for one GPU of a host."""
+        """Append a kernel-log Xid line for one GPU of a host, logged now (``time``: at that
+        uptime in seconds instead)."""
         state = self.state(name)
         entries = state.setdefault("xid", [])
-        when = time if time is not None else 1000.0 + 17.123457 * (len(entries) + 1)
+        when = time if time is not None else current_uptime(state)
         entry: dict[str, Any] = {"time": when, "gpu": gpu, "xid": xid, "pid": pid, "name": process}
         if text:
             entry["text"] = text

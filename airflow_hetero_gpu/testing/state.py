@@ -9,7 +9,9 @@ State file format (every key optional unless noted)::
     {
       "hostname": "dgx-a1",                      # required
       "driver_version": "535.183.01",
-      "boot_time": 1735689600,                   # epoch seconds; journalctl timestamps
+      "boot_time": 1735689600,                   # epoch seconds; journalctl timestamps (HostSpec:
+                                                 # a minute before the host's last Xid, so its
+                                                 # kernel log is recent; see DEFAULT_UPTIME_S)
       "gpus": [ {GPU}, ... ],
       "topology": {"sample": "8x-a100-sxm-nv12-4nic-hgx-2numa"}   # a shipped real sample
                | {"matrix": [["X", "NV12"], ["NV12", "X"]],          # or a generated matrix
@@ -26,6 +28,14 @@ State file format (every key optional unless noted)::
 
 A GPU (``{GPU}``) uses the keys of :class:`GpuSpec`; ``null`` prints ``[N/A]``; ``overrides``
 maps a query field name to the raw text to print (``{"temperature.gpu": "[Unknown Error]"}``).
+
+MIG: ``"mig_mode": "Enabled"`` with ``"mig_devices"`` (:func:`mig_devices` builds them: profile,
+GPU and compute instance ids, memory, engines, UUID, ``processes``) prints MIG lines under the
+GPU in ``-L``, the "MIG devices" block of the table, and ``[N/A]`` utilization;
+``"mig_pending"`` differs from ``mig_mode`` while a mode change waits for a GPU reset.
+NVLink fabric: ``"fabric": {"state": "Completed", "status": "Success", "clique_id": 1,
+"cluster_uuid": "...", "health_summary": "Healthy", "bandwidth": "Full"}`` and
+``"tray_index"`` (:func:`nvl72_rack` builds whole racks, in :mod:`.demo`).
 """
 
 from __future__ import annotations
@@ -33,6 +43,8 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
+import time
 import uuid as _uuid
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
@@ -57,6 +69,9 @@ FAULTS = (
 STATE_FAULTS = ("driver_gone", "no_devices", "journal_denied", "dmesg_denied")
 
 STATE_FILE = "state.json"
+
+#: Uptime of a host whose spec has no kernel-log entries when its state is first written.
+DEFAULT_UPTIME_S = 600.0
 
 
 @dataclass
@@ -94,6 +109,12 @@ class GpuSpec:
     lost: bool = False
     lost_reason: str = "Unknown Error"
     overrides: dict[str, str] = field(default_factory=dict)
+    mig_mode: str | None = None              # "Enabled" / "Disabled"; None: no MIG ([N/A])
+    mig_pending: str | None = None           # after the next reset; None: as mig_mode
+    mig_devices: list[dict[str, Any]] = field(default_factory=list)
+    processes: list[dict[str, Any]] = field(default_factory=list)  # {"pid", "name", "memory_mib"}
+    fabric: dict[str, Any] | None = None     # None: no NVLink fabric (bare N/A)
+    tray_index: int | None = None
 
     def to_state(self) -> dict[str, Any]:
         # What dataclasses.asdict gives, without its recursive deep copy of every scalar (the
@@ -117,6 +138,18 @@ class HostSpec:
     driver_version: str = "535.183.01"
     xid: list[Any] = field(default_factory=list)
     faults: list[str] = field(default_factory=list)
+    boot_time: int | None = None  # epoch seconds; None: a minute before the last Xid entry
+
+    def default_boot_time(self, now: float | None = None) -> int:
+        """A boot time that makes the spec's kernel log recent: the last entry a minute ago."""
+        uptimes = [DEFAULT_UPTIME_S]
+        for entry in self.xid:
+            if isinstance(entry, str):
+                match = re.match(r"^\[\s*(\d+\.\d+)\]", entry)
+                uptimes.append(float(match.group(1)) if match else 0.0)
+            else:
+                uptimes.append(float(entry.get("time", 0.0)))
+        return int((time.time() if now is None else now) - max(uptimes) - 60)
 
     def to_state(self) -> dict[str, Any]:
         gpus = []
@@ -128,7 +161,7 @@ class HostSpec:
         return {
             "hostname": self.name,
             "driver_version": self.driver_version,
-            "boot_time": 1_735_689_600,
+            "boot_time": self.boot_time if self.boot_time is not None else self.default_boot_time(),
             "gpus": gpus,
             "topology": dict(self.topology),
             "xid": list(self.xid),
@@ -139,6 +172,35 @@ class HostSpec:
 def gpu_uuid(host: str, index: int) -> str:
     """A stable, realistic-looking GPU UUID for (host, index)."""
     return "GPU-" + str(_uuid.uuid5(_uuid.NAMESPACE_DNS, f"{host}.gpu{index}.hetero-gpu.invalid"))
+
+
+def mig_uuid(host: str, index: int, device: int) -> str:
+    """A stable MIG device UUID for (host, GPU index, MIG device index), in the R470+ form."""
+    return "MIG-" + str(_uuid.uuid5(_uuid.NAMESPACE_DNS, f"{host}.gpu{index}.mig{device}.hetero-gpu.invalid"))
+
+
+#: What one MIG device of a profile reports on an 80 GB A100/H100 (memory and BAR1 in MiB, SMs,
+#: copy engines, encoders, decoders, OFA, JPEG): the 1g.10gb, 2g.20gb and 3g.40gb rows are the
+#: real H100 table's (table-h100-mig-4-instances-idle.txt); the others are scaled from them.
+MIG_PROFILES: dict[str, dict[str, int]] = {
+    "1g.10gb": {"memory_total_mib": 9984, "bar1_total_mib": 6184, "sm": 16, "ce": 1, "enc": 0, "dec": 1, "ofa": 0, "jpg": 1},
+    "2g.20gb": {"memory_total_mib": 20096, "bar1_total_mib": 12369, "sm": 32, "ce": 2, "enc": 0, "dec": 2, "ofa": 0, "jpg": 2},
+    "3g.40gb": {"memory_total_mib": 40448, "bar1_total_mib": 24739, "sm": 60, "ce": 3, "enc": 0, "dec": 3, "ofa": 0, "jpg": 3},
+    "4g.40gb": {"memory_total_mib": 40448, "bar1_total_mib": 24739, "sm": 64, "ce": 4, "enc": 0, "dec": 4, "ofa": 0, "jpg": 4},
+    "7g.80gb": {"memory_total_mib": 80896, "bar1_total_mib": 49478, "sm": 132, "ce": 8, "enc": 0, "dec": 7, "ofa": 1, "jpg": 7},
+}
+
+
+def mig_devices(host: str, index: int, profiles: list[str], *, first_gpu_instance: int = 1) -> list[dict[str, Any]]:
+    """MIG devices for a GPU's state (``mig_devices``), one per profile, idle, with stable UUIDs."""
+    out = []
+    for device, profile in enumerate(profiles):
+        if profile not in MIG_PROFILES:
+            raise ValueError(f"unknown MIG profile {profile!r}; known: {', '.join(MIG_PROFILES)}")
+        out.append({"profile": profile, "gpu_instance": first_gpu_instance + device, "compute_instance": 0,
+                    "memory_used_mib": 9, "uuid": mig_uuid(host, index, device), "processes": [],
+                    **MIG_PROFILES[profile]})
+    return out
 
 
 def validate_state(state: Mapping[str, Any]) -> None:
@@ -162,6 +224,14 @@ def validate_state(state: Mapping[str, Any]) -> None:
     topology = state.get("topology") or {}
     if "sample" not in topology and "matrix" not in topology:
         raise ValueError("state: 'topology' needs 'sample' or 'matrix'")
+
+
+def current_uptime(state: Mapping[str, Any], now: float | None = None) -> float:
+    """Seconds since the host's boot (``boot_time``) now, rounded to microseconds, and after
+    its last kernel-log entry (the log stays in time order)."""
+    uptime = round((time.time() if now is None else now) - float(state.get("boot_time", 0)), 6)
+    last = max((float(e.get("time", 0.0)) for e in state.get("xid", []) if isinstance(e, Mapping)), default=0.0)
+    return max(uptime, round(last + 0.000001, 6))
 
 
 def read_state(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -72,7 +72,7 @@ class CapacityTrigger(BaseTrigger):
         from airflow_hetero_gpu.capture.directory import read_capture_dir
         from airflow_hetero_gpu.collect.freshness import FreshInventory
         from airflow_hetero_gpu.core.config import config_from_mapping, load_config
-        from airflow_hetero_gpu.core.inventory import cluster_from_captures
+        from airflow_hetero_gpu.core.inventory import XIDS_FROM_LEDGER, cluster_from_captures
 
         own = None
         if isinstance(self.config, Mapping):
@@ -81,7 +81,9 @@ class CapacityTrigger(BaseTrigger):
             own = load_config(self.config)
         if self.captures_dir and self.hosts is None:
             captures = read_capture_dir(self.captures_dir)
-            cluster = cluster_from_captures(captures, own or load_config(captures.config_path))
+            # it plans with the ledger, whose evictions carry the Xid lines
+            cluster = cluster_from_captures(captures, own or load_config(captures.config_path),
+                                            xid_rule=XIDS_FROM_LEDGER)
         else:
             cluster = FreshInventory(ledger.inventory(self.hosts), float("inf")).cluster(own)
         return cluster

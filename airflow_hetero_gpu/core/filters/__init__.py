@@ -12,12 +12,13 @@ from typing import Callable
 from airflow_hetero_gpu.core.filters.availability import enough_available
 from airflow_hetero_gpu.core.filters.card_type import card_type_filter
 from airflow_hetero_gpu.core.filters.healthy import enough_healthy
+from airflow_hetero_gpu.core.filters.mig import mig_single_gpu
 from airflow_hetero_gpu.core.filters.task_type import task_type_filter
 from airflow_hetero_gpu.core.view import PoolView
 
 Filter = Callable[[PoolView], "str | None"]
 
-PRIMARY: list[Filter] = [card_type_filter, task_type_filter, enough_healthy]
+PRIMARY: list[Filter] = [card_type_filter, task_type_filter, mig_single_gpu, enough_healthy]
 PRESELECT: list[Filter] = [enough_available]
 
 __all__ = ["PRIMARY", "PRESELECT", "Filter"]

@@ -14,6 +14,11 @@ def _examples(view: PoolView, positions) -> list:
     return [gpus[int(p)] for p in positions[:MAX_EXAMPLES]]
 
 
+def unit_name(g) -> str:
+    """``dgx-a1 GPU3``, or ``dgx-a1 GPU3 MIG 1`` for a MIG instance."""
+    return f"{g.host} GPU{g.index}" + ("" if g.instance is None else f" MIG {g.instance}")
+
+
 def _more(total: int, shown: int) -> str:
     return f", +{total - shown} more" if total > shown else ""
 
@@ -25,7 +30,7 @@ def describe_unhealthy(view: PoolView) -> str:
     parts = []
     for g in _examples(view, bad):
         reasons = list(g.reasons) or [f"evicted ({', '.join(ev.get(g.key, ())) or 'abnormal'})"]
-        parts.append(f"{g.host} GPU{g.index} {'+'.join(reasons)}")
+        parts.append(f"{unit_name(g)} {'+'.join(reasons)}")
     return ", ".join(parts) + _more(len(bad), len(parts))
 
 
@@ -35,8 +40,10 @@ def describe_unavailable(view: PoolView) -> str:
     pos = view.positions
     healthy = st.healthy[pos]
     reserved = st.reserved[pos] & healthy
-    busy = st.busy[pos] & healthy & ~st.reserved[pos]
-    low_mem = ~st.memory_ok[pos] & healthy & ~st.reserved[pos] & ~st.busy[pos]
+    held = st.reserved[pos] | ~st.cluster.schedulable[pos]
+    unschedulable = ~st.cluster.schedulable[pos] & healthy & ~st.reserved[pos]
+    busy = st.busy[pos] & healthy & ~held
+    low_mem = ~st.memory_ok[pos] & healthy & ~held & ~st.busy[pos]
     parts: list[str] = []
     n_unhealthy = int((~healthy).sum())
     if n_unhealthy:
@@ -45,6 +52,13 @@ def describe_unavailable(view: PoolView) -> str:
         jobs = Counter(st.reserved_by.get(st.cluster.gpus[int(p)].key, "?") for p in pos[reserved])
         listed = ", ".join(f"{job}×{n}" if n > 1 else job for job, n in sorted(jobs.items())[:MAX_EXAMPLES])
         parts.append(f"{int(reserved.sum())} reserved (by {listed}{_more(len(jobs), min(len(jobs), MAX_EXAMPLES))})")
+    if unschedulable.any():
+        gpus = [st.cluster.gpus[int(p)] for p in pos[unschedulable]]
+        why = Counter(r for g in gpus for r in g.unschedulable)
+        shown = ", ".join(f"{unit_name(g)} {'+'.join(g.unschedulable)}" for g in gpus[:MAX_EXAMPLES])
+        parts.append(f"{int(unschedulable.sum())} not handed out whole ({shown}{_more(len(gpus), min(len(gpus), MAX_EXAMPLES))})"
+                     if set(why) == {"mig-enabled"} else
+                     f"{int(unschedulable.sum())} unschedulable ({shown}{_more(len(gpus), min(len(gpus), MAX_EXAMPLES))})")
     if busy.any():
         parts.append(f"{int(busy.sum())} busy (load > {st.thresholds.busy_utilization:g})")
     if low_mem.any():

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from airflow_hetero_gpu.core.model import GpuKey
 from airflow_hetero_gpu.core.selection import best_subset
 from airflow_hetero_gpu.core.view import PoolView
 
@@ -72,7 +71,7 @@ def free_blocks(view: PoolView) -> float:
     taken: dict[int, int] = {}
     first = None
     for key in sel.keys:
-        pos = c.position[GpuKey(*key)]
+        pos = c.position[key]  # a GpuKey, or a plain (host, index) pair: equal
         if first is None:
             first = pos
         h = int(c.host_of[pos])

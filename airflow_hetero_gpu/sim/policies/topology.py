@@ -67,7 +67,7 @@ class TopologyOnly(BasePolicy):
             avail = []
             for h in np.flatnonzero((view.host_model_id == m) & (view.host_free > 0)).tolist():
                 free = view.free_positions(h)
-                avail.append(HostAvail(c.hosts[h], tuple(c.index_of[free].tolist()),
+                avail.append(HostAvail.of_indices(c.hosts[h], c.index_of[free].tolist(),
                                        tuple(c.row_of[free].tolist()), c.host_matrix_ids[h]))
             sel = select_gpus(avail, job.gpus, c.matrices, c.net)
             if sel is not None and (best is None or sel.mean_distance < best.mean_distance - EPS):
