@@ -4,7 +4,9 @@
   accepts that has no head yet. Without run-time estimates, the fewest GPUs still held is the best
   guess of "frees up first", so hosts are released in stages: first only the hosts (able to hold
   the whole job) with the fewest held GPUs, then more; a job no host can hold is planned with
-  every held GPU released.
+  every held GPU released. On the one host chosen, the jobs running there are then released one
+  at a time, smallest first, and the first set plan() finds is the claim: it waits on as few
+  jobs as that order allows, not on every job of the host.
 * **Kept.** The previous pass's claim stays while it is valid: the job's size, one pool the job
   accepts that has no head ahead of it, every GPU healthy, not loaded from outside the ledger,
   not claimed by a head ahead, and with the free memory the job asks for (a held GPU's memory
@@ -81,13 +83,38 @@ def _target(p: PassState, entry: QueueEntry, shape: Shape, open_pools: np.ndarra
         released_all = not (keep & ~closed).any()
         placement = p.adm.placer(entry, closed | keep, p.holders, idle=p.held)
         if placement.placed:
-            return placement
+            return _narrow(p, entry, placement, closed)
     if not released_all:
         placement = p.adm.placer(entry, closed, p.holders, idle=p.held)
         if placement.placed:
             return placement
         shape.no_target = placement.why_not() or shape.no_target
     return None
+
+
+def _narrow(p: PassState, entry: QueueEntry, placement: Placement, closed: np.ndarray) -> Placement:
+    """On a one-host target, release that host's jobs one at a time (fewest GPUs first, then job
+    id) and keep the first set plan() finds."""
+    c = p.cluster
+    pos = p.positions(placement.gpus)
+    host = int(c.host_of[pos[0]])
+    if (c.host_of[pos] != host).any() or not p.held[pos].any():
+        return placement
+    s, e = int(c.host_start[host]), int(c.host_start[host + 1])
+    on_host = np.zeros(len(c.gpus), dtype=bool)
+    on_host[s:e] = True
+    jobs: dict[str, list[int]] = {}
+    for q in range(s, e):
+        if p.held[q] and p.usable[q] and not closed[q]:
+            jobs.setdefault(p.holder(c.gpus[q].key), []).append(q)
+    released = np.zeros(len(c.gpus), dtype=bool)
+    for _, gpus in sorted(jobs.items(), key=lambda kv: (len(kv[1]), kv[0]))[:-1]:
+        released[gpus] = True
+        blocked = closed | ~on_host | (p.held & ~released)
+        narrowed = p.adm.placer(entry, blocked, p.holders, idle=p.held)
+        if narrowed.placed:
+            return narrowed
+    return placement
 
 
 def _record(p: PassState, entry: QueueEntry, pos: np.ndarray, *, kept: bool) -> Claim:
