@@ -70,19 +70,21 @@ class PlannerPlacer:
         self.evicted = evicted or {}
         self.config = config
         self._released: tuple[np.ndarray, Cluster] | None = None
+        self._memory_total: np.ndarray | None = None
 
     def released(self, idle: np.ndarray) -> Cluster:
         """The cluster with the ``idle`` GPUs unloaded (a shallow copy; the last one is reused)."""
         if self._released is not None and np.array_equal(self._released[0], idle):
             return self._released[1]
+        if self._memory_total is None:
+            self._memory_total = np.array([np.nan if g.memory_total_mib is None else g.memory_total_mib
+                                           for g in self.cluster.gpus], dtype=np.float64)
         c = copy.copy(self.cluster)
         c.base_load = self.cluster.base_load.copy()
         c.base_load[idle] = 0.0
         c.memory_free = self.cluster.memory_free.copy()
-        for p in np.flatnonzero(idle).tolist():
-            total = self.cluster.gpus[p].memory_total_mib
-            if total is not None:
-                c.memory_free[p] = total
+        known = idle & ~np.isnan(self._memory_total)
+        c.memory_free[known] = self._memory_total[known]
         self._released = (idle.copy(), c)
         return c
 

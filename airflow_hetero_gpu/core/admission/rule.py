@@ -19,6 +19,7 @@ The rule (docs/queue.md has it with a worked example):
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -37,6 +38,7 @@ from airflow_hetero_gpu.core.config import ClusterConfig
 from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
 from airflow_hetero_gpu.core.planner import cluster_state
 from airflow_hetero_gpu.core.view import PoolView
+from airflow_hetero_gpu.errors import RequestError
 
 
 class Admission:
@@ -98,6 +100,8 @@ class Admission:
         entries in ``waiting`` (the simulator). ``in_order=True``: the caller passes the queue
         already in queue order (the simulator keeps it sorted; nothing checks it).
         """
+        if isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now):
+            raise RequestError(f"now: expected seconds, got {now!r}")
         entries = list(queue) if in_order else ordered(queue, self.aging)
         p = PassState(self, reserved, reserved_mask)
         shapes: dict[int, Shape] = {}  # id(request) -> what this pass learnt about it
