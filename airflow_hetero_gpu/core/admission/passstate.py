@@ -100,6 +100,10 @@ class PassState:
         for p in pos[~self.held[pos]].tolist():
             self.extra[c.gpus[p].key] = f"{job_id} (claim)"
 
+    def heads_for(self, pools: np.ndarray) -> list[Claim]:
+        """The heads so far of the pools in the mask ``pools`` (the ones a waiting job is behind)."""
+        return [self.head_of[i] for i in np.flatnonzero(pools & self.headed).tolist()]
+
     def per_host(self, open_pools: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per host: usable, unclaimed GPUs a claim in ``open_pools`` could take (0 for hosts of
         other pools, and for the rare host whose GPUs are in several pools), and how many of them

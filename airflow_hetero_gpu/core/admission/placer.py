@@ -46,7 +46,7 @@ class Placement:
         reports = [p for p in self.result.pools if p.stage != "rejected"] or list(self.result.pools)
         if not reports:
             return None
-        best = max(reports, key=lambda p: (p.available, -len(p.pool)))
+        best = max(reports, key=lambda p: p.available)  # the first such pool in id order
         return f"{best.pool}: {best.reason}" if best.reason else None
 
 

@@ -107,7 +107,7 @@ class Admission:
         shapes: dict[int, Shape] = {}  # id(request) -> what this pass learnt about it
         by_value: dict[PlanRequest, Shape] = {}
         admitted: list[Admitted] = []
-        waiting: list[tuple] = []  # (position, entry, state, claim, shape)
+        waiting: list[tuple] = []  # (position, entry, state, claim, shape, heads it waits behind)
         position = 0  # among the jobs that keep waiting
         # without reasons the walk may stop once nothing behind can start or claim: every request
         # still to come is known dead and no entry still to come holds a claim
@@ -133,11 +133,11 @@ class Admission:
             if shape.dead and not entry.claim:
                 position += 1
                 if explain:
-                    waiting.append((position, entry, "waiting", None, shape))
+                    waiting.append((position, entry, "waiting", None, shape, p.heads_for(shape.ok)))
                 continue
             if not shape.ok.any():
                 position += 1
-                waiting.append((position, entry, "impossible", None, shape))
+                waiting.append((position, entry, "impossible", None, shape, []))
                 continue
             placement = p.try_start(entry, shape)
             if placement is not None:
@@ -149,20 +149,19 @@ class Admission:
             position += 1
             claim = claim_for(p, entry, shape)
             if claim is not None:
-                waiting.append((position, entry, "head", claim, shape))
+                waiting.append((position, entry, "head", claim, shape, []))
                 continue
             shape.dead = True  # for good in this pass: held and claimed GPUs only grow
             live.discard(id(shape))
             if explain:
-                waiting.append((position, entry, "waiting", None, shape))
+                waiting.append((position, entry, "waiting", None, shape, p.heads_for(shape.ok)))
         return self._result(now, entries, admitted, waiting, p, explain)
 
     def _result(self, now: float, entries, admitted, waiting, p: PassState, explain: bool) -> AdmissionResult:
         out: list[Waiting] = []
         pool_ids = [pool.id for pool in self.cluster.pools]
         ahead = np.zeros(len(pool_ids), dtype=np.int64)  # waiting jobs so far that accept each pool
-        for position, entry, state, claim, shape in waiting:
-            heads = [p.head_of[i] for i in np.flatnonzero(shape.ok & p.headed).tolist()] if state == "waiting" else []
+        for position, entry, state, claim, shape, heads in waiting:
             text = ""
             if explain:
                 if state == "impossible":
