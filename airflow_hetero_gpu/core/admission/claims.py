@@ -13,6 +13,7 @@
   counts as free: it will be when its job ends).
 * **Moved** only to a place where strictly fewer GPUs are still held than the claim waits for, so
   a claim moves at most k times while it waits (unless jobs ahead of it take its GPUs).
+* A head whose claim is on one host starts only on one host (``PassState.try_start``).
 """
 
 from __future__ import annotations

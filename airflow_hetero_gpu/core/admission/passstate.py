@@ -125,6 +125,10 @@ class PassState:
             return None
         placement = self.adm.placer(entry, self.blocked, self.holders)
         if placement.placed:
+            if len({k[0] for k in placement.gpus}) > 1 and len({k.host for k in entry.claim}) == 1:
+                # a head whose claim is on one host waits for one host (its claim, or any other
+                # with room) rather than spanning hosts; jobs without that claim may still span
+                return None
             return placement
         shape.start_failed = True
         shape.why_not = placement.why_not() or shape.why_not

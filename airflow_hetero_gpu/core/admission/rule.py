@@ -8,7 +8,8 @@ The rule (docs/queue.md has it with a worked example):
    a pool has healthy: the planner's primary filters) is **impossible**: reported with the
    planner's reasons, it never claims and never blocks anyone.
 3. Every other job **starts now** when the planner places it on GPUs that are neither held (live
-   reservations, jobs admitted earlier in this pass) nor claimed for a head ahead of it.
+   reservations, jobs admitted earlier in this pass) nor claimed for a head ahead of it; a head
+   whose claim is on one host takes only a one-host answer (it waits for a host, not spanning).
 4. A job that cannot start becomes the **head** of the pools it accepts that have no head yet and
    gets a **claim** there (:mod:`~airflow_hetero_gpu.core.admission.claims`): the GPUs ``plan()``
    gives it as if the jobs holding them had ended. No job behind it may start on a claimed GPU, so
