@@ -53,6 +53,19 @@ def test_report_and_plots(files, capsys):
     assert set(report["comparison"]) >= {"metrics", "pareto", "within_5_percent", "goal_holds"}
 
 
+@pytest.mark.parametrize("extra,label", [
+    ([], "admission queue (aging 3600 s)"),
+    (["--aging", "0"], "admission queue (no aging)"),
+    (["--queue", "fifo", "--backfill", "3"], "fifo queue, backfill 3"),
+    (["--queue", "greedy"], "greedy queue"),
+])
+def test_queue_options_and_the_wait_by_size_table(files, capsys, extra, label):
+    assert main(_args(files, "--policies", "first-fit", "--limit", "12", *extra)) == 0
+    text = capsys.readouterr().out
+    assert f"22 GPUs; {label}, comm cost" in text
+    assert "queueing delay by job size:" in text and "1 GPU mean/p95/max s" in text
+
+
 def test_json_output_and_two_workers(files, capsys):
     assert main(_args(files, "--json", "--policies", "first-fit,best-fit", "--workers", "2", "--limit", "10")) == 0
     report = json.loads(capsys.readouterr().out)
@@ -66,6 +79,8 @@ def test_json_output_and_two_workers(files, capsys):
     (["--policies", "seed,seed"], "--policies: a policy is listed twice"),
     (["--sweep", "w9=1"], "--sweep: expected NAME=V1,V2,..."),
     (["--sweep", "w1=a"], "--sweep: load_balance: expected numbers"),
+    (["--backfill", "4"], "--backfill 4: only with --queue fifo"),
+    (["--backfill", "4", "--queue", "greedy"], "--backfill 4: only with --queue fifo"),
 ])
 def test_bad_options(files, capsys, extra, message):
     assert main(_args(files, *extra)) == 2

@@ -1,5 +1,5 @@
-"""The simulator's event loop on tiny traces computed by hand: queueing, release, gang
-all-or-nothing, backfill, spanning, rejection, the distance slowdown, and the metrics.
+"""The simulator's event loop on tiny traces computed by hand: the three queue disciplines,
+release, gang all-or-nothing, backfill, spanning, rejection, the distance slowdown, the metrics.
 
 Cluster for every case (hosts a, b under one leaf):
   a: 4 x T4, the 4-GPU PCIe layout: 0-1 NODE (5), 2-3 NODE (5), every other pair SYS (6)
@@ -68,10 +68,63 @@ CASES = [
 
 
 @pytest.mark.parametrize("case,rows,backfill,expected", CASES, ids=[c[0] for c in CASES])
-def test_first_fit_schedule(cluster, case, rows, backfill, expected):
-    result = simulate(cluster, _jobs(rows), make_policy("first-fit"), backfill=backfill)
+def test_first_fit_schedule_fifo(cluster, case, rows, backfill, expected):
+    result = simulate(cluster, _jobs(rows), make_policy("first-fit"), queue="fifo", backfill=backfill)
     assert _starts(result) == expected
     assert result.rejected == []
+
+
+# j1 holds a0-a2 until 10 and j1b all of b until 50; j2 (4 GPUs) arrives at 1 and can only ever
+# have all of a. The admission queue claims a0-a3 for it, so j3 (1 GPU, 100 s) may not take the
+# free a3 and waits; greedy gives j3 a3 at once, and j2 then waits until b frees at 50 and spans.
+CLAIM_ROWS = [("j1", 0, 10, 3), ("j1b", 0, 50, 2), ("j2", 1, 5, 4), ("j3", 2, 100, 1)]
+QUEUE_CASES = [
+    ("admission: a small job behind a waiting head starts outside the head's claim",
+     [("j1", 0, 10, 4), ("j2", 1, 5, 4), ("j3", 2, 3, 1)], "admission",
+     {"j1": (0, 10, ["a0", "a1", "a2", "a3"]), "j2": (10, 15, ["a0", "a1", "a2", "a3"]), "j3": (2, 5, ["b0"])}),
+    ("admission: the head's claim keeps a free GPU from a job behind it",
+     CLAIM_ROWS, "admission",
+     {"j1": (0, 10, ["a0", "a1", "a2"]), "j1b": (0, 50, ["b0", "b1"]), "j2": (10, 15, ["a0", "a1", "a2", "a3"]),
+      "j3": (15, 115, ["a0"])}),
+    ("greedy: the small job takes the free GPU and the gang waits for the other host",
+     CLAIM_ROWS, "greedy",
+     {"j1": (0, 10, ["a0", "a1", "a2"]), "j1b": (0, 50, ["b0", "b1"]), "j3": (2, 102, ["a3"]),
+      "j2": (50, 55, ["a0", "a1", "a2", "b0"])}),
+    ("fifo: the small job waits behind the gang",
+     CLAIM_ROWS, "fifo",
+     {"j1": (0, 10, ["a0", "a1", "a2"]), "j1b": (0, 50, ["b0", "b1"]), "j2": (10, 15, ["a0", "a1", "a2", "a3"]),
+      "j3": (15, 115, ["a0"])}),
+    ("greedy: a small job behind a waiting head starts at once",
+     [("j1", 0, 10, 4), ("j2", 1, 5, 4), ("j3", 2, 3, 1)], "greedy",
+     {"j1": (0, 10, ["a0", "a1", "a2", "a3"]), "j2": (10, 15, ["a0", "a1", "a2", "a3"]), "j3": (2, 5, ["b0"])}),
+]
+
+
+@pytest.mark.parametrize("case,rows,queue,expected", QUEUE_CASES, ids=[c[0] for c in QUEUE_CASES])
+def test_first_fit_schedule_by_queue(cluster, case, rows, queue, expected):
+    result = simulate(cluster, _jobs(rows), make_policy("first-fit"), queue=queue)
+    assert _starts(result) == expected
+    assert result.queue == queue
+
+
+def test_priority_and_aging_in_the_simulator(cluster):
+    """low (arrives 1) and high (priority 1, arrives 5) both need all 6 GPUs, free at 20 (j0 holds b
+    until then). With an aging interval of 10 s (or none) high goes first; at 2 s one level is
+    worth 2 s of waiting, low was enqueued 4 s earlier and goes first."""
+    jobs = [Job("j1", 0, 10, 4), Job("j0", 0, 20, 2), Job("low", 1, 10, 6), Job("high", 5, 10, 6, priority=1)]
+    slow = _starts(simulate(cluster, jobs, make_policy("first-fit"), aging_interval_s=10))
+    fast = _starts(simulate(cluster, jobs, make_policy("first-fit"), aging_interval_s=2))
+    none = _starts(simulate(cluster, jobs, make_policy("first-fit"), aging_interval_s=None))
+    assert slow["high"][0] == 20 and slow["low"][0] == 30
+    assert none["high"][0] == 20 and none["low"][0] == 30
+    assert fast["low"][0] == 20 and fast["high"][0] == 30
+
+
+def test_backfill_is_a_fifo_setting(cluster):
+    with pytest.raises(ValueError, match="backfill"):
+        simulate(cluster, _jobs([("j1", 0, 1, 1)]), make_policy("first-fit"), backfill=2)
+    with pytest.raises(ValueError, match="queue"):
+        simulate(cluster, _jobs([("j1", 0, 1, 1)]), make_policy("first-fit"), queue="lifo")
 
 
 def test_jobs_that_can_never_fit_are_rejected_not_queued(cluster):
@@ -121,12 +174,14 @@ def test_span_never_makes_a_job_that_fits_a_host_wait_for_one(cluster):
 
 def test_metrics_of_the_fifo_case(cluster):
     """j1 0-10 on 4 GPUs; j2 waits 1-10, j3 waits 2-10 while 4 of 6 GPUs are held."""
-    result = simulate(cluster, _jobs([("j1", 0, 10, 4), ("j2", 1, 5, 4), ("j3", 2, 3, 1)]), make_policy("first-fit"))
+    result = simulate(cluster, _jobs([("j1", 0, 10, 4), ("j2", 1, 5, 4), ("j3", 2, 3, 1)]), make_policy("first-fit"),
+                      queue="fifo")
     m = summarize(result)
     expected = {
         "jobs": 3, "rejected": 0,
         "wait_mean_s": (0 + 9 + 8) / 3,
         "wait_p95_s": 8.9,  # numpy's linear quantile of [0, 8, 9]
+        "wait_max_s": 9.0,
         "makespan_s": 15.0,
         "allocation_mean": 4 / 6,  # from the first (0) to the last (2) arrival
         "unallocated_while_waiting": 2 / 6,  # jobs wait from 1 to 10 while 2 of 6 GPUs are free
@@ -139,6 +194,9 @@ def test_metrics_of_the_fifo_case(cluster):
     }
     for key, value in expected.items():
         assert m[key] == pytest.approx(value), key
+    # 1-GPU: j3 waited 8; 4-GPU: j1 0 and j2 9 (p95 of [0, 9]: 8.55)
+    assert m["wait_by_gpus"] == {"1": {"jobs": 1, "mean_s": 8.0, "p95_s": 8.0, "max_s": 8.0},
+                                 "4": {"jobs": 2, "mean_s": 4.5, "p95_s": pytest.approx(8.55), "max_s": 9.0}}
     assert m["decisions"] == 3 and m["decision_ms_mean"] >= 0
 
 

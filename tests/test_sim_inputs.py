@@ -34,6 +34,9 @@ def test_job_csv(tmp_path):
         ("а", 0.0, 1.0, 1, ("V100M16", "V100M32")),  # sorted by arrival; run time at least 1 s
         ("b", 5.0, 10.0, 2, ()),
     ]
+    assert [j.priority for j in t.jobs] == [0, 0]
+    p = _write(tmp_path, "prio.csv", "job_id,arrival_s,duration_s,gpus,priority\na,0,1,1,3\nb,0,1,1,\nc,0,1,1,-2\n")
+    assert [(j.id, j.priority) for j in read_jobs_csv(p).jobs] == [("a", 3), ("b", 0), ("c", -2)]
 
 
 @pytest.mark.parametrize("text,message", [
@@ -47,6 +50,8 @@ def test_job_csv(tmp_path):
     ("job_id,arrival_s,duration_s,gpus\n", "jobs.csv: no jobs"),
     ("", "jobs.csv: empty file"),
     ("job_id,arrival_s,duration_s,gpus\nj,0,1,1,extra\n", "jobs.csv:2: more fields than the header's 4"),
+    ("job_id,arrival_s,duration_s,gpus,priority\nj,0,1,1,high\n", "jobs.csv:2: column 'priority': expected a number, got 'high'"),
+    ("job_id,arrival_s,duration_s,gpus,priority\nj,0,1,1,0.5\n", "jobs.csv:2: column 'priority': expected a whole number"),
 ])
 def test_job_csv_errors(tmp_path, text, message):
     with pytest.raises(HeteroGpuError) as err:

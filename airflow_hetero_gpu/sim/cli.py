@@ -18,7 +18,9 @@ from pathlib import Path
 
 from airflow_hetero_gpu.cli_output import EXIT_OK
 from airflow_hetero_gpu.cli_types import non_negative_float, non_negative_int, positive_int
+from airflow_hetero_gpu.core.admission.order import DEFAULT_AGING_INTERVAL_S
 from airflow_hetero_gpu.errors import HeteroGpuError
+from airflow_hetero_gpu.sim.disciplines import QUEUES
 
 DEFAULT_POLICIES = "seed,random,first-fit,best-fit,topology-only,fgd"
 DEFAULT_LOAD = 1.25
@@ -48,8 +50,8 @@ def register(subparsers) -> None:
     """Add ``simulate`` to ``hetero-gpu``'s sub-parsers."""
     p = subparsers.add_parser(
         "simulate", help="replay a job trace under several placement policies (seed and baselines)",
-        description="Trace-driven simulation of whole-GPU gang jobs: FIFO queue (optional backfill), "
-                    "each policy on the same trace and cluster. See docs/simulation.md.")
+        description="Trace-driven simulation of whole-GPU gang jobs: the product's admission queue (or a "
+                    "FIFO or greedy baseline), each policy on the same trace and cluster. See docs/simulation.md.")
     p.add_argument("--trace", required=True, metavar="PATH|alibaba:NAME",
                    help="a job CSV (job_id,arrival_s,duration_s,gpus[,gpu_type]) or an Alibaba "
                         "cluster-trace-gpu-v2023 pod list, e.g. alibaba:multigpu50")
@@ -71,8 +73,15 @@ def register(subparsers) -> None:
     load.add_argument("--load", type=_positive, default=DEFAULT_LOAD, metavar="RHO",
                       help=f"compress arrivals to this offered load (default {DEFAULT_LOAD}; see docs)")
     load.add_argument("--time-scale", type=_positive, metavar="C", help="divide arrival times by C instead")
+    p.add_argument("--queue", choices=QUEUES, default="admission",
+                   help="admission: the product's queue (priority with aging, claims for the heads, backfill "
+                        "outside them; default); fifo: first in, first out (see --backfill); greedy: every "
+                        "waiting job that fits starts, in arrival order (the product before its queue)")
+    p.add_argument("--aging", type=non_negative_float, default=DEFAULT_AGING_INTERVAL_S, metavar="S",
+                   help=f"admission queue: seconds of waiting worth one priority level (default "
+                        f"{DEFAULT_AGING_INTERVAL_S:g}; 0: no aging)")
     p.add_argument("--backfill", type=non_negative_int, default=0, metavar="N",
-                   help="when the queue head waits, try up to N jobs behind it (default 0: strict FIFO)")
+                   help="fifo queue: when the head waits, try up to N jobs behind it (default 0: strict FIFO)")
     p.add_argument("--comm-cost", type=non_negative_float, default=DEFAULT_COMM_COST, metavar="C",
                    help=f"run-time slowdown per unit of d(S) above 1 (default {DEFAULT_COMM_COST}; 0: trace durations)")
     p.add_argument("--span", choices=("as-needed", "never"), default="as-needed",
@@ -107,6 +116,10 @@ def cmd_simulate(args) -> int:
     if len(set(policies)) != len(policies):
         raise HeteroGpuError(f"--policies: a policy is listed twice in {args.policies!r}")
     grid = parse_grid(args.sweep) if args.sweep is not None else None
+    if args.backfill and args.queue != "fifo":
+        raise HeteroGpuError(f"--backfill {args.backfill}: only with --queue fifo (the admission and greedy "
+                             f"queues try every waiting job), got --queue {args.queue}")
+    aging = args.aging or None
 
     trace = load_trace(args.trace, fractional=args.fractional, seed=args.seed, directory=args.alibaba_dir)
     nodes_path = resolve_nodes(args.nodes, args.trace, args.alibaba_dir)
@@ -121,7 +134,8 @@ def cmd_simulate(args) -> int:
     since = trace.jobs[int(0.01 * (len(trace.jobs) - 1))].arrival if trace.jobs else None
 
     setup = Setup(tuple(nodes), tuple(trace.jobs), hosts_per_leaf=args.hosts_per_leaf,
-                  leaves_per_spine=args.leaves_per_spine, backfill=args.backfill, comm_cost=args.comm_cost,
+                  leaves_per_spine=args.leaves_per_spine, queue=args.queue, aging_interval_s=aging,
+                  backfill=args.backfill, comm_cost=args.comm_cost,
                   span=args.span, seed=args.seed, series_since=since,
                   series_until=2.0 * last_arrival if last_arrival > 0 else None)
     specs = [RunSpec(p, args.weights if p.startswith("seed") else None) for p in policies]
@@ -148,7 +162,8 @@ def cmd_simulate(args) -> int:
         "time_scale": scale, "offered_load": offered_load(trace.jobs, total, 1.0),
         "last_arrival_s": last_arrival,
     }
-    settings = {"policies": policies, "seed_weights": args.weights, "backfill": args.backfill,
+    settings = {"policies": policies, "seed_weights": args.weights, "queue": args.queue,
+                "aging_interval_s": aging if args.queue == "admission" else None, "backfill": args.backfill,
                 "comm_cost": args.comm_cost, "span": args.span, "fractional": args.fractional,
                 "limit": args.limit, "seed": args.seed, "load": None if args.time_scale else args.load}
     argv = sys.argv[1:] if sys.argv and Path(sys.argv[0]).name.startswith("hetero-gpu") else None

@@ -1,15 +1,19 @@
-"""The discrete-event simulator: jobs arrive, queue FIFO, start when a policy places them, and
-hold their GPUs until they end.
+"""The discrete-event simulator: jobs arrive, wait in a queue, start when a policy places them,
+and hold their GPUs until they end.
 
 Events are job arrivals and job ends, processed in time order; at one instant ends come first
-(their GPUs are free again), then arrivals join the queue, then the queue is served:
+(their GPUs are free again), then arrivals join the queue, then the queue is served by one of the
+disciplines of :mod:`airflow_hetero_gpu.sim.disciplines`:
 
-* the queue is first in, first out: the head job is offered to the policy when some allowed
-  card type has enough free GPUs; if the policy places it, it starts now and the next job is the
-  head; otherwise the head waits;
-* with ``backfill = B > 0``, when the head waits, up to ``B`` jobs behind it are tried in order
-  and any that can be placed start now (no reservation for the head: a large head job can be
-  overtaken repeatedly; ``B = 0`` is strict FIFO).
+* ``admission`` (default): the product's queue, :class:`~airflow_hetero_gpu.core.admission.Admission`
+  with the policy as its placer: priority with aging, backfill outside the GPUs claimed for the
+  heads (docs/queue.md); jobs that arrive at the same instant are ordered by job id, as in
+  the product;
+* ``fifo``: first in, first out; the head is offered to the policy when some allowed card type
+  has enough free GPUs, and while it waits so does everyone behind it, except that with
+  ``backfill = B > 0`` up to ``B`` jobs behind it are tried (no reservation for the head);
+* ``greedy``: every waiting job that fits starts, in arrival order (the product before its queue:
+  each waiting task took whatever fitted when it looked).
 
 Gang, all or nothing: a job starts on exactly its ``gpus`` GPUs or not at all, and keeps them
 until it ends. Its run time is the trace's duration times a slowdown for the distance between
@@ -29,6 +33,8 @@ import numpy as np
 
 from airflow_hetero_gpu.core.cluster import Cluster
 from airflow_hetero_gpu.core.model import GpuKey
+from airflow_hetero_gpu.core.admission import DEFAULT_AGING_INTERVAL_S
+from airflow_hetero_gpu.sim.disciplines import QUEUES, make_queue
 from airflow_hetero_gpu.sim.policies.base import BasePolicy, Policy
 from airflow_hetero_gpu.sim.state import ClusterView
 from airflow_hetero_gpu.sim.trace import Job
@@ -74,6 +80,7 @@ class SimResult:
     wall_s: float = 0.0
     backfill: int = 0
     comm_cost: float = 0.0
+    queue: str = "admission"
     extra: dict = field(default_factory=dict)
 
 
@@ -108,86 +115,108 @@ def _check(view: ClusterView, job: Job, keys: Sequence[tuple[str, int]], policy:
         raise PolicyError(f"{policy}: job {job.id}: GPUs of a card type it may not use, or of several")
 
 
-def simulate(cluster: Cluster, jobs: Sequence[Job], policy: Policy, *, backfill: int = 0,
+class Run:
+    """The state of one replay; the queue disciplines call :meth:`place` and :meth:`start`."""
+
+    def __init__(self, cluster: Cluster, jobs: Sequence[Job], policy: Policy, *, comm_cost: float,
+                 span: str, check: bool) -> None:
+        self.cluster, self.jobs, self.policy = cluster, jobs, policy
+        self.comm_cost, self.span, self.check = comm_cost, span, check
+        self.view = ClusterView(cluster)
+        self.index = {job.id: i for i, job in enumerate(jobs)}
+        self.heap: list[tuple[float, int, int, int]] = []
+        self.seq = len(jobs)
+        self.records: dict[int, JobRecord] = {}
+        self.spent = [0.0] * len(jobs)
+        self.attempts = [0] * len(jobs)
+        self.calls: list[float] = []
+        self.one_host_seen: dict[int, bool] = {}  # whether one host had room, as the job last saw it
+        self._host_max: dict[tuple[str, ...], int] = {}
+
+    def one_host_only(self, job: Job) -> bool:
+        """``span="never"`` and some allowed host is large enough for the whole job."""
+        if self.span != "never":
+            return False
+        if job.gpu_types not in self._host_max:
+            mask = self.view.allowed_hosts(job.gpu_types)
+            self._host_max[job.gpu_types] = int(self.view.host_capacity[mask].max()) if mask.any() else 0
+        return job.gpus <= self._host_max[job.gpu_types]
+
+    def fits(self, view: ClusterView, job: Job) -> bool:
+        if self.one_host_only(job):
+            return view.one_host_fits(job.gpus, job.gpu_types)
+        return view.fits(job.gpus, job.gpu_types)
+
+    def place(self, i: int, view: ClusterView) -> tuple[GpuKey, ...] | None:
+        """Ask the policy for job ``i``'s GPUs in ``view`` (the job must fit it); timed and checked."""
+        job = self.jobs[i]
+        t0 = time.perf_counter()
+        keys = self.policy.place(view, job)
+        dt = time.perf_counter() - t0
+        self.calls.append(dt)
+        self.spent[i] += dt
+        self.attempts[i] += 1
+        if keys is None or (self.one_host_only(job) and len({k[0] for k in keys}) > 1):
+            return None
+        if self.check:
+            _check(view, job, keys, self.policy.name)
+        return tuple(sorted(GpuKey(*k) for k in keys))
+
+    def start(self, i: int, keys: Sequence[GpuKey], now: float, one_host: bool) -> None:
+        job = self.jobs[i]
+        self.view.allocate(job.id, keys)
+        distance = self.cluster.mean_distance(keys)
+        end = now + run_time(job.duration, distance, job.gpus, self.comm_cost)
+        heapq.heappush(self.heap, (end, _END, self.seq, i))
+        self.seq += 1
+        self.records[i] = JobRecord(
+            job.id, job.gpus, job.arrival, now, end, tuple(keys), len({k.host for k in keys}),
+            distance, one_host or job.gpus == 1, self.spent[i], self.attempts[i], job.duration,
+            self.cluster.gpu(keys[0]).name,
+        )
+
+    def try_start(self, i: int, now: float) -> bool:
+        """Place job ``i`` on the free GPUs and start it (the FIFO and greedy disciplines)."""
+        job = self.jobs[i]
+        if not self.fits(self.view, job):
+            return False
+        one_host = job.gpus > 1 and self.view.one_host_fits(job.gpus, job.gpu_types)
+        keys = self.place(i, self.view)
+        if keys is None:
+            return False
+        self.start(i, keys, now, one_host)
+        return True
+
+
+def simulate(cluster: Cluster, jobs: Sequence[Job], policy: Policy, *, queue: str = "admission",
+             backfill: int = 0, aging_interval_s: float | None = DEFAULT_AGING_INTERVAL_S,
              comm_cost: float = 0.0, span: str = "as-needed", check: bool = True) -> SimResult:
-    """Replay ``jobs`` on ``cluster`` with ``policy``; deterministic for a deterministic policy."""
+    """Replay ``jobs`` on ``cluster`` with ``policy``; deterministic for a deterministic policy.
+
+    ``backfill`` applies to ``queue="fifo"`` only; ``aging_interval_s`` to ``"admission"`` only.
+    """
+    if queue not in QUEUES:
+        raise ValueError(f"queue: expected one of {', '.join(QUEUES)}, got {queue!r}")
+    if backfill and queue != "fifo":
+        raise ValueError(f"backfill: only the fifo queue backfills a number of jobs, got queue {queue!r}")
     started = time.perf_counter()
-    view = ClusterView(cluster)
+    run = Run(cluster, jobs, policy, comm_cost=comm_cost, span=span, check=check)
+    view = run.view
     if isinstance(policy, BasePolicy):
         policy.prepare(view, jobs)
     rejected: list[tuple[str, str]] = []
-    heap: list[tuple[float, int, int, int]] = []
     for i, job in enumerate(jobs):
         cap = view.capacity_for(job.gpu_types)
         if job.gpus > cap:
             types = "|".join(job.gpu_types) or "any"
             rejected.append((job.id, f"asks for {job.gpus} GPUs of {types}; the largest allowed card type has {cap}"))
             continue
-        heapq.heappush(heap, (job.arrival, _ARRIVAL, i, i))
-    seq = len(jobs)
-    queue: list[int] = []
-    records: dict[int, JobRecord] = {}
-    spent = [0.0] * len(jobs)
-    attempts = [0] * len(jobs)
-    calls: list[float] = []
+        heapq.heappush(run.heap, (job.arrival, _ARRIVAL, i, i))
+    waiting = make_queue(queue, run, backfill=backfill, aging_interval_s=aging_interval_s)
     times: list[float] = []
     allocated: list[int] = []
     queued: list[int] = []
-
-    host_max = {}
-
-    def try_start(i: int, now: float) -> bool:
-        job = jobs[i]
-        one_host_only = False
-        if span == "never":
-            if job.gpu_types not in host_max:
-                mask = view.allowed_hosts(job.gpu_types)
-                host_max[job.gpu_types] = int(view.host_capacity[mask].max()) if mask.any() else 0
-            one_host_only = job.gpus <= host_max[job.gpu_types]
-        if one_host_only:
-            if not view.one_host_fits(job.gpus, job.gpu_types):
-                return False
-        elif not view.fits(job.gpus, job.gpu_types):
-            return False
-        one_host = job.gpus > 1 and view.one_host_fits(job.gpus, job.gpu_types)
-        t0 = time.perf_counter()
-        keys = policy.place(view, job)
-        dt = time.perf_counter() - t0
-        calls.append(dt)
-        spent[i] += dt
-        attempts[i] += 1
-        if keys is None or (one_host_only and len({k[0] for k in keys}) > 1):
-            return False
-        if check:
-            _check(view, job, keys, policy.name)
-        keys = tuple(sorted(GpuKey(*k) for k in keys))
-        view.allocate(job.id, keys)
-        distance = cluster.mean_distance(keys)
-        end = now + run_time(job.duration, distance, job.gpus, comm_cost)
-        nonlocal seq
-        heapq.heappush(heap, (end, _END, seq, i))
-        seq += 1
-        records[i] = JobRecord(
-            job.id, job.gpus, job.arrival, now, end, keys, len({k.host for k in keys}),
-            distance, one_host or job.gpus == 1, spent[i], attempts[i], job.duration,
-            cluster.gpu(keys[0]).name,
-        )
-        return True
-
-    def serve(now: float) -> None:
-        i, looked = 0, 0  # looked: jobs behind the head offered so far
-        while i < len(queue):
-            if i > 0:
-                if looked >= backfill:
-                    break
-                looked += 1
-            if try_start(queue[i], now):
-                queue.pop(i)
-                continue
-            if backfill == 0:
-                break
-            i += 1
-
+    heap = run.heap
     while heap:
         now = heap[0][0]
         while heap and heap[0][0] == now:
@@ -195,17 +224,17 @@ def simulate(cluster: Cluster, jobs: Sequence[Job], policy: Policy, *, backfill:
             if kind == _END:
                 view.release(jobs[i].id)
             else:
-                queue.append(i)
-        serve(now)
+                waiting.add(i)
+        waiting.serve(now)
         times.append(now)
         allocated.append(view.allocated)
-        queued.append(len(queue))
-    if queue:  # cannot happen: every queued job fits an empty cluster and ends free GPUs
-        raise AssertionError(f"{len(queue)} jobs left in the queue")
-    ordered = [records[i] for i in sorted(records)]
+        queued.append(len(waiting))
+    if len(waiting):  # cannot happen: every queued job fits an empty cluster and ends free GPUs
+        raise AssertionError(f"{len(waiting)} jobs left in the queue")
+    ordered = [run.records[i] for i in sorted(run.records)]
     return SimResult(
         policy=policy.name, total_gpus=view.total_gpus, records=ordered, rejected=rejected,
         times=np.array(times), allocated=np.array(allocated), queued=np.array(queued),
-        decision_s=np.array(calls), wall_s=time.perf_counter() - started, backfill=backfill,
-        comm_cost=comm_cost,
+        decision_s=np.array(run.calls), wall_s=time.perf_counter() - started, backfill=backfill,
+        comm_cost=comm_cost, queue=queue,
     )

@@ -16,6 +16,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from airflow_hetero_gpu.core.admission.order import DEFAULT_AGING_INTERVAL_S
 from airflow_hetero_gpu.errors import HeteroGpuError
 from airflow_hetero_gpu.sim.engine import simulate
 from airflow_hetero_gpu.sim.fleet import Node, SimCluster, build_fleet
@@ -41,6 +42,8 @@ class Setup:
     jobs: tuple[Job, ...]
     hosts_per_leaf: int = 16
     leaves_per_spine: int = 16
+    queue: str = "admission"
+    aging_interval_s: float | None = DEFAULT_AGING_INTERVAL_S
     backfill: int = 0
     comm_cost: float = 0.05
     span: str = "as-needed"
@@ -86,8 +89,8 @@ def run_one(setup: Setup, spec: RunSpec) -> RunOutcome:
     """One policy over the setup's jobs."""
     fleet = _fleet(setup)
     policy = make_policy(spec.policy, seed=setup.seed, weights=spec.weights)
-    result = simulate(fleet.cluster, setup.jobs, policy, backfill=setup.backfill,
-                      comm_cost=setup.comm_cost, span=setup.span)
+    result = simulate(fleet.cluster, setup.jobs, policy, queue=setup.queue, backfill=setup.backfill,
+                      aging_interval_s=setup.aging_interval_s, comm_cost=setup.comm_cost, span=setup.span)
     result.policy = spec.name
     return RunOutcome(
         spec=spec,

@@ -3,6 +3,8 @@
 =============================  =================================================================
 ``jobs``                       jobs that ran (``rejected``: could never fit, not counted)
 ``wait_mean_s``, ``wait_p95_s``  queueing delay, start - arrival, over all jobs that ran
+``wait_max_s``                 the longest queueing delay
+``wait_by_gpus``               per job size (GPUs): jobs, mean, p95 and max queueing delay
 ``makespan_s``                 last end - first arrival
 ``allocation_mean``            time-weighted share of GPUs held from the 1st-percentile to the
                                last arrival (the busy window every policy shares; the run goes
@@ -33,7 +35,7 @@ import numpy as np
 from airflow_hetero_gpu.sim.engine import SimResult
 
 METRIC_KEYS = (
-    "jobs", "rejected", "wait_mean_s", "wait_p95_s", "makespan_s", "allocation_mean",
+    "jobs", "rejected", "wait_mean_s", "wait_p95_s", "wait_max_s", "makespan_s", "allocation_mean",
     "unallocated_while_waiting", "waiting_time_share", "multi_gpu_jobs", "distance_mean", "one_host_share",
     "spanning_jobs", "run_time_overhead", "decision_ms_mean", "decision_ms_p95", "decisions", "wall_s",
 )
@@ -77,6 +79,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "rejected": len(result.rejected),
         "wait_mean_s": float(waits.mean()) if len(waits) else None,
         "wait_p95_s": float(np.quantile(waits, 0.95)) if len(waits) else None,
+        "wait_max_s": float(waits.max()) if len(waits) else None,
         "makespan_s": float(last - first) if recs else None,
         "allocation_mean": _time_weighted(t, share, t >= busy_from, until=last_arrival) if last_arrival > busy_from else None,
         "unallocated_while_waiting": (lambda v: 0.0 if v is None else 1.0 - v)(_time_weighted(t, share, waiting)),
@@ -93,7 +96,17 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "distance_by_gpus": {str(k): float(np.mean([r.distance for r in multi if r.gpus == k]))
                              for k in sorted({r.gpus for r in multi})},
         "jobs_by_card_type": _by_card_type(recs),
+        "wait_by_gpus": _wait_by_gpus(recs),
     }
+
+
+def _wait_by_gpus(recs) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for k in sorted({r.gpus for r in recs}):
+        w = np.array([r.wait for r in recs if r.gpus == k])
+        out[str(k)] = {"jobs": int(len(w)), "mean_s": float(w.mean()), "p95_s": float(np.quantile(w, 0.95)),
+                       "max_s": float(w.max())}
+    return out
 
 
 def _by_card_type(recs) -> dict[str, dict[str, float]]:

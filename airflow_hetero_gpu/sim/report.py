@@ -129,11 +129,12 @@ def _cell(v: Any, metric: str) -> str:
     return str(v)
 
 
-TABLE_METRICS = ("wait_mean_s", "wait_p95_s", "makespan_s", "allocation_mean", "unallocated_while_waiting",
+TABLE_METRICS = ("wait_mean_s", "wait_p95_s", "wait_max_s", "makespan_s", "allocation_mean", "unallocated_while_waiting",
                  "distance_mean", "one_host_share", "spanning_jobs", "run_time_overhead", "decision_ms_mean")
 # shown, not ranked: a policy whose placements run slower holds GPUs longer, so a higher
 # allocation rate is not by itself better
-HEADINGS = {**{m: h for m, (_, _, h) in COMPARED.items()}, "spanning_jobs": "spanning", "allocation_mean": "alloc mean"}
+HEADINGS = {**{m: h for m, (_, _, h) in COMPARED.items()}, "spanning_jobs": "spanning", "allocation_mean": "alloc mean",
+            "wait_max_s": "wait max s"}
 
 
 def policy_rows(report: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -179,6 +180,30 @@ def comparison_lines(report: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def queue_label(settings: Mapping[str, Any]) -> str:
+    """``admission queue (aging 3600 s)``, ``fifo queue, backfill 16``, ``greedy queue``."""
+    q = settings.get("queue", "fifo")
+    if q == "admission":
+        aging = settings.get("aging_interval_s")
+        return f"admission queue ({f'aging {aging:g} s' if aging else 'no aging'})"
+    if q == "fifo":
+        return f"fifo queue, backfill {settings.get('backfill', 0)}"
+    return f"{q} queue"
+
+
+def wait_rows(report: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Queueing delay by job size: one row per policy, mean / p95 / max seconds per size."""
+    sizes = sorted({int(k) for p in report["policies"] for k in p["metrics"].get("wait_by_gpus", {})})
+    headers = ["policy", *(f"{k} GPU{'s' if k > 1 else ''} mean/p95/max s" for k in sizes)]
+    rows = []
+    for p in report["policies"]:
+        by = p["metrics"].get("wait_by_gpus", {})
+        rows.append([p["policy"], *(
+            "{:.1f} / {:.1f} / {:.1f}".format(by[str(k)]["mean_s"], by[str(k)]["p95_s"], by[str(k)]["max_s"])
+            if str(k) in by else "-" for k in sizes)])
+    return headers, rows
+
+
 def render_text(report: Mapping[str, Any]) -> str:
     """The report as plain text tables."""
     from airflow_hetero_gpu.cli_output import table
@@ -188,11 +213,13 @@ def render_text(report: Mapping[str, Any]) -> str:
     out = [
         f"trace: {t['source']} - {t['jobs']} jobs ({t.get('multi_gpu_jobs', '?')} multi-GPU), "
         f"arrivals compressed {t['time_scale']:.4g}x (offered load {t['offered_load']:.2f})",
-        f"cluster: {report['cluster']['hosts']} hosts, {report['cluster']['gpus']} GPUs; backfill {s['backfill']}, "
+        f"cluster: {report['cluster']['hosts']} hosts, {report['cluster']['gpus']} GPUs; {queue_label(s)}, "
         f"comm cost {s['comm_cost']}, spanning {s['span']}, seed {s['seed']}",
         "",
         table(*policy_rows(report)),
     ]
+    if any(p["metrics"].get("wait_by_gpus") for p in report["policies"]):
+        out += ["", "queueing delay by job size:", table(*wait_rows(report))]
     lines = comparison_lines(report)
     if lines:
         out += ["", f"{report['comparison']['subject']} against the other policies:", *lines]
@@ -209,4 +236,5 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str
     return "\n".join(lines)
 
 
-__all__ = ["COMPARED", "build_report", "compare", "render_text", "markdown_table", "weights_label"]
+__all__ = ["COMPARED", "build_report", "compare", "render_text", "markdown_table", "weights_label", "queue_label",
+           "wait_rows"]

@@ -10,6 +10,7 @@ simulator changes it (:meth:`allocate`, :meth:`release`).
 
 from __future__ import annotations
 
+import copy
 from functools import lru_cache
 from typing import Sequence
 
@@ -83,6 +84,16 @@ class ClusterView:
 
     def positions(self, keys: Sequence[tuple[str, int]]) -> np.ndarray:
         return np.fromiter((self.cluster.position[GpuKey(*k)] for k in keys), dtype=np.int64, count=len(keys))
+
+    def masked(self, free: np.ndarray) -> "ClusterView":
+        """A read-only copy that shows only ``free`` as free (the admission queue's view of a
+        job: claimed GPUs hidden, or held GPUs shown free when it plans a head's target)."""
+        v = copy.copy(self)
+        v.free = free
+        v.host_free = np.bincount(self.host_of[free], minlength=self.n_hosts).astype(np.int64)
+        v.model_free = np.bincount(self.host_model_id, weights=v.host_free,
+                                   minlength=len(self.models)).astype(np.int64)
+        return v
 
     # --- changes (the simulator's) ---------------------------------------------------------
     def allocate(self, job_id: str, keys: Sequence[tuple[str, int]]) -> np.ndarray:

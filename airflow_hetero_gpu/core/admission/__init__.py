@@ -1,0 +1,24 @@
+"""The queue's admission rule, pure: who of the waiting jobs starts now, and which GPUs are held
+for the heads (docs/queue.md).
+
+    result = admit(cluster, entries, now=time.time(), reserved=..., evicted=...)
+    for a in result.admitted: ...        # start a.job_id on a.gpus (a.decision is plan()'s)
+    for w in result.waiting: ...         # w.position, w.state, w.reason, w.claim (heads)
+
+Plain data in, plain data out: the ledger calls it inside the transaction that read the rows.
+"""
+
+from airflow_hetero_gpu.core.admission.rule import Admission, admit
+from airflow_hetero_gpu.core.admission.model import (
+    STATES, AdmissionResult, Admitted, Claim, QueueEntry, Waiting, describe_gpus,
+)
+from airflow_hetero_gpu.core.admission.order import (
+    DEFAULT_AGING_INTERVAL_S, effective_priority, ordered, passing_window_s, rank_key,
+)
+from airflow_hetero_gpu.core.admission.placer import Placement, Placer, PlannerPlacer
+
+__all__ = [
+    "Admission", "admit", "STATES", "AdmissionResult", "Admitted", "Claim", "QueueEntry", "Waiting",
+    "describe_gpus", "DEFAULT_AGING_INTERVAL_S", "effective_priority", "ordered", "passing_window_s",
+    "rank_key", "Placement", "Placer", "PlannerPlacer",
+]

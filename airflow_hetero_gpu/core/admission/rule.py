@@ -1,0 +1,189 @@
+"""One admission pass: which waiting jobs start now, and which GPUs are held for the heads.
+
+The rule (docs/queue.md has it with a worked example):
+
+1. The queue is walked in order (:mod:`~airflow_hetero_gpu.core.admission.order`: priority with
+   aging, then time enqueued).
+2. A job that no pool of the cluster as it is can ever hold (card type, task type, more GPUs than
+   a pool has healthy: the planner's primary filters) is **impossible**: reported with the
+   planner's reasons, it never claims and never blocks anyone.
+3. Every other job **starts now** when the planner places it on GPUs that are neither held (live
+   reservations, jobs admitted earlier in this pass) nor claimed for a head ahead of it; a head
+   whose claim is on one host takes only a one-host answer (it waits for a host, not spanning).
+4. A job that cannot start becomes the **head** of the pools it accepts that have no head yet and
+   gets a **claim** there (:mod:`~airflow_hetero_gpu.core.admission.claims`): the GPUs ``plan()``
+   gives it as if the jobs holding them had ended. No job behind it may start on a claimed GPU, so
+   backfill never delays a head. A pool has one head at a time; a job whose pools all have a head
+   waits behind them (it still starts at once wherever it fits outside the claims).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from airflow_hetero_gpu.core import filters
+from airflow_hetero_gpu.core.admission import reasons
+from airflow_hetero_gpu.core.admission.claims import claim_for
+from airflow_hetero_gpu.core.admission.model import Admitted, AdmissionResult, QueueEntry, Waiting
+from airflow_hetero_gpu.core.admission.order import (
+    DEFAULT_AGING_INTERVAL_S, check_aging, effective_priority, ordered,
+)
+from airflow_hetero_gpu.core.admission.passstate import PassState, Shape
+from airflow_hetero_gpu.core.admission.placer import Placer, PlannerPlacer
+from airflow_hetero_gpu.core.cluster import Cluster
+from airflow_hetero_gpu.core.config import ClusterConfig
+from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
+from airflow_hetero_gpu.core.planner import cluster_state
+from airflow_hetero_gpu.core.view import PoolView
+from airflow_hetero_gpu.errors import RequestError
+
+
+class Admission:
+    """Admission on one cluster with one set of evictions; :meth:`run` is one pass.
+
+    Build it once per cluster state (the ledger: once per transaction; the simulator: once per
+    run) and call :meth:`run` with the queue and the live reservations. ``placer`` defaults to
+    the planner (:class:`~airflow_hetero_gpu.core.admission.placer.PlannerPlacer`).
+    """
+
+    def __init__(self, cluster: Cluster, *, evicted: Mapping[GpuKey, Sequence[str]] | None = None,
+                 config: ClusterConfig | None = None, weights: Mapping[str, float] | None = None,
+                 aging_interval_s: float | None = DEFAULT_AGING_INTERVAL_S, placer: Placer | None = None) -> None:
+        self.cluster = cluster
+        self.config = (config or cluster.config).with_weights(weights)
+        self.evicted = {GpuKey(*k): tuple(v) for k, v in (evicted or {}).items()}
+        self.aging = check_aging(aging_interval_s)
+        self.placer = placer or PlannerPlacer(cluster, evicted=self.evicted, config=self.config)
+        self._base = cluster_state(cluster, PlanRequest(1), {}, self.evicted, self.config)
+        self.healthy = self._base.healthy  # healthy and not evicted
+        # loaded above the busy threshold by something the ledger does not know about (unless held)
+        self.loaded = cluster.base_load > self.config.thresholds.busy_utilization
+        # each host's pool, -1 for a host without GPUs or with GPUs in several pools
+        starts = cluster.host_start
+        has_gpus = np.diff(starts) > 0
+        first = np.full(len(cluster.hosts), -1, dtype=np.int64)
+        first[has_gpus] = cluster.pool_of[starts[:-1][has_gpus]]
+        mixed = np.zeros(len(cluster.hosts), dtype=bool)
+        np.logical_or.at(mixed, cluster.host_of, cluster.pool_of != first[cluster.host_of])
+        self.host_pool = np.where(mixed, -1, first)
+        self._accepts: dict[PlanRequest, tuple[np.ndarray, dict[str, str]]] = {}
+
+    def accepts(self, request: PlanRequest) -> tuple[np.ndarray, dict[str, str]]:
+        """Which pools pass the planner's primary filters for ``request`` (a mask over
+        ``cluster.pools``), and the first failing filter's reason for the others. Depends only on
+        the cluster and the evictions, so it is cached for the life of this object."""
+        hit = self._accepts.get(request)
+        if hit is None:
+            state = dataclasses.replace(self._base, request=request)
+            ok = np.zeros(len(self.cluster.pools), dtype=bool)
+            why: dict[str, str] = {}
+            for i, pool in enumerate(self.cluster.pools):
+                view = PoolView(pool, state)
+                reason = next((r for r in (f(view) for f in filters.PRIMARY) if r is not None), None)
+                if reason is None:
+                    ok[i] = True
+                else:
+                    why[pool.id] = reason
+            hit = self._accepts[request] = (ok, why)
+        return hit
+
+    def run(self, queue: Sequence[QueueEntry], *, now: float, reserved: Mapping[GpuKey, str] | None = None,
+            reserved_mask: np.ndarray | None = None, explain: bool = True, in_order: bool = False) -> AdmissionResult:
+        """Decide who starts now and what is claimed for the heads.
+
+        ``reserved`` maps GPUs held by live reservations to their job id; ``reserved_mask``
+        (optional) is the same as a boolean mask over ``cluster.gpus`` (then ``reserved`` only
+        names holders). ``explain=False`` skips the reasons and lists only heads and impossible
+        entries in ``waiting`` (the simulator). ``in_order=True``: the caller passes the queue
+        already in queue order (the simulator keeps it sorted; nothing checks it).
+        """
+        if isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now):
+            raise RequestError(f"now: expected seconds, got {now!r}")
+        entries = list(queue) if in_order else ordered(queue, self.aging)
+        p = PassState(self, reserved, reserved_mask)
+        shapes: dict[int, Shape] = {}  # id(request) -> what this pass learnt about it
+        by_value: dict[PlanRequest, Shape] = {}
+        admitted: list[Admitted] = []
+        waiting: list[tuple] = []  # (position, entry, state, claim, shape, heads it waits behind)
+        position = 0  # among the jobs that keep waiting
+        # without reasons the walk may stop once nothing behind can start or claim: every request
+        # still to come is known dead and no entry still to come holds a claim
+        unseen = set() if explain else {id(e.request) for e in entries}
+        claims_left = 0 if explain else sum(1 for e in entries if e.claim)
+        live: set[int] = set()  # ids of the shapes seen that are not dead (impossible ones stay)
+        for rank, entry in enumerate(entries, 1):
+            shape = shapes.get(id(entry.request))
+            if shape is None:
+                shape = by_value.get(entry.request)
+                if shape is None:
+                    shape = by_value[entry.request] = Shape(entry.request, *self.accepts(entry.request))
+                shapes[id(entry.request)] = shape
+                if not explain:
+                    unseen.discard(id(entry.request))
+                    if not shape.dead:
+                        live.add(id(shape))
+            if not explain:
+                if entry.claim:
+                    claims_left -= 1
+                elif not unseen and not live and not claims_left:
+                    break
+            if shape.dead and not entry.claim:
+                position += 1
+                if explain:
+                    waiting.append((position, entry, "waiting", None, shape, p.heads_for(shape.ok)))
+                continue
+            if not shape.ok.any():
+                position += 1
+                waiting.append((position, entry, "impossible", None, shape, []))
+                continue
+            placement = p.try_start(entry, shape)
+            if placement is not None:
+                p.admit(entry.job_id, placement.gpus)
+                pool = placement.pool or self.cluster.pool_of_gpu(placement.gpus[0]).id
+                decision = placement.result.decision if placement.result is not None else None
+                admitted.append(Admitted(entry.job_id, rank, tuple(placement.gpus), pool, decision))
+                continue
+            position += 1
+            claim = claim_for(p, entry, shape)
+            if claim is not None:
+                waiting.append((position, entry, "head", claim, shape, []))
+                continue
+            shape.dead = True  # for good in this pass: held and claimed GPUs only grow
+            live.discard(id(shape))
+            if explain:
+                waiting.append((position, entry, "waiting", None, shape, p.heads_for(shape.ok)))
+        return self._result(now, entries, admitted, waiting, p, explain)
+
+    def _result(self, now: float, entries, admitted, waiting, p: PassState, explain: bool) -> AdmissionResult:
+        out: list[Waiting] = []
+        pool_ids = [pool.id for pool in self.cluster.pools]
+        ahead = np.zeros(len(pool_ids), dtype=np.int64)  # waiting jobs so far that accept each pool
+        for position, entry, state, claim, shape, heads in waiting:
+            text = ""
+            if explain:
+                if state == "impossible":
+                    text = reasons.impossible(entry.request, shape.rejected)
+                elif state == "head":
+                    text = reasons.head(position, claim)
+                else:
+                    single = pool_ids[int(np.flatnonzero(shape.ok)[0])] if int(shape.ok.sum()) == 1 else None
+                    pool_pos = int(ahead[shape.ok].max()) + 1 if single else None
+                    text = reasons.waiting(position, heads, single, pool_pos, shape.why_not, shape.no_target)
+                if state != "impossible":
+                    ahead[shape.ok] += 1
+            out.append(Waiting(entry.job_id, position, state, text, effective_priority(entry, now, self.aging),
+                               claim, tuple(h.job_id for h in heads)))
+        return AdmissionResult(now, admitted, out, entries)
+
+
+def admit(cluster: Cluster, queue: Sequence[QueueEntry], *, now: float,
+          reserved: Mapping[GpuKey, str] | None = None, evicted: Mapping[GpuKey, Sequence[str]] | None = None,
+          config: ClusterConfig | None = None, weights: Mapping[str, float] | None = None,
+          aging_interval_s: float | None = DEFAULT_AGING_INTERVAL_S, explain: bool = True) -> AdmissionResult:
+    """One admission pass with the planner (the product's call): see :class:`Admission`."""
+    adm = Admission(cluster, evicted=evicted, config=config, weights=weights, aging_interval_s=aging_interval_s)
+    return adm.run(queue, now=now, reserved=reserved, explain=explain)

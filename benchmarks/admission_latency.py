@@ -1,0 +1,159 @@
+"""Latency of one admission pass: 100 waiting jobs on a 10,000-GPU cluster, against one plan().
+
+The cluster is ``plan_latency.py``'s synthetic one (hosts of 8 with real wirings, four card types,
+task-type rules, ~40 % of the GPUs loaded from outside the ledger, ~1 % unhealthy, racks under
+leaves under spines). Live reservations then hold 98 % of the remaining usable GPUs, in jobs of
+1, 2, 4 or 8 GPUs on one host. The queue: 100 jobs of 1 (40 %), 2, 4, 8 (15 % each) and 16 GPUs
+(15 %), a third of them for one card type, priorities 0-2, enqueued over the last hour.
+
+Three timings, median and p95 of ``--repeat`` runs each (after one warm-up):
+
+* ``plan``: one ``plan()`` call for an 8-GPU job with the same reservations, as the operator
+  calls it (a ``{GPU: job}`` mapping; the baseline), and with them as a mask (the fast path the
+  admission pass uses for its placer calls);
+* ``first pass``: ``Admission(...)`` built and run on the queue with no claims yet;
+* ``steady pass``: the next write: the jobs the first pass admitted now hold their GPUs, the
+  others wait with the claims it made (kept, so the heads are not planned again).
+
+    python benchmarks/admission_latency.py [--gpus 10000] [--jobs 100] [--repeat 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import platform
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from plan_latency import KINDS, p95, synthetic_cluster  # noqa: E402
+
+from airflow_hetero_gpu.core.admission import Admission, QueueEntry  # noqa: E402
+from airflow_hetero_gpu.core.model import GpuKey, PlanRequest  # noqa: E402
+from airflow_hetero_gpu.core.planner import cluster_state, plan  # noqa: E402
+
+
+def timed(fn, repeat: int) -> tuple[list[float], list[float]]:
+    """Wall and CPU seconds of ``repeat`` calls after one warm-up (CPU time says what a call costs
+    when the machine is shared; wall time what a caller waits)."""
+    fn()
+    wall, cpu = [], []
+    gc.disable()
+    try:
+        for _ in range(repeat):
+            t0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+    finally:
+        gc.enable()
+    return wall, cpu
+
+
+def reservations(cluster, share: float, seed: int = 11) -> dict[GpuKey, str]:
+    """Running jobs of 1, 2, 4 or 8 GPUs, each on one host, holding ``share`` of the usable GPUs."""
+    rng = random.Random(seed)
+    state = cluster_state(cluster, PlanRequest(1))
+    free: dict[str, list[int]] = {}
+    for p in np.flatnonzero(state.available).tolist():
+        g = cluster.gpus[p]
+        free.setdefault(g.host, []).append(g.index)
+    target = int(share * int(state.available.sum()))
+    held: dict[GpuKey, str] = {}
+    hosts = sorted(free)
+    n = 0
+    while len(held) < target:
+        host = rng.choice(hosts)
+        k = min(rng.choice((1, 1, 2, 4, 8)), len(free[host]))
+        if k == 0:
+            continue
+        for i in free[host][:k]:
+            held[GpuKey(host, i)] = f"run-{n}"
+        free[host] = free[host][k:]
+        n += 1
+    return held
+
+
+def queue(n: int, seed: int = 5) -> list[QueueEntry]:
+    rng = random.Random(seed)
+    types = [None, None, KINDS[0][0], KINDS[1][0], KINDS[3][0]]
+    out = []
+    for i in range(n):
+        k = rng.choices((1, 2, 4, 8, 16), weights=(40, 15, 15, 15, 15))[0]
+        out.append(QueueEntry(f"wait-{i}", PlanRequest(k, rng.choice(types)), rng.choice((0, 0, 1, 2)),
+                              rng.uniform(0, 3600)))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpus", type=int, default=10_000)
+    ap.add_argument("--jobs", type=int, default=100)
+    ap.add_argument("--repeat", type=int, default=20)
+    args = ap.parse_args()
+    cluster = synthetic_cluster(args.gpus)
+    held = reservations(cluster, 0.98)
+    entries = queue(args.jobs)
+    now = 3600.0
+
+    calls = {"n": 0}
+
+    def counted(adm: Admission) -> Admission:
+        inner = adm.placer
+
+        def placer(*a, **kw):
+            calls["n"] += 1
+            return inner(*a, **kw)
+
+        adm.placer = placer
+        return adm
+
+    first = Admission(cluster).run(entries, now=now, reserved=held)
+    # the next write: the admitted jobs run, the others wait with the claims the first pass made
+    held2 = {**held, **{k: a.job_id for a in first.admitted for k in a.gpus}}
+    claimed = {j: c.gpus for j, c in first.claims.items()}
+    started = {a.job_id for a in first.admitted}
+    steady_queue = [dataclasses.replace(e, claim=claimed.get(e.job_id, ())) for e in entries if e.job_id not in started]
+    steady = Admission(cluster).run(steady_queue, now=now, reserved=held2)
+    calls["n"] = 0
+    counted(Admission(cluster)).run(entries, now=now, reserved=held)
+    first_calls = calls["n"]
+    calls["n"] = 0
+    counted(Admission(cluster)).run(steady_queue, now=now, reserved=held2)
+    steady_calls = calls["n"]
+
+    req = PlanRequest(8)
+    mask = np.zeros(len(cluster.gpus), dtype=bool)
+    mask[[cluster.position[k] for k in held]] = True
+    t_plan = timed(lambda: plan(cluster, req, reserved=held), args.repeat)
+    t_mask = timed(lambda: plan(cluster, req, reserved=held, reserved_mask=mask), args.repeat)
+    t_first = timed(lambda: Admission(cluster).run(entries, now=now, reserved=held), args.repeat)
+    t_steady = timed(lambda: Admission(cluster).run(steady_queue, now=now, reserved=held2), args.repeat)
+
+    states = {s: sum(1 for w in steady.waiting if w.state == s) for s in ("head", "waiting", "impossible")}
+    print(f"python {platform.python_version()} on {platform.machine()}, repeat {args.repeat}, times in ms")
+    print(f"{len(cluster.gpus)} GPUs in {len(cluster.pools)} pools, {len(held)} held by running jobs; "
+          f"{len(entries)} waiting: the first pass admits {len(first.admitted)}; the steady pass admits "
+          f"{len(steady.admitted)}, {states['head']} heads, {states['waiting']} waiting, "
+          f"{states['impossible']} impossible, {sum(1 for w in steady.waiting if w.claim and w.claim.kept)} "
+          f"claims kept")
+    mp, mc = statistics.median(t_plan[0]), statistics.median(t_plan[1])
+    print(f"{'':>14} {'wall p50':>9} {'wall p95':>9} {'x plan':>7} {'CPU p50':>8} {'CPU p95':>8} {'x plan':>7} "
+          f"{'placer calls':>13}")
+    for name, (w, c), n in (("plan (k=8)", t_plan, 1), ("plan, mask", t_mask, 1), ("first pass", t_first, first_calls),
+                            ("steady pass", t_steady, steady_calls)):
+        mw, mcpu = statistics.median(w), statistics.median(c)
+        print(f"{name:>14} {mw * 1e3:>9.2f} {p95(w) * 1e3:>9.2f} {mw / mp:>7.1f} {mcpu * 1e3:>8.2f} "
+              f"{p95(c) * 1e3:>8.2f} {mcpu / mc:>7.1f} {n:>13}")
+
+
+if __name__ == "__main__":
+    main()
