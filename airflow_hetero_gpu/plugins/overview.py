@@ -81,7 +81,9 @@ class Group:
 
 
 def _cell_title(host: str, g: Mapping[str, Any], down: bool) -> str:
-    title = f"{host} GPU{g['index']} {'(host unreachable) ' if down else ''}{g['state']}"
+    title = f"{host} GPU{g['unit']} {'(host unreachable) ' if down else ''}{g['state']}"
+    if g["held"]:
+        title += f" ({', '.join(g['held'])})"
     if g["reserved_by"]:
         title += f" \u00b7 job {g['reserved_by']}"
     if g["utilization"] is not None:
