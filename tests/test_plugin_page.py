@@ -392,3 +392,20 @@ def test_mig_instances_are_rows_of_their_own_and_an_nvlink_domain_is_named(tmp_p
     tray = render.render_host(pm, "nvl72-t00", hours=6)
     assert re.search(r"In NVLink domain <code>9c6f5af3-[0-9a-f-]+/1</code> with 3 other hosts", tray)
     assert "In NVLink domain" not in page  # an HGX host's NVSwitch is no multi-node domain
+
+
+def test_the_overview_groups_an_nvlink_domain_and_splits_a_partitioned_rack(tmp_path):
+    from airflow_hetero_gpu.testing.captures import write_capture_dir
+    from airflow_hetero_gpu.testing.demo import hgx_h100_hosts, nvl72_rack
+
+    hosts = hgx_h100_hosts(["h100-a"]) + nvl72_rack(trays=4, cliques=[1, 1, 2, 2])
+    cluster = load_cluster(write_capture_dir(tmp_path / "caps", hosts))
+    (top,) = overview.groups(model.build(cluster, [], [], now=NOW), tables.Query())  # no topology.conf
+    assert top.name == "(all hosts)" and [t.host for t in top.tiles] == ["h100-a"]
+    domains = {g.name: sorted(t.host for t in g.walk_tiles()) for g in top.children}
+    # two partitions of one rack: two domains of two trays each; the HGX host is in none
+    assert sorted(domains.values()) == [["nvl72-t00", "nvl72-t01"], ["nvl72-t02", "nvl72-t03"]]
+    assert all(n.startswith("NVLink domain 9c6f5af3-") for n in domains)
+    assert sorted(n.rsplit("/", 1)[1] for n in domains) == ["1", "2"]
+    html = render.render_page(model.build(cluster, [], [], now=NOW))
+    assert html.count('<div class="hg-group" data-group="NVLink domain 9c6f5af3-') == 2
