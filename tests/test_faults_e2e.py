@@ -261,8 +261,10 @@ def test_task_sigkilled_with_its_watchdogs_gone_the_next_try_sweeps_the_orphans(
     assert leftovers(job_id) != ""          # but the job's processes still run: orphans
 
     on_line, _ = _when(r"^$")
+    # the next try needs no short lease (only the killed try's had to run out): a long one keeps
+    # a loaded machine's late renewal from ending it
     proc, pump, lines, out, cfg = start_dag(airflow_home, two_hosts, tmp_path, "orph-next", on_line, gpu_count=4,
-                                            ledger_url=url, lease_seconds=9, job_id=job_id,
+                                            ledger_url=url, lease_seconds=120, job_id=job_id,
                                             script_args=["--epochs", "3"])
     finish(proc, pump)
     log = "".join(lines)

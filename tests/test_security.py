@@ -231,6 +231,15 @@ ALLOWED_SQL_TEXT = {
     "PRAGMA journal_mode = WAL",  # SQLite connection setup (db.py)
     "PRAGMA synchronous = NORMAL",
     "PRAGMA foreign_keys = ON",
+    # schema step 5 (schema.py): the MIG instance joins reservation_gpus' primary key; SQLite
+    # rebuilds the table, PostgreSQL alters the key. Constant text, no value from outside.
+    "ALTER TABLE reservation_gpus RENAME TO reservation_gpus_v4",
+    "DROP INDEX IF EXISTS ix_reservation_gpus_job_id",
+    "INSERT INTO reservation_gpus (host, gpu_index, job_id, slot, uuid, mig_instance) "
+    "SELECT host, gpu_index, job_id, slot, uuid, -1 FROM reservation_gpus_v4",
+    "DROP TABLE reservation_gpus_v4",
+    "ALTER TABLE reservation_gpus DROP CONSTRAINT pk_reservation_gpus",
+    "ALTER TABLE reservation_gpus ADD CONSTRAINT pk_reservation_gpus PRIMARY KEY (host, gpu_index, mig_instance)",
 }
 SQL_CALLS = {"text", "exec_driver_sql", "execute", "executescript", "literal_column"}
 

@@ -342,9 +342,10 @@ def _v5(conn: Connection) -> None:
             UniqueConstraint("job_id", "slot", name="uq_reservation_gpus_slot"),
         )
         rebuilt.create(conn)
+        assert WHOLE_GPU == -1  # the constant SQL below spells it
         conn.exec_driver_sql(
             "INSERT INTO reservation_gpus (host, gpu_index, job_id, slot, uuid, mig_instance) "
-            f"SELECT host, gpu_index, job_id, slot, uuid, {WHOLE_GPU} FROM reservation_gpus_v4")
+            "SELECT host, gpu_index, job_id, slot, uuid, -1 FROM reservation_gpus_v4")
         conn.exec_driver_sql("DROP TABLE reservation_gpus_v4")
         return
     conn.execute(AddColumn("reservation_gpus", Column("mig_instance", Integer, nullable=False,
