@@ -20,8 +20,12 @@ system-demo:
 system-test:
 	@scripts/bootstrap.sh system test
 
+# two test processes (pytest-xdist; TEST_WORKERS=0 runs in one), then the tests marked serial
+# alone: they stop every orphaned training process on the machine, other tests' jobs among them
+TEST_WORKERS ?= 2
 test: system-test $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not serial"
+	$(PY) -m pytest -q -m serial
 
 # the retraining DAG on an emulated five-host cluster (real sshd, or the embedded SSH server
 # where sshd cannot be installed; real torchrun on CPU)

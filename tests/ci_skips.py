@@ -53,7 +53,8 @@ def in_ci() -> bool:
 
 def skip_reason(longrepr: object) -> str:
     """The reason of a skip report (``(path, line, "Skipped: reason")`` or a plain string)."""
-    text = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    # a tuple, or a list once a pytest-xdist worker has sent the report to the controller
+    text = longrepr[2] if isinstance(longrepr, (tuple, list)) and len(longrepr) == 3 else str(longrepr)
     return str(text).removeprefix("Skipped: ")
 
 
@@ -92,16 +93,21 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_make_collect_report(collector):
+def pytest_collectreport(report):
     """A module-level skip (``pytest.importorskip`` at import) skips a whole module while it is
     collected. Failing the collection would stop the whole run, so the module stays skipped, is
-    listed at the end, and the run's exit status is set to "tests failed"."""
-    report = yield
+    listed at the end, and the run's exit status is set to "tests failed". (With pytest-xdist the
+    workers send their skipped collection reports to the controller, which calls this hook too.)"""
     text = _main_path_skip(report)
     if text is not None:
-        collector.config.stash.setdefault(_COLLECTION_SKIPS, []).append((report.nodeid, text))
-    return report
+        _CONFIG[0].stash.setdefault(_COLLECTION_SKIPS, []).append((report.nodeid, text))
+
+
+_CONFIG: list = []
+
+
+def pytest_configure(config):
+    _CONFIG[:] = [config]
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -51,7 +51,8 @@ def test_never_collected():
 '''
 
 
-def _run(tmp_path: Path, files: dict[str, str], ci: str | None) -> tuple[int, str, dict[str, str]]:
+def _run(tmp_path: Path, files: dict[str, str], ci: str | None,
+         workers: int = 0) -> tuple[int, str, dict[str, str]]:
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     (tmp_path / "conftest.py").write_text('pytest_plugins = ("ci_skips",)\n')
@@ -62,7 +63,7 @@ def _run(tmp_path: Path, files: dict[str, str], ci: str | None) -> tuple[int, st
     junit = tmp_path / "junit.xml"
     r = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
-         "--junitxml", str(junit), str(tmp_path)],
+         *(["-n", str(workers)] if workers else []), "--junitxml", str(junit), str(tmp_path)],
         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=180)
     outcomes: dict[str, str] = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
@@ -79,8 +80,9 @@ def test_outside_ci_every_skip_stays_a_skip(tmp_path):
     assert "main-path" not in out
 
 
-def test_under_ci_a_main_path_skip_fails_with_its_reason(tmp_path):
-    code, out, outcomes = _run(tmp_path, {"test_cases.py": TESTS}, ci="true")
+@pytest.mark.parametrize("workers", [0, 2], ids=["one-process", "xdist-2"])  # make test runs with -n 2
+def test_under_ci_a_main_path_skip_fails_with_its_reason(tmp_path, workers):
+    code, out, outcomes = _run(tmp_path, {"test_cases.py": TESTS}, ci="true", workers=workers)
     assert code == 1, out
     assert outcomes["test_passes"] == "passed"
     # skip() in the test body and a skipif mark (setup) both become failures
@@ -95,10 +97,11 @@ def test_under_ci_a_main_path_skip_fails_with_its_reason(tmp_path):
     assert "because the browser (Chromium, Playwright) is missing: no Chromium at /usr/bin/chromium" in out
 
 
+@pytest.mark.parametrize("workers", [0, 2], ids=["one-process", "xdist-2"])
 @pytest.mark.parametrize("ci, expected_code", [(None, 0), ("false", 0), ("true", 1), ("1", 1)])
-def test_a_module_level_skip_fails_the_run_under_ci_only(tmp_path, ci, expected_code):
+def test_a_module_level_skip_fails_the_run_under_ci_only(tmp_path, ci, expected_code, workers):
     code, out, _ = _run(tmp_path, {"test_module_skip.py": MODULE_SKIP, "test_ok.py": "def test_ok():\n    pass\n"},
-                        ci=ci)
+                        ci=ci, workers=workers)
     assert code == expected_code, out
     named = "test_module_skip.py - CI=true: a main-path test skipped because a Python package" in out
     assert named == (expected_code == 1), out

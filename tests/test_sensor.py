@@ -210,6 +210,7 @@ def _marked(job_id: str) -> int:
     return len(procs.with_env("HETERO_GPU_JOB_ID", job_id))
 
 
+@pytest.mark.serial  # the sweep stops every orphaned job of the machine, other tests' too
 def test_watch_stops_processes_of_jobs_without_a_reservation(fleet, capfd):
     """With sweep_orphans, each check stops on every host the processes of jobs the ledger has
     no live reservation for, and leaves the processes of live jobs alone; without it (the
