@@ -170,6 +170,6 @@ def test_concurrent_first_use_creates_the_schema_once(ledger_db_url):  # noqa: F
         engine = create_engine(parse_url(ledger_db_url))
         try:
             with engine.connect() as conn:
-                assert conn.execute(select(schema.schema_version.c.version)).scalars().all() == [1, 2, 3, 4, 5]
+                assert conn.execute(select(schema.schema_version.c.version)).scalars().all() == [1, 2, 3, 4, 5, 6]
         finally:
             engine.dispose()
