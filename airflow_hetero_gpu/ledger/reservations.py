@@ -69,7 +69,7 @@ class ReservationsMixin:
                 if ident is not None:
                     values.update(ident.to_json())
                 conn.execute(update(res_t).where(res_t.c.job_id == job_id).values(**values))
-                return _existing_result(res, cluster, request)
+                return existing_result(res, cluster, request)
             # GPUs claimed for the queue's heads are not given out past the queue
             reserved = {**self._claimed_map(conn, but=job_id), **self._reserved_map(conn, now)}
             result = core_plan(cluster, request, reserved=reserved, evicted=self._evicted_map(conn), config=config)
@@ -297,8 +297,9 @@ def _reservation(rows: Sequence[Any]) -> Reservation:
     )
 
 
-def _existing_result(res: Reservation, cluster: Cluster, request: PlanRequest) -> PlanResult:
-    """A PlanResult whose decision is an existing reservation (no planning happened: no pool reports)."""
+def existing_result(res: Reservation, cluster: Cluster, request: PlanRequest) -> PlanResult:
+    """A PlanResult whose decision is an existing reservation (no planning happened: no pool reports):
+    a retried task's reservation, or one the queue admitted."""
     pool = cluster.pool_by_id.get(res.pool)
 
     def gpu(g: ReservedGpu) -> Gpu:
