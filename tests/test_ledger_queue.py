@@ -214,3 +214,50 @@ def test_an_eviction_moves_the_claim_and_a_readmission_admits(led, clock):
     led.record_check((free_host, 3), True, readmit_after=1)  # readmitted: the other host has 8 free
     gang = led.queue_entry("gang")
     assert gang.admitted and {GpuKey(*g).host for g in gang.admission["gpus"]} == {free_host}
+
+
+def _cli(capsys, *argv):
+    from airflow_hetero_gpu.cli import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_hetero_gpu_queue_shows_positions_the_claim_and_reasons(ledger_db_url, capsys, tmp_path):  # noqa: F811
+    import json
+
+    with Ledger.from_url(ledger_db_url) as led:
+        fill(led)
+        for i in range(15):
+            led.enqueue(f"s{i:02d}", PlanRequest(1), lease_seconds=LONG)
+            led.take_admission(f"s{i:02d}")
+        led.enqueue("big", PlanRequest(8, "A100*"), priority=2, lease_seconds=LONG)
+        led.enqueue("late", PlanRequest(1), lease_seconds=LONG)
+        claimed = set(led.queue_entry("big").claimed_gpus)
+    code, out, err = _cli(capsys, "queue", "--ledger", ledger_db_url)
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0].split()[:7] == ["POS", "JOB", "STATE", "PRIO", "ASKS", "WAITED", "CLAIM"]
+    big = next(line for line in lines if " big " in f" {line} ")
+    host = next(iter(claimed)).host
+    assert big.split()[:5] == ["1", "big", "head", "2", "8"] and f"{host} GPU 0-7 (7 held)" in big
+    assert "head of the queue: claims" in big
+    late = next(line for line in lines if " late " in f" {line} ")
+    assert late.split()[:3] == ["2", "late", "waiting"] and "behind big" in late
+    code, out, _ = _cli(capsys, "queue", "--ledger", ledger_db_url, "--json")
+    data = json.loads(out)
+    assert [e["job_id"] for e in data["entries"]] == ["big", "late"]
+    head = data["entries"][0]
+    assert head["standing"] == "head" and head["priority"] == 2 and head["waited_s"] >= 0
+    assert {GpuKey(*k) for k in head["claim"]["gpus"]} == claimed and len(head["claim"]["held_by"]) == 7
+
+
+def test_hetero_gpu_queue_on_a_missing_ledger_is_one_line_and_creates_nothing(tmp_path, capsys):
+    missing = tmp_path / "typo.db"
+    code, out, err = _cli(capsys, "queue", "--ledger", str(missing))
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "no ledger at" in err
+    assert not missing.exists()
+    Ledger.from_url(str(tmp_path / "empty.db")).close()
+    code, out, _ = _cli(capsys, "queue", "--ledger", str(tmp_path / "empty.db"))
+    assert code == 0 and "(nobody waits)" in out
