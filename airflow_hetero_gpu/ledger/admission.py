@@ -19,6 +19,7 @@ file) writes that reason on the waiting entries and never fails the write that c
 from __future__ import annotations
 
 import hashlib
+import threading
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -39,11 +40,22 @@ NO_INVENTORY = ("not considered yet: the ledger holds no inventory (fill it with
 
 
 class ClusterCache:
-    """The planner's cluster of the stored inventory, rebuilt only when a collection changed it."""
+    """The planner's cluster of the stored inventory, rebuilt only when a collection changed it.
+
+    One per ledger URL in a process. Parsing a large inventory takes a while, so the writes that
+    run passes most (release, enqueue, renew, leave) :meth:`warm` it in a read transaction before
+    they take the ledger lock; under the lock :meth:`get` then only compares the version.
+    """
 
     def __init__(self) -> None:
         self._key: Any = None
         self._cluster: Cluster | None = None
+        self._lock = threading.Lock()
+
+    def warm(self, conn: Connection, now: datetime) -> None:
+        """Build the cluster now, outside the ledger lock, when someone waits and it is stale."""
+        if conn.execute(select(q_t.c.job_id).where(q_t.c.state == WAITING).limit(1)).first() is not None:
+            self.get(conn, now)
 
     def get(self, conn: Connection, now: datetime) -> Cluster | None:
         from airflow_hetero_gpu.core.config import ClusterConfig, config_from_text
@@ -53,16 +65,28 @@ class ClusterCache:
         files = inventory.read_fleet_files(conn)
         digest = hashlib.sha256(repr(sorted(files.items())).encode()).hexdigest()
         key = (inventory.version(conn), digest)
-        if key == self._key and self._cluster is not None:
-            return self._cluster
+        with self._lock:
+            if key == self._key and self._cluster is not None:
+                return self._cluster
         if not inventory.has_inventory(conn):
             return None
         stored = StoredInventory(inventory.read_hosts(conn), files, now)
         text = files.get("cluster.yaml")
         config = config_from_text(text, "ledger inventory file cluster.yaml") if text else ClusterConfig()
         cluster = cluster_from_captures(stored.captures(), config, xid_rule=XIDS_FROM_LEDGER)
-        self._key, self._cluster = key, cluster
+        with self._lock:
+            self._key, self._cluster = key, cluster
         return cluster
+
+
+_CACHES: dict[str, ClusterCache] = {}
+_CACHES_LOCK = threading.Lock()
+
+
+def cluster_cache(url: str) -> ClusterCache:
+    """The process's cache of the stored inventory's cluster for the ledger at ``url``."""
+    with _CACHES_LOCK:
+        return _CACHES.setdefault(url, ClusterCache())
 
 
 def waiting_rows(conn: Connection) -> list[Any]:

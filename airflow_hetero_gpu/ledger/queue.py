@@ -108,10 +108,16 @@ class QueueMixin:
 
     @property
     def _queue_clusters(self) -> ClusterCache:
-        cache = self.__dict__.get("_queue_cluster_cache")
-        if cache is None:
-            cache = self.__dict__["_queue_cluster_cache"] = ClusterCache()
-        return cache
+        from airflow_hetero_gpu.ledger.url import is_memory
+
+        key = self.url.render_as_string(hide_password=False)
+        return admission.cluster_cache(f"{key}#{id(self)}" if is_memory(self.url) else key)
+
+    def _warm_admission(self) -> None:
+        """Parse the stored inventory for the next pass before taking the ledger lock (only when
+        someone waits and the inventory changed since this process last parsed it)."""
+        with self._read("read the inventory for the queue") as (conn, now):
+            self._queue_clusters.warm(conn, now)
 
     # --- writing -------------------------------------------------------------------------------
     def enqueue(self, job_id: str, request: PlanRequest, *, priority: int = 0,
@@ -135,6 +141,7 @@ class QueueMixin:
         ident = TaskIdentity.coerce(identity)
         values: dict[str, Any] = {"request": request.to_json(), "priority": priority,
                                   "lease_seconds": lease.total_seconds(), **(ident.to_json() if ident else {})}
+        self._warm_admission()
         with self._write(f"enqueue job {job_id!r}") as (conn, now):
             self._expire(conn, now, admit=False)
             held = conn.execute(select(res_t.c.request).where(res_t.c.job_id == job_id)).first()
@@ -159,6 +166,7 @@ class QueueMixin:
         """Extend the entry's lease (and, once admitted, its reservation's) to now + ``lease_seconds``
         (default: the lease it was enqueued with). :class:`NoQueueEntry` when the entry is gone."""
         job_id = check_job_id(job_id)
+        self._warm_admission()
         with self._write(f"renew the queue entry of job {job_id!r}") as (conn, now):
             self._expire(conn, now)
             row = conn.execute(select(q_t).where(q_t.c.job_id == job_id)).first()
@@ -196,6 +204,7 @@ class QueueMixin:
         whether it had an entry. An admission it did not take is released too (unless
         ``release_admitted`` is False). Runs an admission pass: a head's claim goes with it."""
         job_id = check_job_id(job_id)
+        self._warm_admission()
         with self._write(f"leave the queue: job {job_id!r}") as (conn, now):
             self._expire(conn, now, admit=False)
             row = conn.execute(select(q_t.c.state).where(q_t.c.job_id == job_id)).first()

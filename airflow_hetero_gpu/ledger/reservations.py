@@ -114,6 +114,7 @@ class ReservationsMixin:
     def release(self, job_id: str) -> bool:
         """Free the job's GPUs. Idempotent: returns whether a live reservation was freed."""
         job_id = check_job_id(job_id)
+        self._warm_admission()
         with self._write(f"release job {job_id!r}") as (conn, now):
             self._expire(conn, now, admit=False)
             conn.execute(delete(gpu_t).where(gpu_t.c.job_id == job_id))
