@@ -107,6 +107,13 @@ class QueueWait:
         except LedgerError as err:  # unreachable or busy: the task's retries apply
             raise AirflowException(str(err)) from None
         op._waiting_job = None
+        outside = sorted(set(res.hosts) - set(op.hook.hosts))
+        if outside:  # the queue places on every host of the ledger's inventory: one ledger per fleet
+            op._release(self.job_id)
+            raise self.placement._fail(
+                f"job {self.job_id}: the ledger's queue admitted it on {', '.join(outside)}, which its ssh_conn_ids "
+                f"do not name; the queue places on every host of the ledger's inventory, so give the task "
+                f"every host of it (or a ledger of its own fleet)")
         cluster = self.placement.cluster or self.placement.current_cluster()
         result = existing_result(res, cluster, self.placement.request)
         self.log.info("job %s: admitted from the queue; placement:\n%s", self.job_id, render_plan(result))
