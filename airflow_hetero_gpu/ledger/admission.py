@@ -23,7 +23,7 @@ import threading
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.engine import Connection
 
 from airflow_hetero_gpu.core.admission import Admission, AdmissionResult, QueueEntry
@@ -137,11 +137,16 @@ def run_pass(ledger: Any, conn: Connection, now: datetime) -> AdmissionResult | 
             state=ADMITTED, admitted_at=now, admission=a.to_json(), checked_at=now, position=None,
             standing=None, reason=f"admitted: {a.pool} on {_gpus(a)}", claim=None,
             renewed_at=now, expires_at=now + lease))
-    for w in result.waiting:
-        conn.execute(update(q_t).where(q_t.c.job_id == w.job_id).values(
-            checked_at=now, position=w.position, standing=w.state, reason=w.reason,
-            claim=w.claim.to_json() if w.claim else None))
+    if result.waiting:  # one statement for every waiting entry (executemany)
+        conn.execute(_STANDING, [{"b_job": w.job_id, "b_now": now, "b_position": w.position, "b_standing": w.state,
+                                  "b_reason": w.reason, "b_claim": w.claim.to_json() if w.claim else None}
+                                 for w in result.waiting])
     return result
+
+
+_STANDING = update(q_t).where(q_t.c.job_id == bindparam("b_job")).values(
+    checked_at=bindparam("b_now"), position=bindparam("b_position"), standing=bindparam("b_standing"),
+    reason=bindparam("b_reason"), claim=bindparam("b_claim", type_=q_t.c.claim.type))
 
 
 def _gpus(a: Any) -> str:

@@ -188,7 +188,8 @@ class ReservationsMixin:
             .join(res_t, res_t.c.job_id == gpu_t.c.job_id)
             .where(res_t.c.expires_at > now)
         )
-        return {GpuKey(r.host, r.gpu_index, instance_of(r.mig_instance)): r.job_id for r in conn.execute(stmt)}
+        return {GpuKey(host, index, instance_of(instance)): job
+                for host, index, instance, job in conn.execute(stmt).tuples()}
 
     # --- replacement (S12) ----------------------------------------------------------------------
     def replace(
