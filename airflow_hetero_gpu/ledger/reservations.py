@@ -189,7 +189,7 @@ class ReservationsMixin:
             .where(res_t.c.expires_at > now)
         )
         return {GpuKey(host, index, instance_of(instance)): job
-                for host, index, instance, job in conn.execute(stmt).tuples()}
+                for host, index, instance, job in conn.execute(stmt)}
 
     # --- replacement (S12) ----------------------------------------------------------------------
     def replace(
