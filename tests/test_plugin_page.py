@@ -387,3 +387,49 @@ def test_the_cli_the_health_watch_and_the_page_count_pools_alike(sample, capsys)
     assert cli == page
     for row in watch.pool_counts(sample):
         assert row == {k: page[row["pool"]][k] for k in ("pool", "gpus", "healthy", "evicted", "available")}
+
+
+# --- MIG instances and multi-node NVLink domains ----------------------------------------------------
+def test_mig_instances_are_rows_of_their_own_and_an_nvlink_domain_is_named(tmp_path):
+    from airflow_hetero_gpu.testing.captures import write_capture_dir
+    from airflow_hetero_gpu.testing.demo import enable_mig, hgx_h100_hosts, nvl72_rack
+
+    hosts = hgx_h100_hosts(["h100-a"]) + nvl72_rack(trays=4)
+    enable_mig(hosts[0], 0)
+    cluster = load_cluster(write_capture_dir(tmp_path / "caps", hosts))
+    slice_ = next(g for g in cluster.gpus if g.host == "h100-a" and g.instance == 2)
+    res = Reservation(
+        job_id="tiny-eval", pool="x", gpus=(ReservedGpu("h100-a", 0, slice_.uuid, 0, instance=2),),
+        score={"total": 1.0}, created_at=NOW, renewed_at=NOW, expires_at=NOW + timedelta(minutes=4), gpu_count=1,
+        identity=None)
+    pm = model.build(cluster, [res], [], now=NOW)
+    rows = {g["unit"]: g for g in pm.gpus if g["host"] == "h100-a"}
+    # the whole GPU is held (never handed out whole) and each instance is a unit with its own state
+    assert rows["0"]["held"] == ["mig-enabled"] and rows["0"]["reserved_by"] is None
+    assert (rows["0 MIG 2"]["state"], rows["0 MIG 2"]["reserved_by"]) == ("reserved", "tiny-eval")
+    assert {rows[f"0 MIG {i}"]["state"] for i in (0, 1, 3)} == {"available"}
+    page = render.render_host(pm, "h100-a", hours=6)
+    assert '<td class="hg-n">0 MIG 2</td><td><span class="hg-pill hg-state-reserved">' in page
+    assert "mig-enabled" in page
+    job = render.render_job(pm, "tiny-eval")
+    assert "h100-a:0 MIG 2" in job
+    tray = render.render_host(pm, "nvl72-t00", hours=6)
+    assert re.search(r"In NVLink domain <code>9c6f5af3-[0-9a-f-]+/1</code> with 3 other hosts", tray)
+    assert "In NVLink domain" not in page  # an HGX host's NVSwitch is no multi-node domain
+
+
+def test_the_overview_groups_an_nvlink_domain_and_splits_a_partitioned_rack(tmp_path):
+    from airflow_hetero_gpu.testing.captures import write_capture_dir
+    from airflow_hetero_gpu.testing.demo import hgx_h100_hosts, nvl72_rack
+
+    hosts = hgx_h100_hosts(["h100-a"]) + nvl72_rack(trays=4, cliques=[1, 1, 2, 2])
+    cluster = load_cluster(write_capture_dir(tmp_path / "caps", hosts))
+    (top,) = overview.groups(model.build(cluster, [], [], now=NOW), tables.Query())  # no topology.conf
+    assert top.name == "(all hosts)" and [t.host for t in top.tiles] == ["h100-a"]
+    domains = {g.name: sorted(t.host for t in g.walk_tiles()) for g in top.children}
+    # two partitions of one rack: two domains of two trays each; the HGX host is in none
+    assert sorted(domains.values()) == [["nvl72-t00", "nvl72-t01"], ["nvl72-t02", "nvl72-t03"]]
+    assert all(n.startswith("NVLink domain 9c6f5af3-") for n in domains)
+    assert sorted(n.rsplit("/", 1)[1] for n in domains) == ["1", "2"]
+    html = render.render_page(model.build(cluster, [], [], now=NOW))
+    assert html.count('<div class="hg-group" data-group="NVLink domain 9c6f5af3-') == 2

@@ -96,6 +96,12 @@ def run_path(dag_id: str, run_id: str) -> str:
     return f"/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}"
 
 
+def gpu_unit(index: int, instance: int | None) -> str:
+    """How the page names a schedulable unit: the GPU's index, or ``1 MIG 3`` for MIG device 3
+    of GPU 1 (as ``hetero-gpu inventory`` does)."""
+    return str(index) if instance is None else f"{index} MIG {instance}"
+
+
 def task_path(dag_id: str, run_id: str, task_id: str, map_index: int | None = None) -> str:
     path = f"{run_path(dag_id, run_id)}/tasks/{quote(task_id, safe='')}"
     if map_index is not None and map_index >= 0:
@@ -180,8 +186,10 @@ class HostView:
     error: str | None
     notes: list[str]
     gpus: list[dict[str, Any]]
-    switches: list[str]  # lowest tier first
+    switches: list[str]  # lowest tier first (an NVLink domain, when the host is in one, first)
     wiring: Any = None  # core.topology.HostWiring
+    nvlink_domain: str | None = None  # the multi-node NVLink domain (fabric cluster UUID/clique id)
+    nvlink_hosts: int = 0  # hosts in that domain
 
     @property
     def links(self) -> list[dict[str, Any]]:
@@ -203,6 +211,7 @@ class HostView:
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "error": self.error, "notes": list(self.notes), "gpus": len(self.gpus),
                 "card_types": sorted({g["name"] for g in self.gpus}), "switches": list(self.switches),
+                "nvlink_domain": self.nvlink_domain, "nvlink_hosts": self.nvlink_hosts,
                 "links": self.links}
 
 
@@ -336,18 +345,20 @@ def build(
     avail = state.available.tolist()
     by_host: dict[str, list[dict[str, Any]]] = {}
     for i, gpu in enumerate(cluster.gpus):
-        key = (gpu.host, gpu.index)
-        job = reserved.get(key)
-        ev = evicted.get(key)
+        job = reserved.get(gpu.key)  # a MIG instance is reserved by its own key (host, GPU, instance)
+        ev = evicted.get((gpu.host, gpu.index))  # an instance's fault evicts its whole GPU
         row = gpu.to_json()
         row.update(pool=pool_ids[pool_of[i]], load=round(load[i], 4), state=names[i], available=avail[i],
+                   unit=gpu_unit(gpu.index, gpu.instance), held=list(gpu.unschedulable),
                    reserved_by=job, job_label=labels.get(job) if job else None,
                    evicted=list(ev) if ev is not None else None)
         model.gpus.append(row)
         by_host.setdefault(gpu.host, []).append(row)
     errors, notes, net = cluster.host_errors, cluster.host_notes, cluster.net
     for host in cluster.hosts:
+        domain = net.domain_of.get(host)
         model.hosts.append(HostView(host, errors.get(host), list(notes.get(host, ())), by_host.get(host, []),
-                                    net.groups_of(host), cluster.wiring.get(host)))
+                                    net.groups_of(host), cluster.wiring.get(host), domain,
+                                    len(net.domains.get(domain, ())) if domain else 0))
     model.switches = _switch_tree(cluster)
     return model

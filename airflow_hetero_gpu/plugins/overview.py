@@ -7,7 +7,9 @@ row a hundred thousand pixels wide, and the labels keep their size.
 
 * **network**: the switch tree of ``topology.conf`` (``Cluster.net``): top-tier switches hold
   the switches below them, tier-1 switches (leaves) hold hosts; hosts under no switch form a
-  group of their own; without ``topology.conf`` one group holds every host;
+  group of their own; without ``topology.conf`` one group holds every host; the hosts of one
+  multi-node NVLink domain (the trays of an NVL72 rack) form a group of their own where its first
+  host hangs;
 * **pool**: one group per candidate pool, a tile per host showing that pool's GPUs only.
 
 The query's filters narrow the overview as they narrow the tables: a host or pool filter keeps
@@ -81,7 +83,9 @@ class Group:
 
 
 def _cell_title(host: str, g: Mapping[str, Any], down: bool) -> str:
-    title = f"{host} GPU{g['index']} {'(host unreachable) ' if down else ''}{g['state']}"
+    title = f"{host} GPU{g['unit']} {'(host unreachable) ' if down else ''}{g['state']}"
+    if g["held"]:
+        title += f" ({', '.join(g['held'])})"
     if g["reserved_by"]:
         title += f" \u00b7 job {g['reserved_by']}"
     if g["utilization"] is not None:
@@ -120,20 +124,41 @@ def network_groups(model: PageModel, q: Query) -> list[Group]:
         t = _tile(h, q)
         if t is not None:
             tiles[h.host] = t
+    # the hosts of one multi-node NVLink domain (an NVL72 rack's trays) form a group of their own,
+    # under the switch its first host hangs under
+    domain_of = {h.host: h.nvlink_domain for h in model.hosts if h.nvlink_domain and h.host in tiles}
+    domains: dict[str, Group] = {}
+    for h in model.hosts:
+        if h.host in domain_of:
+            d = domain_of[h.host]
+            domains.setdefault(d, Group(f"NVLink domain {d}", None)).tiles.append(tiles[h.host])
     by_name = {s["switch"]: Group(s["switch"], s["tier"]) for s in model.switches}
     roots: list[Group] = []
     placed: set[str] = set()
+    placed_domains: set[str] = set()
+
+    def place(host: str, into: list[Group], tiles_of: list[Tile]) -> None:
+        placed.add(host)
+        d = domain_of.get(host)
+        if d is None:
+            tiles_of.append(tiles[host])
+        elif d not in placed_domains:
+            placed_domains.add(d)
+            into.append(domains[d])
+
     for s in sorted(model.switches, key=lambda s: (-(s["tier"] or 0), s["switch"])):
         g = by_name[s["switch"]]
         for host in s["hosts"]:
             if host in tiles and host not in placed:
-                g.tiles.append(tiles[host])
-                placed.add(host)
+                place(host, g.children, g.tiles)
         parent = by_name.get(s["parent"]) if s["parent"] else None
         (parent.children if parent is not None else roots).append(g)
     for g in by_name.values():
         g.children.sort(key=lambda c: c.name)
-    rest = [t for h, t in tiles.items() if h not in placed]
+    rest: list[Tile] = []
+    for host in tiles:
+        if host not in placed:
+            place(host, roots, rest)
     if rest:
         roots.append(Group("(under no switch)", None, tiles=rest))
     return _prune(roots)
