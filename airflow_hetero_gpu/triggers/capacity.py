@@ -1,4 +1,4 @@
-"""CapacityTrigger: wait in the triggerer until a pool can host a job (kept for triggers serialized by earlier releases).
+"""CapacityTrigger: wait until a pool can host a job (the deferred wait of earlier releases).
 
 The operator now waits in the ledger's queue (:mod:`airflow_hetero_gpu.triggers.queue`); a
 deferred task of an earlier release still resumes through this trigger, then enqueues. It re-plans on an interval against the ledger's inventory of the job's fleet and its live
