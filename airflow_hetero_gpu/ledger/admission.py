@@ -19,6 +19,7 @@ file) writes that reason on the waiting entries and never fails the write that c
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 from datetime import datetime, timedelta
 from typing import Any
@@ -33,6 +34,8 @@ from airflow_hetero_gpu.errors import HeteroGpuError
 from airflow_hetero_gpu.ledger import inventory
 from airflow_hetero_gpu.ledger.records import TaskIdentity
 from airflow_hetero_gpu.ledger.schema import queue_entries as q_t
+
+log = logging.getLogger(__name__)
 
 WAITING, ADMITTED = "waiting", "admitted"
 NO_INVENTORY = ("not considered yet: the ledger holds no inventory (fill it with `hetero-gpu collect "
@@ -124,6 +127,10 @@ def run_pass(ledger: Any, conn: Connection, now: datetime) -> AdmissionResult | 
         result = adm.run([entry_of(r) for r in rows], now=now.timestamp(), reserved=reserved)
     except HeteroGpuError as err:  # a stored file that no longer parses: the queue waits, the write goes on
         _note_all(conn, now, rows, f"admission could not run: {err}")
+        return None
+    except Exception as err:  # noqa: BLE001 - a fault in the pass must not fail a release or a health check
+        log.exception("ledger: the admission pass failed; the queue waits for the next write")
+        _note_all(conn, now, rows, f"admission could not run: {type(err).__name__}: {err}")
         return None
     by_id = {r.job_id: r for r in rows}
     for a in result.admitted:
