@@ -38,7 +38,8 @@ PROVIDER_INFO: dict = {
     "triggers": [
         {
             "integration-name": "Heterogeneous GPU cluster",
-            "python-modules": ["airflow_hetero_gpu.triggers.gpu_health", "airflow_hetero_gpu.triggers.capacity"],
+            "python-modules": ["airflow_hetero_gpu.triggers.gpu_health", "airflow_hetero_gpu.triggers.capacity",
+                               "airflow_hetero_gpu.triggers.queue"],
         }
     ],
     "task-decorators": [

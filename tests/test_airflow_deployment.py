@@ -74,7 +74,7 @@ def _block_every_gpu(cluster, cfg) -> None:
 
 def test_triggerer_restarted_during_a_deferred_wait(airflow, fleet):
     """The task defers while another job holds every GPU; the triggerer is SIGKILLed and started
-    again; the new triggerer takes the trigger over from the database and keeps re-planning;
+    again; the new triggerer takes the trigger over from the database and keeps watching the queue entry;
     when the GPUs are released the task resumes on a worker, trains and succeeds."""
     cluster, _ = fleet
     cfg = airflow.cfg
@@ -89,7 +89,7 @@ def test_triggerer_restarted_during_a_deferred_wait(airflow, fleet):
     # the new triggerer takes the trigger over once the dead one's heartbeat is stale (10 s here)
     airflow.wait_for(lambda: owner() and owner()[0] not in (None, old), timeout=180,
                      what="trigger taken over by the new triggerer")
-    time.sleep(3)  # it re-plans there (every second) and still finds no room
+    time.sleep(3)  # it looks at the queue entry there (every second) and is not admitted
     assert airflow.task_state("hg_train_test", run_id, "train") == "deferred"
 
     with Ledger.from_url(cfg["ledger_url"]) as ledger:

@@ -60,14 +60,17 @@ def test_conn_id_is_the_argument_else_the_setting(monkeypatch, hook_args, settin
 
 
 def test_a_deferred_capacity_wait_names_the_ledger_connection_not_its_password(monkeypatch):
-    """With the ledger named by ``[hetero_gpu] ledger_conn_id``, the capacity trigger gets the
+    """With the ledger named by ``[hetero_gpu] ledger_conn_id``, the queue trigger gets the
     connection id (the triggerer resolves it), never the URL with the password: the trigger's
     arguments are stored in Airflow's metadata database."""
+    import time
+
     from airflow.sdk.exceptions import TaskDeferred
 
-    from airflow_hetero_gpu.core.model import PlanRequest, PlanResult
+    from airflow_hetero_gpu.core.model import PlanRequest
     from airflow_hetero_gpu.operators.hetero_train import HeteroTrainOperator
     from airflow_hetero_gpu.operators.placement import Placement
+    from airflow_hetero_gpu.operators.queue_wait import QueueWait
 
     monkeypatch.setenv("AIRFLOW_CONN_LEDGER_T", json.dumps(
         {"conn_type": "postgres", "host": "db.example", "login": "sched", "password": "s3cret-pw", "schema": "gpus"}))
@@ -76,7 +79,8 @@ def test_a_deferred_capacity_wait_names_the_ledger_connection_not_its_password(m
                              wait_for_capacity=True, deferrable=True)
     request = PlanRequest(2)
     with pytest.raises(TaskDeferred) as deferred:
-        Placement(op, {}, "job", request).wait(PlanResult(request, None, []))
-    _, kwargs = deferred.value.trigger.serialize()
+        QueueWait(Placement(op, {}, "job", request)).defer(time.time(), time.time() + 3600)
+    classpath, kwargs = deferred.value.trigger.serialize()
+    assert classpath == "airflow_hetero_gpu.triggers.queue.QueueTrigger" and kwargs["job_id"] == "job"
     assert (kwargs["ledger_conn_id"], kwargs["ledger_url"]) == ("ledger_t", None)
     assert "s3cret-pw" not in json.dumps(kwargs)

@@ -198,7 +198,7 @@ def test_readers_never_create_a_database(tmp_path, capsys, monkeypatch):
 def test_an_empty_ledger_says_how_to_fill_it(tmp_path, capsys):
     url = f"sqlite:///{tmp_path / 'l.db'}"
     code, out, _ = _run(capsys, "ledger", "init", url)
-    assert code == 0 and "schema version 5" in out
+    assert code == 0 and "schema version 6" in out
     for argv in (["plan", "--gpus", "1"], ["inventory"], ["captures", "export", "--out", str(tmp_path / "x")]):
         code, _, err = _run(capsys, *argv, "--ledger", url)
         assert code == 2 and "holds no inventory" in err and "hetero-gpu collect --ledger" in err, err
@@ -214,16 +214,16 @@ def test_an_old_ledger_is_refused_by_readers_and_upgraded_by_init(tmp_path, caps
     path = tmp_path / "old.db"
     Ledger.from_url(str(path)).close()
     engine = create_engine(f"sqlite:///{path}")
-    with engine.begin() as conn:  # pretend versions 4 and 5 were never applied (5 rebuilds reservation_gpus)
+    with engine.begin() as conn:  # pretend versions 4 to 6 were never applied (5 rebuilds reservation_gpus)
         conn.execute(delete(schema.schema_version).where(schema.schema_version.c.version >= 4))
         for name in ("inventory_hosts", "inventory_files", "collections", "host_samples", "gpu_events",
-                     "job_hosts", "watch_runs"):
+                     "job_hosts", "watch_runs", "queue_entries"):
             conn.exec_driver_sql(f"DROP TABLE {name}")
     engine.dispose()
     code, _, err = _run(capsys, "reservations", "--ledger", str(path))
     assert code == 2 and "schema version 3, older than" in err and "hetero-gpu ledger init" in err
     code, out, _ = _run(capsys, "ledger", "init", str(path))
-    assert code == 0 and "schema version 5" in out
+    assert code == 0 and "schema version 6" in out
     assert _run(capsys, "reservations", "--ledger", str(path))[0] == 0
 
 

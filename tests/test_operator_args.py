@@ -29,6 +29,9 @@ BASE = {"task_id": "t", "gpu_count": 2, "script": "train.py", "ssh_conn_ids": ["
         ({"lease_seconds": "long"}, "lease_seconds: expected a number of seconds >= 3, got 'long'"),
         ({"host_timeout": 0}, "host_timeout: expected a number of seconds >= 2, got 0"),
         ({"host_timeout": float("nan")}, "host_timeout: expected a number of seconds >= 2, got nan"),
+        ({"priority": "high"}, "priority: expected an integer (higher first), got 'high'"),
+        ({"priority": 1.5}, "priority: expected an integer (higher first), got 1.5"),
+        ({"priority": True}, "priority: expected an integer (higher first), got True"),
     ],
 )
 def test_bad_arguments_fail_without_retry(changes, message):

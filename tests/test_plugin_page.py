@@ -198,10 +198,10 @@ def test_an_unreachable_host_shows_unreachable_cells():
     assert 'class="hg-tile hg-tile-down" href="/hosts/down"' in html and "2 hosts unreachable" in html
 
 
-# --- the queue (a seam until the ledger keeps one) ---------------------------------------------------------
+# --- the queue ---------------------------------------------------------------------------------------------
 def test_queue_table_shows_position_priority_waited_and_reason(sample):
     html = render.render_page(model.build(sample, now=NOW))
-    assert "This ledger keeps no job queue" in html
+    assert "No ledger to read the queue from" in html
     queue = [model.QueueEntry("big-job", 1, 5, NOW - timedelta(minutes=12), "needs 16 available, has 12",
                               {"gpus": 16, "gpu_type": "A100*"}),
              model.QueueEntry("small-job", 2, 0, NOW - timedelta(seconds=40), "waits behind big-job", {"gpus": 1})]
@@ -210,7 +210,31 @@ def test_queue_table_shows_position_priority_waited_and_reason(sample):
     html = render.render_page(m)
     body = html.split('class="hg-queue"')[1].split("</table>")[0]
     assert re.search(r"<td class=\"hg-n\">1</td>.*big-job.*<td class=\"hg-n\">5</td>\s*<td>12 min</td>\s*"
-                     r"<td>16 GPUs of A100\*</td>\s*<td class=\"hg-wrap\">needs 16 available, has 12</td>", body, re.S)
+                     r"<td>16 GPUs of A100\*</td>\s*<td class=\"hg-wrap\"></td>\s*"
+                     r"<td class=\"hg-wrap\">needs 16 available, has 12</td>", body, re.S)
+    assert "2 jobs waiting" in html
+
+
+def test_the_page_shows_the_ledgers_queue_with_the_heads_claim(tmp_path):
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    with Ledger.from_url(url) as led:
+        led.record_health_check([HostRecord(s.name, True, host_files(s)) for s in small_hosts(2, gpus=8)],
+                                collector="test", judge=judge)
+        for i in range(15):
+            led.enqueue(f"small-{i}", PlanRequest(1), lease_seconds=3600)
+            led.take_admission(f"small-{i}")
+        led.enqueue("gang-8", PlanRequest(8), priority=1, lease_seconds=3600)
+        led.enqueue("late-1", PlanRequest(1), lease_seconds=3600)
+        claimed = led.queue_entry("gang-8").claimed_gpus
+    inputs = sources.read_inputs(None, sources.PageSettings(ledger_url=url))
+    assert [(q.job_id, q.position, q.state) for q in inputs.queue] == [("gang-8", 1, "head"), ("late-1", 2, "waiting")]
+    m = model.build(inputs.cluster, inputs.reservations, inputs.evictions, queue=inputs.queue, now=inputs.now)
+    html = render.render_page(m)
+    body = html.split('class="hg-queue"')[1].split("</table>")[0]
+    host = claimed[0].host
+    assert re.search(r"gang-8.*<td class=\"hg-n\">1</td>.*<td>8 GPUs</td>\s*<td class=\"hg-wrap\">"
+                     + host + r" GPU 0-7 \(7 held\)</td>\s*<td class=\"hg-wrap\">head of the queue: claims", body, re.S)
+    assert re.search(r"late-1.*<td class=\"hg-wrap\">2nd in the queue, 2nd for pool [^<]*behind gang-8", body, re.S)
     assert "2 jobs waiting" in html
 
 

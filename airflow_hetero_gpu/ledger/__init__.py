@@ -5,6 +5,7 @@ never Airflow's metadata database. See ``docs/ledger.md``.
 """
 
 from airflow_hetero_gpu.ledger.errors import LedgerError, LedgerUrlError, NoLiveReservation, ReservationConflict
+from airflow_hetero_gpu.ledger.queue import NoQueueEntry, QueueRecord
 from airflow_hetero_gpu.ledger.records import Eviction, Reservation, ReservedGpu, TaskIdentity
 from airflow_hetero_gpu.ledger.store import DEFAULT_LEASE_SECONDS, Ledger
 from airflow_hetero_gpu.ledger.url import default_url, parse_url
@@ -16,6 +17,8 @@ __all__ = [
     "LedgerError",
     "LedgerUrlError",
     "NoLiveReservation",
+    "NoQueueEntry",
+    "QueueRecord",
     "Reservation",
     "ReservationConflict",
     "ReservedGpu",

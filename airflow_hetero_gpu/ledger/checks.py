@@ -52,15 +52,11 @@ def check_key(key: object) -> GpuKey:
 
 def instance_column(instance: int | None) -> int:
     """``reservation_gpus.mig_instance`` of a unit: its MIG device index, or WHOLE_GPU."""
-    from airflow_hetero_gpu.ledger.schema import WHOLE_GPU
-
-    return WHOLE_GPU if instance is None else instance
+    return schema.WHOLE_GPU if instance is None else instance
 
 
 def instance_of(column: int | None) -> int | None:
-    from airflow_hetero_gpu.ledger.schema import WHOLE_GPU
-
-    return None if column is None or column == WHOLE_GPU else column
+    return None if column is None or column == schema.WHOLE_GPU else column
 
 
 def check_reasons(reasons: Iterable[str] | str) -> tuple[str, ...]:

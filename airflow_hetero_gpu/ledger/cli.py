@@ -1,7 +1,7 @@
 """The ledger's ``hetero-gpu`` sub-commands: ``release``, ``uncordon``, ``reservations``, ``evictions``,
-``ledger init``, ``captures export``.
+``queue``, ``ledger init``, ``captures export``.
 
-Readers (``reservations``, ``evictions``, ``captures export``) open an existing ledger and change
+Readers (``reservations``, ``evictions``, ``queue``, ``captures export``) open an existing ledger and change
 nothing; ``release`` and ``uncordon`` change an existing one; only ``ledger init`` (and the
 writers elsewhere: ``collect --ledger``, ``check``, ``plan --reserve``) create one.
 
@@ -106,6 +106,53 @@ def cmd_evictions(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _waited(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def _asks(request: dict) -> str:
+    text = f"{request.get('gpus')}"
+    kind = request.get("gpu_type")
+    if kind:
+        text += " × " + (" or ".join(kind) if isinstance(kind, list) else str(kind))
+    if request.get("task_type"):
+        text += f" ({request['task_type']})"
+    return text
+
+
+def _claim(record) -> str:
+    from airflow_hetero_gpu.core.admission import describe_gpus
+
+    if record.admitted and record.admission:
+        return "admitted: " + describe_gpus(tuple(g) for g in record.admission.get("gpus") or ())
+    if not record.claim:
+        return ""
+    held = len(record.claim.get("held_by") or {})
+    return describe_gpus(record.claimed_gpus) + (f" ({held} held)" if held else " (all free)")
+
+
+def cmd_queue(args: argparse.Namespace) -> int:
+    """The queue in order: position, job, priority, waited, what it waits for, the head's claim."""
+    with Ledger.open_existing(args.ledger) as ledger:
+        now = ledger.now()
+        entries = ledger.queue()
+    if args.json:
+        print(json.dumps({"now": now.isoformat(), "entries": [e.to_json(now) for e in entries]}, indent=2))
+        return EXIT_OK
+    rows = [(e.position or "-", e.job_id, "admitted" if e.admitted else (e.standing or "waiting"), e.priority,
+             _asks(e.request), _waited(e.waited_s(now)), _claim(e), "" if e.admitted else e.where())
+            for e in entries]
+    print(table(["POS", "JOB", "STATE", "PRIO", "ASKS", "WAITED", "CLAIM", "REASON"], rows))
+    if not entries:
+        print("(nobody waits)")
+    return EXIT_OK
+
+
 def cmd_ledger_init(args: argparse.Namespace) -> int:
     """Create the ledger (or apply its missing schema steps): the one explicit way to make one."""
     with Ledger.from_url(args.url) as ledger:
@@ -158,6 +205,11 @@ def register(subparsers) -> None:
     _ledger_arg(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_evictions)
+
+    p = subparsers.add_parser("queue", help="the jobs waiting for GPUs, in order, with the head's claim")
+    _ledger_arg(p)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_queue)
 
     p = subparsers.add_parser("ledger", help="the ledger database itself")
     sub = p.add_subparsers(dest="ledger_command", required=True, metavar="COMMAND", parser_class=type(p))

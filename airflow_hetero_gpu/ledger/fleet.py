@@ -80,6 +80,7 @@ class FleetMixin:
                     stored.xid_evictions.append((key, reasons))
             stored.evaluation = ev
             self._keep_history(conn, now, ev, records, history_interval, history_retention)
+            self._admit(conn, now)  # a changed inventory (hosts back, loads gone) goes to the queue
             return stored
 
     def record_health_check(self, records: Sequence[HostRecord], *, collector: str, judge: Judge,
@@ -102,6 +103,7 @@ class FleetMixin:
             stored.evaluation, stored.policy = ev, policy
             stored.steps = watch.apply_check(conn, now, ev.observations, policy, self._evict)
             self._keep_history(conn, now, ev, records, history_interval, history_retention)
+            self._admit(conn, now)  # evictions and readmissions change what the queue can have
             return stored
 
     def _store(self, conn: Connection, now: datetime, records: Sequence[HostRecord], collector: str,

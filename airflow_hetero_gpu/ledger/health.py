@@ -34,7 +34,9 @@ class HealthMixin:
         """
         key = check_key(key).gpu
         with self._write(f"evict GPU {key}") as (conn, now):
-            return self._evict(conn, now, key, uuid, check_reasons(reasons))
+            out = self._evict(conn, now, key, uuid, check_reasons(reasons))
+            self._admit(conn, now)  # a claim on it moves
+            return out
 
     def _evict(self, conn: Connection, now: datetime, key: GpuKey, uuid: str | None,
                reasons: tuple[str, ...]) -> Eviction:
@@ -73,13 +75,16 @@ class HealthMixin:
         with self._write(f"record a check of GPU {key}") as (conn, now):
             row = conn.execute(select(ev_t).where(where)).first()
             if not healthy:
-                return self._evict(conn, now, key, uuid, check_reasons(reasons))
+                out = self._evict(conn, now, key, uuid, check_reasons(reasons))
+                self._admit(conn, now)
+                return out
             if row is None:
                 return None
             count = row.healthy_checks + 1
             if count >= readmit_after:
                 conn.execute(delete(ev_t).where(where))
                 history.record_event(conn, now, "readmitted", key, row.uuid, row.reasons)
+                self._admit(conn, now)  # the readmitted GPU goes to the queue
                 return None
             conn.execute(update(ev_t).where(where).values(healthy_checks=count, checked_at=now))
             return _eviction(conn.execute(select(ev_t).where(where)).one())
@@ -103,6 +108,8 @@ class HealthMixin:
             for r in rows:
                 history.record_event(conn, now, "uncordoned", GpuKey(r.host, r.gpu_index), r.uuid, r.reasons)
             watch.forget_streaks(conn, host, index)
+            if keys:
+                self._admit(conn, now)
         return sorted(keys)
 
     # --- the health watch (docs/health.md) --------------------------------------------------------
@@ -120,7 +127,9 @@ class HealthMixin:
         steps, in the order of ``observations``.
         """
         with self._write(f"record a health check of {len(observations)} GPU(s)") as (conn, now):
-            return watch.apply_check(conn, now, observations, policy, self._evict)
+            steps = watch.apply_check(conn, now, observations, policy, self._evict)
+            self._admit(conn, now)
+            return steps
 
     def evicted_map(self) -> dict[GpuKey, tuple[str, ...]]:
         """GPU -> reasons for every evicted GPU."""

@@ -69,9 +69,10 @@ class ReservationsMixin:
                 if ident is not None:
                     values.update(ident.to_json())
                 conn.execute(update(res_t).where(res_t.c.job_id == job_id).values(**values))
-                return _existing_result(res, cluster, request)
-            result = core_plan(cluster, request, reserved=self._reserved_map(conn, now),
-                               evicted=self._evicted_map(conn), config=config)
+                return existing_result(res, cluster, request)
+            # GPUs claimed for the queue's heads are not given out past the queue
+            reserved = {**self._claimed_map(conn, but=job_id), **self._reserved_map(conn, now)}
+            result = core_plan(cluster, request, reserved=reserved, evicted=self._evicted_map(conn), config=config)
             if result.decision is None:
                 return result
             self._insert(conn, now, job_id, result.decision, request, lease, ident)
@@ -113,10 +114,13 @@ class ReservationsMixin:
     def release(self, job_id: str) -> bool:
         """Free the job's GPUs. Idempotent: returns whether a live reservation was freed."""
         job_id = check_job_id(job_id)
+        self._warm_admission()
         with self._write(f"release job {job_id!r}") as (conn, now):
-            self._expire(conn, now)
+            self._expire(conn, now, admit=False)
             conn.execute(delete(gpu_t).where(gpu_t.c.job_id == job_id))
-            return conn.execute(delete(res_t).where(res_t.c.job_id == job_id)).rowcount > 0
+            freed = conn.execute(delete(res_t).where(res_t.c.job_id == job_id)).rowcount > 0
+            self._admit(conn, now)  # the freed GPUs go to the queue in the same transaction
+            return freed
 
     def expire(self) -> list[str]:
         """Free every reservation whose lease has passed; returns their job ids.
@@ -126,7 +130,16 @@ class ReservationsMixin:
         with self._write("expire leases") as (conn, now):
             return self._expire(conn, now)
 
-    def _expire(self, conn: Connection, now: datetime) -> list[str]:
+    def _expire(self, conn: Connection, now: datetime, *, admit: bool = True) -> list[str]:
+        """Sweep expired reservations and queue entries; when anything went, run an admission
+        pass (``admit``), since GPUs or claims were freed."""
+        ids = self._expire_reservations(conn, now)
+        gone = self._sweep_queue(conn, now)
+        if admit and (ids or gone):
+            self._admit(conn, now)
+        return ids
+
+    def _expire_reservations(self, conn: Connection, now: datetime) -> list[str]:
         ids = list(conn.execute(select(res_t.c.job_id).where(res_t.c.expires_at <= now)).scalars())
         if ids:
             conn.execute(delete(gpu_t).where(gpu_t.c.job_id.in_(ids)))
@@ -175,7 +188,8 @@ class ReservationsMixin:
             .join(res_t, res_t.c.job_id == gpu_t.c.job_id)
             .where(res_t.c.expires_at > now)
         )
-        return {GpuKey(r.host, r.gpu_index, instance_of(r.mig_instance)): r.job_id for r in conn.execute(stmt)}
+        return {GpuKey(host, index, instance_of(instance)): job
+                for host, index, instance, job in conn.execute(stmt)}
 
     # --- replacement (S12) ----------------------------------------------------------------------
     def replace(
@@ -233,6 +247,7 @@ class ReservationsMixin:
                 replacement["instance"] = new.instance
             history.record_event(conn, now, "replaced", bad.gpu, gpu_uuid, why, job_id, {"replacement": replacement})
             add_job_hosts(conn, now, job_id, [new.host])
+            self._admit(conn, now)  # the evicted GPU may have been claimed for a head
             self._hook("replace", job_id)
         return new
 
@@ -284,8 +299,9 @@ def _reservation(rows: Sequence[Any]) -> Reservation:
     )
 
 
-def _existing_result(res: Reservation, cluster: Cluster, request: PlanRequest) -> PlanResult:
-    """A PlanResult whose decision is an existing reservation (no planning happened: no pool reports)."""
+def existing_result(res: Reservation, cluster: Cluster, request: PlanRequest) -> PlanResult:
+    """A PlanResult whose decision is an existing reservation (no planning happened: no pool reports):
+    a retried task's reservation, or one the queue admitted."""
     pool = cluster.pool_by_id.get(res.pool)
 
     def gpu(g: ReservedGpu) -> Gpu:

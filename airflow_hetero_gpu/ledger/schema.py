@@ -22,6 +22,9 @@ Version history
   5. MIG instances as units of their own: ``reservation_gpus.mig_instance`` (the MIG device
      index on the GPU, :data:`WHOLE_GPU` for a whole GPU) joins the primary key, so two jobs can
      hold two instances of one GPU at once while no unit is ever held twice.
+  6. The queue: ``queue_entries`` (one row per waiting or just-admitted job: its request,
+     priority, time enqueued, lease, Airflow task identity, state, and what the last admission
+     pass said about it: position, standing, reason, claim, admission).
 
 To add a version: append a step to :data:`STEPS` (never edit a released one) and update the
 table definitions below to the result.
@@ -86,7 +89,7 @@ class UtcDateTime(TypeDecorator):
 #: ``reservation_gpus.mig_instance`` of a whole GPU (a MIG instance has its MIG device index).
 WHOLE_GPU = -1
 
-# --- the current tables (version 5) -------------------------------------------------------------
+# --- the current tables (version 6) -------------------------------------------------------------
 metadata = MetaData()
 
 schema_version = Table(
@@ -234,6 +237,41 @@ def _v4_tables(m: MetaData) -> tuple[Table, ...]:
  watch_runs) = _v4_tables(metadata)
 
 
+# version 6
+def _v6_tables(m: MetaData) -> tuple[Table, ...]:
+    """The queue's table. Version 6 creates exactly this (freeze it inside ``_v6`` before a later
+    step changes it)."""
+    return (
+        Table(
+            "queue_entries", m,
+            Column("job_id", String(NAME), primary_key=True),
+            Column("request", JSON, nullable=False),  # PlanRequest.to_json()
+            Column("priority", Integer, nullable=False),
+            Column("enqueued_at", UtcDateTime, nullable=False),
+            Column("renewed_at", UtcDateTime, nullable=False),
+            Column("expires_at", UtcDateTime, nullable=False, index=True),
+            Column("lease_seconds", Float, nullable=False),  # the admitted reservation's lease
+            Column("dag_id", String(NAME), nullable=True),
+            Column("run_id", String(NAME), nullable=True),
+            Column("task_id", String(NAME), nullable=True),
+            Column("map_index", Integer, nullable=True),
+            Column("try_number", Integer, nullable=True),
+            Column("state", String(20), nullable=False),  # waiting, admitted
+            # what the last admission pass said
+            Column("checked_at", UtcDateTime, nullable=True),
+            Column("position", Integer, nullable=True),
+            Column("standing", String(20), nullable=True),  # head, waiting, impossible
+            Column("reason", Text, nullable=True),
+            Column("claim", JSON, nullable=True),  # Claim.to_json() of a head
+            Column("admitted_at", UtcDateTime, nullable=True),
+            Column("admission", JSON, nullable=True),  # Admitted.to_json(): pool, GPUs, plan()'s decision
+        ),
+    )
+
+
+(queue_entries,) = _v6_tables(metadata)
+
+
 # --- migration steps ---------------------------------------------------------------------------
 class AddColumn(ExecutableDDLElement):
     """``ALTER TABLE <table> ADD COLUMN <column spec>``, compiled by the dialect (quoted names)."""
@@ -355,6 +393,12 @@ def _v5(conn: Connection) -> None:
                          "PRIMARY KEY (host, gpu_index, mig_instance)")
 
 
+def _v6(conn: Connection) -> None:
+    m = MetaData()
+    _v6_tables(m)
+    m.create_all(conn)
+
+
 @dataclass(frozen=True)
 class Step:
     version: int
@@ -369,6 +413,7 @@ STEPS: tuple[Step, ...] = (
     Step(4, "the fleet inventory: hosts' raw outputs, cluster files, collections, history, job hosts, "
             "sensor records", _v4),
     Step(5, "MIG instances: reservation GPUs keyed by (host, index, MIG instance)", _v5),
+    Step(6, "the queue: waiting jobs with priority, lease, task identity, claim and admission", _v6),
 )
 LATEST = STEPS[-1].version
 

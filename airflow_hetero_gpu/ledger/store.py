@@ -9,7 +9,10 @@ together from one part per concern:
   expire, replace (S12), the hosts each job ran on;
 * :mod:`~airflow_hetero_gpu.ledger.health` — evictions (S11), readmissions, the watch's memory;
 * :mod:`~airflow_hetero_gpu.ledger.fleet` — the inventory (one collector, many readers), its
-  history, health sensors' records between pokes.
+  history, health sensors' records between pokes;
+* :mod:`~airflow_hetero_gpu.ledger.queue` — the queue of waiting jobs, and the admission pass
+  (:mod:`~airflow_hetero_gpu.ledger.admission`) that every write freeing or changing GPUs runs
+  before it commits.
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ from __future__ import annotations
 from airflow_hetero_gpu.ledger.base import LedgerBase
 from airflow_hetero_gpu.ledger.fleet import FleetMixin
 from airflow_hetero_gpu.ledger.health import HealthMixin
+from airflow_hetero_gpu.ledger.queue import QueueMixin
 from airflow_hetero_gpu.ledger.reservations import DEFAULT_LEASE_SECONDS, ReservationsMixin
 
 
-class Ledger(FleetMixin, HealthMixin, ReservationsMixin, LedgerBase):
+class Ledger(QueueMixin, FleetMixin, HealthMixin, ReservationsMixin, LedgerBase):
     """GPU reservations, leases, evictions and the fleet's inventory in their own SQL database
     (SPEC §8, §9).
 

@@ -8,8 +8,9 @@
    missing or older than ``inventory_max_age`` (:mod:`~airflow_hetero_gpu.operators.placement`),
    then plans and reserves in one ledger transaction; logs every pool's stage, reason and score
    terms and pushes the decision to XCom (key ``decision``, with the inventory it used);
-3. no pool fits: fails with every pool's reason, or with ``wait_for_capacity`` waits (deferred
-   to the triggerer when ``deferrable``) until one does or ``capacity_timeout`` passes;
+3. no pool fits: fails with every pool's reason, or with ``wait_for_capacity`` waits in the
+   ledger's queue with its ``priority`` (deferred to the triggerer when ``deferrable``) until
+   admitted or ``capacity_timeout`` passes (:mod:`~airflow_hetero_gpu.operators.queue_wait`);
 4. sweeps the job's leftovers from an earlier try on the chosen hosts and on the hosts earlier
    tries ran on (the ledger remembers them) — no other host is touched — then starts torchrun on
    every host (one process group each), streaming every line into the task log prefixed by host
@@ -86,9 +87,11 @@ class HeteroTrainOperator(BaseOperator):
     :param ledger_url: or its SQLAlchemy URL; neither: SQLite under ``$AIRFLOW_HOME``.
     :param weights: override of the evaluation weights (``load_balance``, ``fragmentation``, ``topology``,
         ``free_blocks``).
-    :param wait_for_capacity: when no pool fits now, wait for one instead of failing.
+    :param wait_for_capacity: when no pool fits now, wait in the ledger's queue instead of failing.
+    :param priority: the job's place in that queue (integer, default 0; higher first, with aging:
+        docs/queue.md). Airflow's ``priority_weight`` orders worker slots, not GPUs.
     :param capacity_timeout: seconds to wait for capacity.
-    :param capacity_poll_interval: seconds between two re-plans while waiting.
+    :param capacity_poll_interval: seconds between two looks at the job's queue entry.
     :param deferrable: wait for capacity in the triggerer instead of holding a worker slot
         (default: ``[operators] default_deferrable``, as for Airflow's own operators).
     :param on_no_replacement: ``"fail"`` or ``"wait"`` when a GPU of the running job turns abnormal
@@ -143,6 +146,7 @@ class HeteroTrainOperator(BaseOperator):
         ledger_url: str | None = None,
         weights: Mapping[str, float] | None = None,
         wait_for_capacity: bool = False,
+        priority: int = 0,
         capacity_timeout: float = 3600.0,
         capacity_poll_interval: float = 30.0,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
@@ -177,6 +181,7 @@ class HeteroTrainOperator(BaseOperator):
         self.ledger_url = ledger_url
         self.weights = weights
         self.wait_for_capacity = wait_for_capacity
+        self.priority = priority
         self.capacity_timeout = capacity_timeout
         self.capacity_poll_interval = capacity_poll_interval
         self.deferrable = deferrable
@@ -194,6 +199,7 @@ class HeteroTrainOperator(BaseOperator):
         self._lease_from = time.monotonic()
         self._ledger_obj: Ledger | None = None
         self._placement = None
+        self._waiting_job: str | None = None  # in the ledger's queue
 
     # --- validation ---------------------------------------------------------------------------
     def _fail(self, message: str) -> AirflowFailException:
@@ -237,6 +243,8 @@ class HeteroTrainOperator(BaseOperator):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= least:
                 raise self._fail(f"{name}: expected a number of seconds >= {least:g}, got {value!r}")
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+            raise self._fail(f"priority: expected an integer (higher first), got {self.priority!r}")
         if self.weights is not None and not isinstance(self.weights, Mapping):
             raise self._fail(f"weights: expected a mapping like {{'topology': 0.6}}, got {self.weights!r}")
 
@@ -286,27 +294,34 @@ class HeteroTrainOperator(BaseOperator):
         return self._place_and_run(context)
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Resumed by the capacity trigger: reserve for real (another job may have been faster,
-        in which case the wait goes on)."""
+        """Resumed by the queue trigger: take the admission and run (``gone``: the entry expired,
+        enqueue again; ``capacity``: a trigger of an earlier release, enqueue)."""
         event = event or {}
-        if event.get("status") == "timeout":
-            raise AirflowException(
-                f"no pool could host the job within {float(self.capacity_timeout):g} s: {event.get('message', '')}")
-        if event.get("status") != "capacity":
+        status = event.get("status")
+        if status == "timeout":
+            raise AirflowException(f"not admitted within {float(self.capacity_timeout):g} s: {event.get('message', '')}")
+        if status not in ("admitted", "gone", "capacity"):
             raise AirflowException(f"waiting for capacity failed: {event.get('message', event)}")
-        return self._place_and_run(context, waiting_since=event.get("started_at"))
+        return self._place_and_run(context, waiting_since=event.get("started_at"), admitted=status == "admitted")
 
-    def _place_and_run(self, context: Context, waiting_since: float | None = None) -> dict[str, Any]:
+    def _place_and_run(self, context: Context, waiting_since: float | None = None,
+                       admitted: bool = False) -> dict[str, Any]:
         from airflow_hetero_gpu.operators.placement import Placement
+        from airflow_hetero_gpu.operators.queue_wait import QueueWait
 
         self._validate()
         request = self._request()
         self._mask_env()
         job_id = self._job_id(context)
         placement = self._placement = Placement(self, context, job_id, request)
-        result = placement.reserve()
-        if result.decision is None:
-            result = placement.wait(result, waiting_since)
+        if admitted:
+            result = QueueWait(placement).resume(waiting_since)
+        elif self.wait_for_capacity:
+            result = QueueWait(placement).place(waiting_since)
+        else:
+            result = placement.reserve()
+            if result.decision is None:
+                result = placement.wait(result, waiting_since)
         return self._run(job_id, result, context)
 
     def _job_id(self, context: Context) -> str:
@@ -448,12 +463,15 @@ class HeteroTrainOperator(BaseOperator):
             pause = min(pause * 2, 8.0)
 
     def on_kill(self) -> None:
+        if self._waiting_job is not None:  # killed while waiting in the queue: leave it now
+            from airflow_hetero_gpu.operators.queue_wait import QueueWait
+
+            QueueWait(self._placement).leave("task killed")
         job = self._job
         if job is not None:
             self.log.info("task killed: stopping job %s on every host", job.job_id)
             job.kill()
             self._release(job.job_id, patience=5.0)
-
 
 
 class _LazyTargets(dict):

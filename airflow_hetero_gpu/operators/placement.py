@@ -4,14 +4,14 @@ The operator plans from the ledger's inventory (see :mod:`airflow_hetero_gpu.col
 it collects only the hosts whose stored inventory is missing or older than
 ``inventory_max_age``, so a task on a fleet of 1,000 hosts with a fresh inventory opens no SSH
 session before it launches. Planning and claiming are one ledger transaction
-(``Ledger.reserve``). The decision pushed to XCom says which inventory it used and how old it
-was.
+(``Ledger.reserve``), or, with ``wait_for_capacity``, an enqueue whose admission pass writes the
+reservation (:mod:`~airflow_hetero_gpu.operators.queue_wait`). The decision pushed to XCom says
+which inventory it used and how old it was.
 """
 
 from __future__ import annotations
 
 import time
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
@@ -110,46 +110,9 @@ class Placement:
         except HeteroGpuError as err:
             raise self._fail(str(err)) from None
 
-    # --- waiting for capacity ----------------------------------------------------------------
+    # --- no capacity ------------------------------------------------------------------------
     def wait(self, result: PlanResult, waiting_since: float | None = None) -> PlanResult:
-        """No pool fits now: fail with every pool's reason, or wait (in the triggerer when
-        deferrable) and return the reservation once one does. ``capacity_timeout`` counts from
-        the first time this task instance found no room (``waiting_since``, epoch seconds)."""
-        op = self.op
-        reasons = pool_reasons(result)
-        if not op.wait_for_capacity:
-            raise AirflowException(f"no pool can host {self.request.gpus} GPU(s) now: {reasons}")
-        since = float(waiting_since) if waiting_since else time.time()
-        deadline = since + float(op.capacity_timeout)
-        if time.time() >= deadline:
-            raise AirflowException(f"no pool could host the job within {float(op.capacity_timeout):g} s: {reasons}")
-        if op.deferrable:
-            from airflow_hetero_gpu.triggers.capacity import CapacityTrigger
-
-            self.log.info("no pool can host the job now; deferring until one can (%.0f s left of %g s)",
-                          deadline - time.time(), float(op.capacity_timeout))
-            # a ledger named by a connection (argument or [hetero_gpu] ledger_conn_id) is handed
-            # to the trigger by name: the triggerer resolves it, no password in the trigger's row
-            conn_id = op.ledger_hook.conn_id()
-            op.defer(
-                trigger=CapacityTrigger(
-                    hosts=list(op.hook.hosts), request=self.request.to_json(),
-                    ledger_conn_id=conn_id,
-                    ledger_url=None if conn_id else op.ledger_hook.get_url(),
-                    config=op.cluster_config,
-                    weights=dict(op.weights) if op.weights else None,
-                    poll_interval=float(op.capacity_poll_interval), timeout=float(op.capacity_timeout),
-                    started_at=since,
-                ),
-                method_name="execute_complete",
-                timeout=timedelta(seconds=max(0.0, deadline - time.time()) + 60),
-            )
-        while time.time() < deadline:
-            self.log.info("no pool can host the job now (%s); re-planning in %gs", reasons,
-                          float(op.capacity_poll_interval))
-            time.sleep(min(float(op.capacity_poll_interval), max(0.0, deadline - time.time())))
-            result = self.reserve()
-            if result.decision is not None:
-                return result
-            reasons = pool_reasons(result)
-        raise AirflowException(f"no pool could host the job within {float(op.capacity_timeout):g} s: {reasons}")
+        """No pool fits now and the task does not wait (``wait_for_capacity=False``): fail with
+        every pool's reason. Waiting goes through the ledger's queue
+        (:mod:`~airflow_hetero_gpu.operators.queue_wait`)."""
+        raise AirflowException(f"no pool can host {self.request.gpus} GPU(s) now: {pool_reasons(result)}")

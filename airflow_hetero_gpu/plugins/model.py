@@ -133,25 +133,29 @@ def reservation_facts(res: "Reservation", *, show_identity: bool = True) -> dict
     return out
 
 
-# --- the queue (a seam: filled once the ledger keeps one) ---------------------------------------
+# --- the queue (the ledger's waiting jobs, docs/queue.md) --------------------------------------
 @dataclass(frozen=True)
 class QueueEntry:
-    """A job waiting for GPUs: its place, priority, how long it has waited and why it waits."""
+    """A job waiting for GPUs: its place, priority, how long it has waited and why it waits;
+    ``state`` (head, waiting, impossible) and, for a head, the GPUs ``claim``-ed for it."""
 
     job_id: str
     position: int
     priority: int = 0
     enqueued_at: datetime | None = None
-    reason: str | None = None  # the planner's answer at the last attempt ("needs 8 available, has 3")
+    reason: str | None = None  # the last admission pass's reason
     request: Mapping[str, Any] | None = None
     identity: Mapping[str, Any] | None = None
+    state: str | None = None
+    claim: str | None = None  # "node01 GPU 0-7 (3 held)"
 
     def to_json(self, now: datetime) -> dict[str, Any]:
         waited = None if self.enqueued_at is None else max(0.0, (now - _aware(self.enqueued_at)).total_seconds())
         return {"job_id": self.job_id, "position": self.position, "priority": self.priority,
                 "enqueued_at": iso(self.enqueued_at), "waited_s": waited, "reason": self.reason,
                 "request": dict(self.request) if self.request else None,
-                "identity": dict(self.identity) if self.identity else None}
+                "identity": dict(self.identity) if self.identity else None,
+                "state": self.state, "claim": self.claim}
 
 
 def _aware(t: datetime) -> datetime:

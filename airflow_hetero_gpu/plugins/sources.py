@@ -265,8 +265,29 @@ def read_job_hosts(settings: PageSettings, job_id: str) -> list[str]:
 
 
 def read_queue(ledger: Any) -> tuple[list | None, dict]:
-    """The waiting jobs (None: this ledger keeps no queue) and the source."""
-    return None, {"status": "ok", "message": None}
+    """The jobs waiting in the ledger's queue, in order (None: no ledger to read), and the source.
+    Admitted entries are left out: their reservations are in the reservations table."""
+    if ledger is None:
+        return None, {"status": "ok", "message": None}
+    from airflow_hetero_gpu.core.admission import describe_gpus
+    from airflow_hetero_gpu.plugins.model import QueueEntry
+
+    try:
+        records = ledger.queue()
+    except Exception as err:  # noqa: BLE001 - shown on the page, never raised
+        return None, {"status": "error", "message": f"queue: {err}"}
+    out = []
+    for r in records:
+        if r.admitted:
+            continue
+        claim = None
+        if r.claim:
+            held = len(r.claim.get("held_by") or {})
+            claim = describe_gpus(r.claimed_gpus) + (f" ({held} held)" if held else " (all free)")
+        out.append(QueueEntry(r.job_id, r.position or len(records) + 1, r.priority, r.enqueued_at, r.reason,
+                              dict(r.request), r.identity.to_json() if r.identity else None,
+                              r.standing or "waiting", claim))
+    return out, {"status": "ok", "message": None}
 
 
 def visible_dags(reservations: list, user: Any) -> set[str] | None:

@@ -1,6 +1,7 @@
-"""CapacityTrigger: wait in the triggerer until a pool can host a job (deferrable operator).
+"""CapacityTrigger: wait until a pool can host a job (the deferred wait of earlier releases).
 
-It re-plans on an interval against the ledger's inventory of the job's fleet and its live
+The operator now waits in the ledger's queue (:mod:`airflow_hetero_gpu.triggers.queue`); a
+deferred task of an earlier release still resumes through this trigger, then enqueues. It re-plans on an interval against the ledger's inventory of the job's fleet and its live
 reservations and evictions, and fires when the plan places the job, or when the timeout passes.
 It only plans and only reads the ledger (no SSH, no capture directory, nothing written): the
 operator, resumed on a worker, refreshes stale hosts and reserves for real (if another job was

@@ -1,0 +1,172 @@
+"""The admission pass inside the ledger's write transactions (docs/queue.md).
+
+Every write that frees or changes GPUs — a release, a lease expiry, an eviction, a readmission,
+a health check, a replacement, a new collection — and every enqueue and departure from the queue
+calls :func:`run_pass` before it commits: one call of the pure
+:func:`airflow_hetero_gpu.core.admission.admit` with
+
+* the cluster from the ledger's stored inventory (every host, as last seen; the stored
+  ``cluster.yaml``), parsed once per inventory version and kept between passes,
+* the live reservations and the evictions,
+* the waiting entries with the claims the previous pass gave them.
+
+Each admitted entry gets its reservation in the same transaction (the rows ``Ledger.reserve``
+writes, with the entry's lease) and the state ``admitted``; every waiting entry gets its
+position, standing, reason and claim. A pass that cannot run (no inventory, an unreadable stored
+file) writes that reason on the waiting entries and never fails the write that called it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import bindparam, select, update
+from sqlalchemy.engine import Connection
+
+from airflow_hetero_gpu.core.admission import Admission, AdmissionResult, QueueEntry
+from airflow_hetero_gpu.core.cluster import Cluster
+from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
+from airflow_hetero_gpu.errors import HeteroGpuError
+from airflow_hetero_gpu.ledger import inventory
+from airflow_hetero_gpu.ledger.records import TaskIdentity
+from airflow_hetero_gpu.ledger.schema import queue_entries as q_t
+
+log = logging.getLogger(__name__)
+
+WAITING, ADMITTED = "waiting", "admitted"
+NO_INVENTORY = ("not considered yet: the ledger holds no inventory (fill it with `hetero-gpu collect "
+                "--ledger URL`)")
+
+
+class ClusterCache:
+    """The planner's cluster of the stored inventory, rebuilt only when a collection changed it.
+
+    One per ledger URL in a process. Parsing a large inventory takes a while, so the writes that
+    run passes most (release, enqueue, renew, leave) :meth:`warm` it in a read transaction before
+    they take the ledger lock; under the lock :meth:`get` then only compares the version.
+    """
+
+    def __init__(self) -> None:
+        self._key: Any = None
+        self._cluster: Cluster | None = None
+        self._lock = threading.Lock()
+
+    def warm(self, conn: Connection, now: datetime) -> None:
+        """Build the cluster now, outside the ledger lock, when someone waits and it is stale."""
+        if conn.execute(select(q_t.c.job_id).where(q_t.c.state == WAITING).limit(1)).first() is not None:
+            self.get(conn, now)
+
+    def get(self, conn: Connection, now: datetime) -> Cluster | None:
+        from airflow_hetero_gpu.core.config import ClusterConfig, config_from_text
+        from airflow_hetero_gpu.core.inventory import XIDS_FROM_LEDGER, cluster_from_captures
+        from airflow_hetero_gpu.ledger.inventory import StoredInventory
+
+        files = inventory.read_fleet_files(conn)
+        digest = hashlib.sha256(repr(sorted(files.items())).encode()).hexdigest()
+        key = (inventory.version(conn), digest)
+        with self._lock:
+            if key == self._key and self._cluster is not None:
+                return self._cluster
+        if not inventory.has_inventory(conn):
+            return None
+        stored = StoredInventory(inventory.read_hosts(conn), files, now)
+        text = files.get("cluster.yaml")
+        config = config_from_text(text, "ledger inventory file cluster.yaml") if text else ClusterConfig()
+        cluster = cluster_from_captures(stored.captures(), config, xid_rule=XIDS_FROM_LEDGER)
+        with self._lock:
+            self._key, self._cluster = key, cluster
+        return cluster
+
+
+_CACHES: dict[str, ClusterCache] = {}
+_CACHES_LOCK = threading.Lock()
+
+
+def cluster_cache(url: str) -> ClusterCache:
+    """The process's cache of the stored inventory's cluster for the ledger at ``url``."""
+    with _CACHES_LOCK:
+        return _CACHES.setdefault(url, ClusterCache())
+
+
+def waiting_rows(conn: Connection) -> list[Any]:
+    return list(conn.execute(select(q_t).where(q_t.c.state == WAITING)))
+
+
+def entry_of(row: Any) -> QueueEntry:
+    claim = tuple(GpuKey(*k) for k in ((row.claim or {}).get("gpus") or ()))
+    return QueueEntry(row.job_id, PlanRequest(**dict(row.request)), int(row.priority),
+                      row.enqueued_at.timestamp(), claim)
+
+
+def run_pass(ledger: Any, conn: Connection, now: datetime) -> AdmissionResult | None:
+    """One admission pass over the waiting entries (see the module docstring). None when nobody
+    waits or the pass could not run (the reason is then on every waiting entry)."""
+    rows = waiting_rows(conn)
+    if not rows:
+        return None
+    ledger._expire_reservations(conn, now)  # nothing expired may block a GPU or a job id
+    reserved = ledger._reserved_map(conn, now)
+    held = set(reserved.values())
+    for row in [r for r in rows if r.job_id in held]:  # it reserved on its own meanwhile: that counts
+        conn.execute(update(q_t).where(q_t.c.job_id == row.job_id).values(
+            state=ADMITTED, admitted_at=now, checked_at=now, position=None, standing=None, claim=None,
+            reason="admitted: the job holds a reservation of its own", admission=None))
+    rows = [r for r in rows if r.job_id not in held]
+    if not rows:
+        return None
+    try:
+        cluster = ledger._queue_clusters.get(conn, now)
+        if cluster is None:
+            _note_all(conn, now, rows, NO_INVENTORY)
+            return None
+        adm = Admission(cluster, evicted=ledger._evicted_map(conn), aging_interval_s=ledger.queue_aging_interval_s)
+        result = adm.run([entry_of(r) for r in rows], now=now.timestamp(), reserved=reserved)
+    except HeteroGpuError as err:  # a stored file that no longer parses: the queue waits, the write goes on
+        _note_all(conn, now, rows, f"admission could not run: {err}")
+        return None
+    except Exception as err:  # noqa: BLE001 - a fault in the pass must not fail a release or a health check
+        log.exception("ledger: the admission pass failed; the queue waits for the next write")
+        _note_all(conn, now, rows, f"admission could not run: {type(err).__name__}: {err}")
+        return None
+    by_id = {r.job_id: r for r in rows}
+    for a in result.admitted:
+        row = by_id[a.job_id]
+        if a.decision is None:  # the planner always gives one; another placer would not
+            continue
+        lease = timedelta(seconds=float(row.lease_seconds))
+        ident = _identity(row)
+        ledger._insert(conn, now, a.job_id, a.decision, PlanRequest(**dict(row.request)), lease, ident)
+        conn.execute(update(q_t).where(q_t.c.job_id == a.job_id).values(
+            state=ADMITTED, admitted_at=now, admission=a.to_json(), checked_at=now, position=None,
+            standing=None, reason=f"admitted: {a.pool} on {_gpus(a)}", claim=None,
+            renewed_at=now, expires_at=now + lease))
+    if result.waiting:  # one statement for every waiting entry (executemany)
+        conn.execute(_STANDING, [{"b_job": w.job_id, "b_now": now, "b_position": w.position, "b_standing": w.state,
+                                  "b_reason": w.reason, "b_claim": w.claim.to_json() if w.claim else None}
+                                 for w in result.waiting])
+    return result
+
+
+_STANDING = update(q_t).where(q_t.c.job_id == bindparam("b_job")).values(
+    checked_at=bindparam("b_now"), position=bindparam("b_position"), standing=bindparam("b_standing"),
+    reason=bindparam("b_reason"), claim=bindparam("b_claim", type_=q_t.c.claim.type))
+
+
+def _gpus(a: Any) -> str:
+    from airflow_hetero_gpu.core.admission import describe_gpus
+
+    return describe_gpus(a.gpus)
+
+
+def _identity(row: Any) -> TaskIdentity | None:
+    fields = (row.dag_id, row.run_id, row.task_id, row.try_number, row.map_index)
+    return TaskIdentity(*fields) if any(f is not None for f in fields) else None
+
+
+def _note_all(conn: Connection, now: datetime, rows: list[Any], reason: str) -> None:
+    conn.execute(update(q_t).where(q_t.c.job_id.in_([r.job_id for r in rows]))
+                 .values(checked_at=now, reason=reason, standing="waiting", claim=None))

@@ -1,0 +1,273 @@
+"""The queue of jobs waiting for GPUs (part of ``Ledger``; docs/queue.md).
+
+A task that cannot be placed now enqueues its request (:meth:`QueueMixin.enqueue`) and keeps its
+entry alive with a lease, as reservations do (:meth:`QueueMixin.renew_queue_entry`); an entry
+whose lease passes is swept by the next write. Admission is not a daemon: every write that frees
+or changes GPUs runs one pass of the core's admission rule in its own transaction
+(:mod:`airflow_hetero_gpu.ledger.admission`), so the entry of a job that may start is
+``admitted`` — its reservation already written — by the time its holder looks
+(:meth:`QueueMixin.queue_entry`, one row). The holder then takes it
+(:meth:`QueueMixin.take_admission`) or leaves (:meth:`QueueMixin.leave_queue`, which also
+frees an admission it did not take).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Mapping
+
+from sqlalchemy import delete, insert, select, update
+from sqlalchemy.engine import Connection
+
+from airflow_hetero_gpu.core.admission import DEFAULT_AGING_INTERVAL_S, AdmissionResult
+from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
+from airflow_hetero_gpu.ledger import admission
+from airflow_hetero_gpu.ledger.admission import ADMITTED, WAITING, ClusterCache
+from airflow_hetero_gpu.ledger.checks import check_job_id, check_lease
+from airflow_hetero_gpu.ledger.errors import LedgerError, ReservationConflict
+from airflow_hetero_gpu.ledger.records import Reservation, TaskIdentity
+from airflow_hetero_gpu.ledger.schema import queue_entries as q_t
+from airflow_hetero_gpu.ledger.schema import reservation_gpus as gpu_t
+from airflow_hetero_gpu.ledger.schema import reservations as res_t
+
+DEFAULT_QUEUE_LEASE_SECONDS = 120.0
+
+
+class NoQueueEntry(LedgerError):
+    """The job has no queue entry: it left, or its lease expired and the entry was swept."""
+
+    def __init__(self, job_id: str, action: str):
+        self.job_id = job_id
+        super().__init__(f"cannot {action} job {job_id!r}: it has no queue entry (it left, or its lease expired)")
+
+
+@dataclass(frozen=True)
+class QueueRecord:
+    """One queue entry as the ledger holds it, with what the last admission pass said.
+
+    ``state``: ``waiting`` or ``admitted`` (its reservation exists; the holder has not taken it
+    yet). ``standing`` (waiting entries): ``head`` (``claim`` holds the GPUs kept for it),
+    ``waiting`` or ``impossible``; ``position`` is its place among the waiting jobs.
+    """
+
+    job_id: str
+    request: dict
+    priority: int
+    enqueued_at: datetime
+    renewed_at: datetime
+    expires_at: datetime
+    lease_seconds: float
+    identity: TaskIdentity | None
+    state: str
+    checked_at: datetime | None = None
+    position: int | None = None
+    standing: str | None = None
+    reason: str | None = None
+    claim: dict | None = None
+    admitted_at: datetime | None = None
+    admission: dict | None = None
+
+    @property
+    def admitted(self) -> bool:
+        return self.state == ADMITTED
+
+    @property
+    def claimed_gpus(self) -> list[GpuKey]:
+        return [GpuKey(*k) for k in ((self.claim or {}).get("gpus") or ())]
+
+    def waited_s(self, now: datetime) -> float:
+        end = self.admitted_at if self.admitted_at is not None else now
+        return max(0.0, (end - self.enqueued_at).total_seconds())
+
+    def where(self) -> str:
+        """``3rd in the queue for pool P; …``: the line the operator logs while it waits."""
+        return self.reason or ("admitted" if self.admitted else "waiting for the next admission pass")
+
+    def to_json(self, now: datetime | None = None) -> dict[str, Any]:
+        def iso(t: datetime | None) -> str | None:
+            return t.isoformat() if t is not None else None
+
+        out = {"job_id": self.job_id, "state": self.state, "position": self.position, "standing": self.standing,
+               "priority": self.priority, "request": dict(self.request), "reason": self.reason,
+               "claim": self.claim, "admission": self.admission,
+               "identity": self.identity.to_json() if self.identity else None,
+               "enqueued_at": iso(self.enqueued_at), "renewed_at": iso(self.renewed_at),
+               "expires_at": iso(self.expires_at), "checked_at": iso(self.checked_at),
+               "admitted_at": iso(self.admitted_at)}
+        if now is not None:
+            out["waited_s"] = round(self.waited_s(now), 3)
+        return out
+
+
+class QueueMixin:
+    """The queue: enqueue, renew, leave, read; the admission pass in every capacity write."""
+
+    #: seconds of waiting worth one priority level (None: strict priority); see docs/queue.md
+    queue_aging_interval_s: float | None = DEFAULT_AGING_INTERVAL_S
+
+    @property
+    def _queue_clusters(self) -> ClusterCache:
+        from airflow_hetero_gpu.ledger.url import is_memory
+
+        key = self.url.render_as_string(hide_password=False)
+        return admission.cluster_cache(f"{key}#{id(self)}" if is_memory(self.url) else key)
+
+    def _warm_admission(self) -> None:
+        """Parse the stored inventory for the next pass before taking the ledger lock (only when
+        someone waits and the inventory changed since this process last parsed it)."""
+        with self._read("read the inventory for the queue") as (conn, now):
+            self._queue_clusters.warm(conn, now)
+
+    # --- writing -------------------------------------------------------------------------------
+    def enqueue(self, job_id: str, request: PlanRequest, *, priority: int = 0,
+                lease_seconds: float = DEFAULT_QUEUE_LEASE_SECONDS,
+                identity: TaskIdentity | Mapping[str, Any] | None = None) -> QueueRecord:
+        """Put ``job_id`` in the queue (or refresh its entry) and run an admission pass.
+
+        The answer is the entry after the pass: ``admitted`` when the job may start now (its
+        reservation, with a lease of ``lease_seconds``, is written), else ``waiting`` with its
+        position and reason. Enqueueing a job id again keeps its place in the queue (a retried
+        or resumed task) and takes the new request, priority, identity and lease. A job id that
+        already holds a live reservation for the same request is admitted to it at once (a
+        different request is a :class:`ReservationConflict`).
+        """
+        job_id = check_job_id(job_id)
+        lease = check_lease(lease_seconds)
+        if not isinstance(request, PlanRequest):
+            raise LedgerError(f"enqueue job {job_id!r}: request: expected a PlanRequest, got {request!r}")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise LedgerError(f"enqueue job {job_id!r}: priority: expected an integer, got {priority!r}")
+        ident = TaskIdentity.coerce(identity)
+        values: dict[str, Any] = {"request": request.to_json(), "priority": priority,
+                                  "lease_seconds": lease.total_seconds(), **(ident.to_json() if ident else {})}
+        self._warm_admission()
+        with self._write(f"enqueue job {job_id!r}") as (conn, now):
+            self._expire(conn, now, admit=False)
+            held = conn.execute(select(res_t.c.request).where(res_t.c.job_id == job_id)).first()
+            if held is not None and held.request is not None and held.request != request.to_json():
+                raise ReservationConflict(f"job {job_id!r} already holds a reservation for a different request "
+                                          f"({held.request}); release it first")
+            row = conn.execute(select(q_t.c.state).where(q_t.c.job_id == job_id)).first()
+            values.update(renewed_at=now, expires_at=now + lease)
+            if row is None:
+                conn.execute(insert(q_t).values(job_id=job_id, enqueued_at=now, state=WAITING, **values))
+            else:
+                if row.state == ADMITTED and held is None:  # its admission was released from outside
+                    values.update(state=WAITING, admitted_at=None, admission=None)
+                conn.execute(update(q_t).where(q_t.c.job_id == job_id).values(**values))
+            if held is not None:  # its reservation renewed like the entry: the holder takes it next
+                conn.execute(update(res_t).where(res_t.c.job_id == job_id)
+                             .values(renewed_at=now, expires_at=now + lease, **(ident.to_json() if ident else {})))
+            self._admit(conn, now)
+            return _record(conn.execute(select(q_t).where(q_t.c.job_id == job_id)).one())
+
+    def renew_queue_entry(self, job_id: str, lease_seconds: float | None = None) -> QueueRecord:
+        """Extend the entry's lease (and, once admitted, its reservation's) to now + ``lease_seconds``
+        (default: the lease it was enqueued with). :class:`NoQueueEntry` when the entry is gone."""
+        job_id = check_job_id(job_id)
+        self._warm_admission()
+        with self._write(f"renew the queue entry of job {job_id!r}") as (conn, now):
+            self._expire(conn, now)
+            row = conn.execute(select(q_t).where(q_t.c.job_id == job_id)).first()
+            if row is None:
+                raise NoQueueEntry(job_id, "renew the queue entry of")
+            lease = check_lease(float(row.lease_seconds) if lease_seconds is None else lease_seconds)
+            conn.execute(update(q_t).where(q_t.c.job_id == job_id).values(renewed_at=now, expires_at=now + lease))
+            if row.state == ADMITTED:
+                conn.execute(update(res_t).where(res_t.c.job_id == job_id)
+                             .values(renewed_at=now, expires_at=now + lease))
+            return _record(conn.execute(select(q_t).where(q_t.c.job_id == job_id)).one())
+
+    def take_admission(self, job_id: str) -> Reservation:
+        """The holder of an admitted entry takes its reservation: the entry leaves the queue and
+        the reservation's lease starts again. :class:`NoQueueEntry` when the entry is gone (its
+        lease expired: the reservation went with it), :class:`LedgerError` while it still waits."""
+        job_id = check_job_id(job_id)
+        with self._write(f"take the admission of job {job_id!r}") as (conn, now):
+            self._expire(conn, now)
+            row = conn.execute(select(q_t).where(q_t.c.job_id == job_id)).first()
+            if row is None:
+                raise NoQueueEntry(job_id, "take the admission of")
+            if row.state != ADMITTED:
+                raise LedgerError(f"job {job_id!r} is not admitted yet: {row.reason or 'waiting'}")
+            found = self._load(conn, now, job_id)
+            conn.execute(delete(q_t).where(q_t.c.job_id == job_id))
+            if not found:
+                raise LedgerError(f"job {job_id!r} was admitted but its reservation is gone (released from outside)")
+            lease = check_lease(float(row.lease_seconds))
+            conn.execute(update(res_t).where(res_t.c.job_id == job_id).values(renewed_at=now, expires_at=now + lease))
+            return self._load(conn, now, job_id)[0]
+
+    def leave_queue(self, job_id: str, *, release_admitted: bool = True) -> bool:
+        """Take ``job_id`` out of the queue (its task was killed, cleared, or timed out); returns
+        whether it had an entry. An admission it did not take is released too (unless
+        ``release_admitted`` is False). Runs an admission pass: a head's claim goes with it."""
+        job_id = check_job_id(job_id)
+        self._warm_admission()
+        with self._write(f"leave the queue: job {job_id!r}") as (conn, now):
+            self._expire(conn, now, admit=False)
+            row = conn.execute(select(q_t.c.state).where(q_t.c.job_id == job_id)).first()
+            if row is None:
+                return False
+            conn.execute(delete(q_t).where(q_t.c.job_id == job_id))
+            if row.state == ADMITTED and release_admitted:
+                conn.execute(delete(gpu_t).where(gpu_t.c.job_id == job_id))
+                conn.execute(delete(res_t).where(res_t.c.job_id == job_id))
+            self._admit(conn, now)
+            return True
+
+    def run_admission(self) -> AdmissionResult | None:
+        """One admission pass now, in its own transaction (every capacity write already runs one)."""
+        with self._write("run an admission pass") as (conn, now):
+            self._expire(conn, now, admit=False)
+            return self._admit(conn, now)
+
+    # --- reading -------------------------------------------------------------------------------
+    def queue_entry(self, job_id: str) -> QueueRecord | None:
+        """The job's entry (one row), or None when it has none or its lease passed."""
+        job_id = check_job_id(job_id)
+        with self._read("read a queue entry") as (conn, now):
+            row = conn.execute(select(q_t).where(q_t.c.job_id == job_id, q_t.c.expires_at > now)).first()
+        return _record(row) if row is not None else None
+
+    def queue(self) -> list[QueueRecord]:
+        """Every live entry: the admitted ones not taken yet, then the waiting ones in queue order
+        (as the last pass placed them; entries no pass has seen yet last, by time enqueued)."""
+        with self._read("read the queue") as (conn, now):
+            rows = [_record(r) for r in conn.execute(select(q_t).where(q_t.c.expires_at > now))]
+        return sorted(rows, key=lambda r: (r.state != ADMITTED, r.position is None, r.position or 0,
+                                           r.enqueued_at, r.job_id))
+
+    # --- inside the ledger's transactions ------------------------------------------------------
+    def _admit(self, conn: Connection, now: datetime) -> AdmissionResult | None:
+        return admission.run_pass(self, conn, now)
+
+    def _sweep_queue(self, conn: Connection, now: datetime) -> list[str]:
+        """Delete entries whose lease passed (an admitted one's reservation expires with it)."""
+        ids = list(conn.execute(select(q_t.c.job_id).where(q_t.c.expires_at <= now)).scalars())
+        if ids:
+            conn.execute(delete(q_t).where(q_t.c.job_id.in_(ids)))
+        return sorted(ids)
+
+    def _claimed_map(self, conn: Connection, *, but: str | None = None) -> dict[GpuKey, str]:
+        """GPU -> "claimed for <head>" for every GPU the last pass claimed for a head."""
+        out: dict[GpuKey, str] = {}
+        for row in conn.execute(select(q_t.c.job_id, q_t.c.claim).where(q_t.c.state == WAITING)):
+            if row.job_id != but and row.claim:
+                for k in (row.claim or {}).get("gpus") or ():
+                    out[GpuKey(*k)] = f"claimed for {row.job_id}"
+        return out
+
+
+def _record(row: Any) -> QueueRecord:
+    fields = (row.dag_id, row.run_id, row.task_id, row.try_number, row.map_index)
+    return QueueRecord(
+        job_id=row.job_id, request=dict(row.request), priority=int(row.priority), enqueued_at=row.enqueued_at,
+        renewed_at=row.renewed_at, expires_at=row.expires_at, lease_seconds=float(row.lease_seconds),
+        identity=TaskIdentity(*fields) if any(f is not None for f in fields) else None, state=row.state,
+        checked_at=row.checked_at, position=row.position, standing=row.standing, reason=row.reason,
+        claim=row.claim, admitted_at=row.admitted_at, admission=row.admission)
+
+
+__all__ = ["DEFAULT_QUEUE_LEASE_SECONDS", "NoQueueEntry", "QueueMixin", "QueueRecord"]

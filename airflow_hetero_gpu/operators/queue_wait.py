@@ -1,0 +1,192 @@
+"""Waiting for GPUs in the ledger's queue (``wait_for_capacity=True``; docs/queue.md).
+
+The task enqueues its request with its ``priority`` instead of re-planning on its own; the
+ledger's admission pass (run by every write that frees GPUs) decides who starts and writes the
+reservation. While it waits the task logs where it stands (``job J: 3rd in the queue, …``) and:
+
+* non-deferrable: renews its entry's lease every poll (one row), reading where it stands;
+* deferrable: defers to :class:`~airflow_hetero_gpu.triggers.queue.QueueTrigger`, which does the
+  same in the triggerer and wakes the task once it was admitted.
+
+Admitted, it takes the reservation and runs. A task killed, cleared or timed out while it waits
+leaves the queue at once (an admission it did not take is released with it).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk.exceptions import AirflowException
+
+if TYPE_CHECKING:
+    from airflow_hetero_gpu.core.model import PlanResult
+    from airflow_hetero_gpu.ledger import QueueRecord
+    from airflow_hetero_gpu.operators.placement import Placement
+
+
+class QueueWait:
+    """The queue steps of one ``execute()`` (or resumption) of a :class:`HeteroTrainOperator`."""
+
+    def __init__(self, placement: Placement):
+        self.placement = placement
+        self.op = placement.op
+        self.job_id = placement.job_id
+        self._said: str | None = None
+
+    @property
+    def log(self) -> Any:
+        return self.op.log
+
+    def _ledger_call(self, fn, *args, **kwargs):
+        from airflow_hetero_gpu.ledger import LedgerError, LedgerUrlError, ReservationConflict
+
+        try:
+            return fn(*args, **kwargs)
+        except (ReservationConflict, LedgerUrlError) as err:  # a mistake: retrying cannot help
+            raise self.placement._fail(str(err)) from None
+        except LedgerError as err:  # unreachable or busy: the task's retries apply
+            raise AirflowException(str(err)) from None
+
+    # --- the steps ----------------------------------------------------------------------------
+    def place(self, waiting_since: float | None = None) -> PlanResult:
+        """Enqueue and, unless admitted at once, wait (or defer) until admitted."""
+        from airflow_hetero_gpu.core.request_check import never_satisfiable
+
+        cluster = self.placement.fresh_cluster()
+        mistake = never_satisfiable(cluster, self.placement.request)
+        if mistake:  # no wait can bring a card or task type the fleet does not have
+            raise self.placement._fail(mistake)
+        entry = self.enqueue()
+        if entry.admitted:
+            return self.take()
+        return self.wait(entry, waiting_since)
+
+    def resume(self, waiting_since: float | None = None) -> PlanResult:
+        """Woken by the trigger as admitted: take it (expired meanwhile: enqueue again)."""
+        from airflow_hetero_gpu.ledger import NoQueueEntry
+
+        try:
+            return self.take()
+        except NoQueueEntry:
+            self.log.warning("job %s: its admission expired before the task resumed; enqueueing again", self.job_id)
+            return self.place(waiting_since)
+
+    def enqueue(self) -> QueueRecord:
+        op = self.op
+        op._waiting_job = self.job_id
+        try:
+            entry = self._ledger_call(op.ledger.enqueue, self.job_id, self.placement.request, priority=op.priority,
+                                      lease_seconds=op.lease_seconds, identity=op._identity(self.placement.context))
+        except BaseException:
+            op._waiting_job = None
+            raise
+        self.say(entry)
+        return entry
+
+    def say(self, entry: QueueRecord) -> None:
+        """Log where the job stands, when that changed."""
+        text = entry.where()
+        if text != self._said:
+            self._said = text
+            self.log.info("job %s: %s", self.job_id, text)
+
+    def take(self) -> PlanResult:
+        """The admission's reservation, as the decision the run uses (logged, pushed to XCom)."""
+        from airflow_hetero_gpu.cli_output import render_plan
+        from airflow_hetero_gpu.ledger import LedgerError, NoQueueEntry
+        from airflow_hetero_gpu.ledger.reservations import existing_result
+
+        op = self.op
+        op._lease_from = time.monotonic()  # the lease surely lasts lease_seconds from here
+        try:
+            res = op.ledger.take_admission(self.job_id)
+        except NoQueueEntry:
+            raise
+        except LedgerError as err:  # unreachable or busy: the task's retries apply
+            raise AirflowException(str(err)) from None
+        op._waiting_job = None
+        outside = sorted(set(res.hosts) - set(op.hook.hosts))
+        if outside:  # the queue places on every host of the ledger's inventory: one ledger per fleet
+            op._release(self.job_id)
+            raise self.placement._fail(
+                f"job {self.job_id}: the ledger's queue admitted it on {', '.join(outside)}, which its ssh_conn_ids "
+                f"do not name; the queue places on every host of the ledger's inventory, so give the task "
+                f"every host of it (or a ledger of its own fleet)")
+        cluster = self.placement.cluster or self.placement.current_cluster()
+        result = existing_result(res, cluster, self.placement.request)
+        self.log.info("job %s: admitted from the queue; placement:\n%s", self.job_id, render_plan(result))
+        decision = result.to_json()
+        inv = self.placement.inventory
+        decision["inventory"] = inv.summary() if inv else None
+        decision["queue"] = {"admitted": True}
+        self.placement.context["ti"].xcom_push(key="decision", value=decision)
+        return result
+
+    def leave(self, why: str) -> None:
+        """Leave the queue (best effort: the entry's lease ends it anyway)."""
+        from airflow_hetero_gpu.ledger import LedgerError
+
+        self.op._waiting_job = None
+        try:
+            if self.op.ledger.leave_queue(self.job_id):
+                self.log.info("job %s: left the queue (%s)", self.job_id, why)
+        except LedgerError as err:
+            self.log.warning("job %s: leaving the queue failed (%s); its lease ends the entry", self.job_id, err)
+
+    def wait(self, entry: QueueRecord, waiting_since: float | None = None) -> PlanResult:
+        op = self.op
+        since = float(waiting_since) if waiting_since else time.time()
+        deadline = since + float(op.capacity_timeout)
+        try:
+            if time.time() >= deadline:
+                raise AirflowException(self.timed_out(entry))
+            if op.deferrable:
+                self.defer(since, deadline)
+            poll = min(float(op.capacity_poll_interval), float(op.lease_seconds) / 3)
+            while True:
+                time.sleep(max(0.0, min(poll, deadline - time.time())))
+                entry = self.renew()
+                if entry.admitted:
+                    return self.take()
+                if time.time() >= deadline:
+                    raise AirflowException(self.timed_out(entry))
+                self.say(entry)
+        except BaseException as err:
+            from airflow.sdk.exceptions import TaskDeferred
+
+            if not isinstance(err, TaskDeferred):  # killed, timed out, failed: nothing left behind
+                self.leave(type(err).__name__)
+            raise
+
+    def renew(self) -> QueueRecord:
+        from airflow_hetero_gpu.ledger import NoQueueEntry
+
+        try:
+            return self._ledger_call(self.op.ledger.renew_queue_entry, self.job_id)
+        except NoQueueEntry:  # swept (the ledger was out of reach longer than the lease): in again
+            self.log.warning("job %s: its queue entry expired; enqueueing again", self.job_id)
+            return self.enqueue()
+
+    def timed_out(self, entry: QueueRecord) -> str:
+        return (f"job {self.job_id}: not admitted within {float(self.op.capacity_timeout):g} s: "
+                f"{entry.where()}")
+
+    def defer(self, since: float, deadline: float) -> None:
+        from airflow_hetero_gpu.triggers.queue import QueueTrigger
+
+        op = self.op
+        self.log.info("job %s: no pool can host the job now; deferring until one can (%.0f s left of %g s)",
+                      self.job_id, deadline - time.time(), float(op.capacity_timeout))
+        # a ledger named by a connection is handed to the trigger by name: no password in its row
+        conn_id = op.ledger_hook.conn_id()
+        op.defer(
+            trigger=QueueTrigger(
+                job_id=self.job_id, ledger_conn_id=conn_id, ledger_url=None if conn_id else op.ledger_hook.get_url(),
+                poll_interval=min(float(op.capacity_poll_interval), float(op.lease_seconds) / 3),
+                timeout=float(op.capacity_timeout), started_at=since,
+            ),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=max(0.0, deadline - time.time()) + 60),
+        )
