@@ -129,8 +129,11 @@ def test_32_processes_reserving_at_once_never_share_a_gpu(ledger_db_url):  # noq
 
 
 # --- half of them killed mid-transaction -------------------------------------------------------------
-HOLDER_LEASE_S = 2.0
-RENEWER_LEASE_S = 8.0
+# a dead holder's lease must outlast all 32 reservations (2-3 s on a loaded 2-core machine; a
+# lease that ran out before the last one legitimately hands its GPUs on, which the test would
+# count as held twice); the test then waits it out
+HOLDER_LEASE_S = 15.0
+RENEWER_LEASE_S = 30.0
 
 
 def _victim(url: str, idx: int, role: str, barrier, out, stop) -> None:
