@@ -72,8 +72,7 @@ def child(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING)
     ids = json.loads(Path(args.conn_ids).read_text())
     op = HeteroTrainOperator(task_id="train", gpu_count=GPUS, command=["date", "+%s.%N"], ssh_conn_ids=ids,
-                             ledger_url=args.ledger, inventory_max_age=args.max_age, lease_seconds=120,
-                             rdzv_port=29500)
+                             ledger_url=args.ledger, inventory_max_age=args.max_age, lease_seconds=120)
     lines: list[tuple[str, str]] = []
     op._on_line = lambda host, rank, stream, line: lines.append((host, line))  # the launched command's output
     ti = _TaskInstance(args.run_id)
