@@ -134,7 +134,7 @@ def _query(client: paramiko.SSHClient, command_timeout: float, nvml_python: str 
 
 
 def _read_together(client: paramiko.SSHClient, command_timeout: float, read_kernel_log: bool,
-                   nvml_python: str | None) -> dict[str, CommandResult]:
+                   nvml_python: str | None, open_timeout: float | None = None) -> dict[str, CommandResult]:
     """The query (or the NVML agent), topo and the kernel-log read in one session: {"query",
     "topo", "xid"}; {} when the host's shell did not run them as a POSIX shell does."""
     if nvml_python is not None:
@@ -145,18 +145,19 @@ def _read_together(client: paramiko.SSHClient, command_timeout: float, read_kern
     commands.append((TOPO_COMMAND, TOPO_COMMAND))
     if read_kernel_log:
         commands.append((XID_COMMAND, "kernel log read"))
-    results = run_together(client, commands, command_timeout, stdin=stdin)
+    results = run_together(client, commands, command_timeout, stdin=stdin, open_timeout=open_timeout)
     return {} if results is None else dict(zip(("query", "topo", "xid"), results))
 
 
 def gather(client: paramiko.SSHClient, command_timeout: float, read_kernel_log: bool,
-           nvml_python: str | None = None) -> tuple[dict[str, str], list[str], str]:
+           nvml_python: str | None = None, open_timeout: float | None = None) -> tuple[dict[str, str], list[str], str]:
     """Run the capture commands on one host: ({file name: text}, warnings, query source).
 
     ``nvml_python``: the host interpreter to run the NVML agent with; None: nvidia-smi only.
+    ``open_timeout``: how long the first session may take to open (default ``command_timeout``).
     """
     warnings: list[str] = []
-    first = _read_together(client, command_timeout, read_kernel_log, nvml_python)
+    first = _read_together(client, command_timeout, read_kernel_log, nvml_python, open_timeout)
     query_text, source = _query(client, command_timeout, nvml_python, warnings, first.get("query"))
     topo = first.get("topo") or run_command(client, TOPO_COMMAND, command_timeout, TOPO_COMMAND)
     if topo.returncode != 0:
