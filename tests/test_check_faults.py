@@ -5,6 +5,7 @@ others. Bounds are relative to a baseline check of the same fleet in the same te
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -119,3 +120,24 @@ def test_a_kept_connection_that_goes_silent_fails_its_host_within_the_connect_ti
         assert report.collected == 4 and hosts["node02"].ok  # a new connection
     finally:
         kept.close()
+
+
+def test_check_with_an_interval_keeps_its_connections_between_checks(embedded_cluster, tmp_path, capsys):
+    from airflow_hetero_gpu.cli import main
+
+    cluster = embedded_cluster(small_hosts(5, gpus=1))
+    hosts = cluster.write_hosts_file(tmp_path / "hosts")
+    before = cluster.connections_opened()
+    code = main(["check", "--hosts-file", str(hosts), "--identity-file", str(cluster.identity_file),
+                 "--known-hosts", str(cluster.known_hosts_path), "--ledger", f"sqlite:///{tmp_path / 'l.db'}",
+                 "--interval", "0.1", "--count", "3", "--json"])
+    assert code == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["check"], r["collected"]) for r in lines] == [(1, 5), (2, 5), (3, 5)]
+    assert {h: n - before[h] for h, n in cluster.connections_opened().items()} == {h.name: 1 for h in cluster.hosts}
+    # one-shot checks open new connections each time
+    for _ in range(2):
+        assert main(["check", "--hosts-file", str(hosts), "--identity-file", str(cluster.identity_file),
+                     "--known-hosts", str(cluster.known_hosts_path),
+                     "--ledger", f"sqlite:///{tmp_path / 'l.db'}", "--json"]) == 0
+    assert {h: n - before[h] for h, n in cluster.connections_opened().items()} == {h.name: 3 for h in cluster.hosts}
