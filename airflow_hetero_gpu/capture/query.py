@@ -245,8 +245,17 @@ def _lost_device(line: str, number: int, path: str) -> LostDevice | None:
     return LostDevice(bus_id, match["message"].strip() or line, number)
 
 
+#: Header lines read before, and their columns: a fleet's hosts print the same few headers.
+_HEADERS: dict[str, dict[str, int]] = {}
+
+
 def _read_header(line: str, number: int, path: str) -> dict[str, int]:
-    """Map each known field to its column; check the header is one and names the required ones."""
+    """Map each known field to its column; check the header is one and names the required ones.
+
+    The mapping returned is shared between the files with the same header: read it, never change it."""
+    known = _HEADERS.get(line)
+    if known is not None:
+        return known
     cells = [cell.strip() for cell in line.split(",")]
     matches = [_HEADER_CELL.fullmatch(cell) for cell in cells]
     if not all(matches):
@@ -275,6 +284,9 @@ def _read_header(line: str, number: int, path: str) -> dict[str, int]:
             "collect with --query-gpu=index,name,memory.total,... --format=csv",
             number,
         )
+    if len(_HEADERS) >= 64:
+        _HEADERS.clear()
+    _HEADERS[line] = columns
     return columns
 
 
@@ -302,8 +314,9 @@ def _cell(field: str, raw: str) -> object:
 
 def _read_row(cells: list[str], columns: dict[str, int], number: int, path: str, line: str) -> QueryRow:
     """Convert one CSV row (``line``, split into ``cells`` of the header's length)."""
+    lowered = line.lower()
     problems = frozenset(PROBLEM_VALUES[c.lower()] for c in cells if c.lower() in PROBLEM_VALUES) \
-        if "[" in line else frozenset()
+        if any(value in lowered for value in PROBLEM_VALUES) else frozenset()
     values = dict(_NO_VALUES)
     for field, column in columns.items():
         raw = cells[column]
