@@ -4,6 +4,7 @@
 
     python benchmarks/task_start_scale.py                       # 10, 100, 1000 hosts, 3 reps
     python benchmarks/task_start_scale.py --hosts 10,100 --reps 2 --no-collect
+    python benchmarks/task_start_scale.py --reps 5 --collect-reps 1
 
 One embedded emulated fleet (:class:`~airflow_hetero_gpu.testing.embedded.EmbeddedCluster`, 8 GPUs
 a host, every host its own 127.x address and host key) serves every size; a fleet of N is its
@@ -16,7 +17,7 @@ only), the reservation, the sweep of leftovers, the launch over SSH, the run, th
 command launched prints the host's clock (``date +%s.%N``), so the figure is the time from the
 start of ``execute()`` to the command running on the chosen host (both on this machine's clock).
 
-Modes, interleaved within a repetition:
+Sizes and modes are interleaved within each repetition. Modes:
 
 - ``fresh``: ``inventory_max_age=3600``: the stored inventory is used, no host is collected;
 - ``collect`` (unless ``--no-collect``): ``inventory_max_age=0``: every host is collected first.
@@ -129,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hosts", default="10,100,1000", help="fleet sizes, comma separated")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--no-collect", action="store_true", help="skip the inventory_max_age=0 runs")
+    parser.add_argument("--collect-reps", type=int, default=None,
+                        help="repetitions of the inventory_max_age=0 runs (default --reps; each collects the fleet)")
     parser.add_argument("--profile", metavar="DIR", help="write a cProfile of each execute() here")
     args = parser.parse_args(argv)
     if args.command == "_child":
@@ -151,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{max(sizes)} emulated hosts started in {time.perf_counter() - started:.1f} s")
             conns, ids = connection_env(cluster)
             env = dict(os.environ, **conns, PYTHONPATH=str(ROOT), AIRFLOW_HOME=str(root / "airflow"))
-            for size in sizes:
+            prepared = {}
+            for size in sizes:  # one stored collection per fleet size first
                 names = [h.name for h in cluster.hosts[:size]]
                 conn_ids = root / f"conn-ids-{size}.json"
                 conn_ids.write_text(json.dumps({n: ids[n] for n in names}))
@@ -166,8 +170,14 @@ def main(argv: list[str] | None = None) -> int:
                     raise SystemExit(f"collecting {size} hosts into the ledger failed ({code})")
                 print(f"  {size} hosts: one collection stored in the ledger in {time.perf_counter() - t0:.1f} s",
                       file=sys.stderr, flush=True)
-                for rep in range(args.reps):
+                prepared[size] = (conn_ids, ledger)
+            # sizes and modes interleaved within each repetition: drift from other load hits all
+            for rep in range(args.reps):
+                for size in sizes:
+                    conn_ids, ledger = prepared[size]
                     for mode, max_age in modes:
+                        if mode == "collect" and args.collect_reps is not None and rep >= args.collect_reps:
+                            continue
                         run_id = f"run-{size}-{mode}-{rep}"
                         r = run_child(cluster, env, conn_ids, ledger, max_age, run_id,
                                       str(Path(args.profile) / f"{run_id}.pstats") if args.profile else None)
@@ -179,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     base = statistics.median(r["to_running"] for r in results[(sizes[0], "fresh")])
     print(f"{'hosts':>5} {'mode':<7} {'to running: median':>18} {'min':>6} {'max':>6} {'execute':>8} "
           f"{'conns job host':>14} {'conns others':>12} {'sessions':>8} {'vs ' + str(sizes[0]) + ' fresh':>12}")
-    for (size, mode), values in results.items():
+    for (size, mode), values in sorted(results.items()):
         walls = [r["to_running"] for r in values]
         med = statistics.median(walls)
         print(f"{size:>5} {mode:<7} {med:16.2f} s {min(walls):6.2f} {max(walls):6.2f} "
