@@ -96,3 +96,12 @@ def test_the_real_sshd_cluster_refuses_the_fish_fault_clearly(tmp_path):
     spec = dataclasses.replace(small_hosts(1, gpus=1)[0], faults=("fish_shell",))
     with pytest.raises(ValueError, match="fault 'fish_shell' is only emulated by the embedded SSH server"):
         EmulatedCluster(tmp_path, [spec])
+
+
+def test_a_timeout_in_the_one_session_read_names_the_command_still_running(client):
+    from airflow_hetero_gpu.collect.reasons import HostFailure
+
+    cluster, ssh = client
+    cluster.set_state("node01", nvidia_smi_delay_s=5.0)  # every nvidia-smi takes 5 s
+    with pytest.raises(HostFailure, match=r"^timeout: 'nvidia-smi --query-gpu' did not finish within 1s$"):
+        gather(ssh, 1.0, read_kernel_log=True)
