@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from airflow_hetero_gpu.collect.command import together_line
 from airflow_hetero_gpu.collect.gather import QUERY_COMMAND, TOPO_COMMAND, XID_COMMAND
 from airflow_hetero_gpu.testing.cluster import PACKAGE_ROOT, SYSTEM_PATH
 from airflow_hetero_gpu.testing.demo import demo_hosts, small_hosts
-from airflow_hetero_gpu.testing.embedded.shell import Simple, parse, run_script
+from airflow_hetero_gpu.testing.embedded.shell import STATUS_WORD, Simple, parse, run_script
 from airflow_hetero_gpu.testing.fake_tools import set_nvidia_smi_present, write_tool_scripts
 from airflow_hetero_gpu.testing.state import write_state
 
@@ -40,7 +41,16 @@ PLANS = [
                                               ("&&", [(("dmesg",), "out", "err"), (("grep", "-F", "|"), "out", "err")])]),
     ('nvidia-smi "--query-gpu=index,name" --format=csv', [("", [(("nvidia-smi", "--query-gpu=index,name",
                                                                   "--format=csv"), "out", "err")])]),
+    ("nvidia-smi -L; printf '\\n%s %s\\n' M $? >&2", [
+        ("", [(("nvidia-smi", "-L"), "out", "err")]),
+        (";", [(("printf", "\\n%s %s\\n", "M", STATUS_WORD), "err", "err")])]),
     ("echo hi", None),                        # not an emulated tool
+    ("printf '%d\\n' 1", None),               # a conversion other than %s
+    ("printf '\\t'", None),                   # an escape other than \\n
+    ("printf", None),
+    ("nvidia-smi -L | printf x", None),       # printf in a pipeline
+    ("nvidia-smi -i $?", None),               # $? outside printf
+    ("printf '%s' $?x", None),
     ("/usr/bin/nvidia-smi -L", None),         # a path: the shell would run that file
     ("nvidia-smi -L $X", None),               # expansion
     ('nvidia-smi -L "$X"', None),
@@ -116,6 +126,12 @@ SAME_AS_BASH = [
     ({}, [], "nvidia-smi -L; dmesg && journalctl -k"),
     ({}, ["nvidia_smi_missing"], "nvidia-smi -L"),               # the shell's own message, 127
     ({}, ["nvidia_smi_missing"], "nvidia-smi -L 2>/dev/null || dmesg"),
+    ({}, [], "printf '%s-%s\\n' a b c; printf 'x\\\\y %% %s\\n'; printf '%s'"),
+    ({}, [], "nvidia-smi --query-gpu=index,bogus --format=csv; printf '%s\\n' $? $?"),
+    # the collector's one-session read: every command's output, then a marker with its status
+    ({}, [], together_line([QUERY_COMMAND, TOPO_COMMAND, XID_COMMAND], "HGPU-0123456789abcdef")),
+    ({}, ["journal_denied", "dmesg_denied"], together_line([TOPO_COMMAND, XID_COMMAND], "HGPU-0")),
+    ({}, ["nvidia_smi_missing"], together_line([QUERY_COMMAND, XID_COMMAND], "HGPU-1")),
 ]
 
 

@@ -21,6 +21,7 @@ the file and line.
 from __future__ import annotations
 
 import csv
+import functools
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -244,8 +245,17 @@ def _lost_device(line: str, number: int, path: str) -> LostDevice | None:
     return LostDevice(bus_id, match["message"].strip() or line, number)
 
 
+#: Header lines read before, and their columns: a fleet's hosts print the same few headers.
+_HEADERS: dict[str, dict[str, int]] = {}
+
+
 def _read_header(line: str, number: int, path: str) -> dict[str, int]:
-    """Map each known field to its column; check the header is one and names the required ones."""
+    """Map each known field to its column; check the header is one and names the required ones.
+
+    The mapping returned is shared between the files with the same header: read it, never change it."""
+    known = _HEADERS.get(line)
+    if known is not None:
+        return known
     cells = [cell.strip() for cell in line.split(",")]
     matches = [_HEADER_CELL.fullmatch(cell) for cell in cells]
     if not all(matches):
@@ -274,30 +284,56 @@ def _read_header(line: str, number: int, path: str) -> dict[str, int]:
             "collect with --query-gpu=index,name,memory.total,... --format=csv",
             number,
         )
+    if len(_HEADERS) >= 64:
+        _HEADERS.clear()
+    _HEADERS[line] = columns
     return columns
 
 
-def _read_row(cells: list[str], columns: dict[str, int], number: int, path: str) -> QueryRow:
-    """Convert one CSV row; ``cells`` already has the header's length."""
-    problems = frozenset(PROBLEM_VALUES[c.lower()] for c in cells if c.lower() in PROBLEM_VALUES)
-    values: dict[str, object] = {attr.attr: None for attr in _FIELDS.values()}
+#: Every field's attribute, None: a row's starting point.
+_NO_VALUES: dict[str, object] = {spec.attr: None for spec in _FIELDS.values()}
+#: What a cell holds when nvidia-smi printed no value there ([N/A], [Not Supported], N/A, ...).
+_NO_VALUE = object()
+
+
+class _EmptyCell(ValueError):
+    pass
+
+
+@functools.lru_cache(maxsize=16384)
+def _cell(field: str, raw: str) -> object:
+    """The value of one cell of ``field``, or ``_NO_VALUE``: a pure function of the two, so the
+    values that repeat across GPUs and hosts (a model name, a power limit, ``N/A``) are read once.
+    Raises _EmptyCell, or ValueError naming what is wrong."""
+    if (raw.startswith("[") and raw.endswith("]")) or raw.upper() == "N/A":
+        return _NO_VALUE
+    if not raw:
+        raise _EmptyCell(field)
+    return _FIELDS[field].convert(raw)
+
+
+def _read_row(cells: list[str], columns: dict[str, int], number: int, path: str, line: str) -> QueryRow:
+    """Convert one CSV row (``line``, split into ``cells`` of the header's length)."""
+    lowered = line.lower()
+    problems = frozenset(PROBLEM_VALUES[c.lower()] for c in cells if c.lower() in PROBLEM_VALUES) \
+        if any(value in lowered for value in PROBLEM_VALUES) else frozenset()
+    values = dict(_NO_VALUES)
     for field, column in columns.items():
-        spec, raw = _FIELDS[field], cells[column]
-        special = (raw.startswith("[") and raw.endswith("]")) or raw.upper() == "N/A"
-        if special:
-            if field == "name" and raw.lower() in PROBLEM_VALUES:
-                values["name"] = raw  # as nvidia-smi printed it; the problem flag marks the GPU
-            elif field == "memory.total" and raw.lower() in PROBLEM_VALUES:
-                pass  # unknown size of a GPU that is flagged lost anyway
-            elif field in REQUIRED_FIELDS:
-                raise CaptureError(path, f"required field {field} has no value ({raw})", number)
-            continue
-        if not raw:
-            raise CaptureError(path, f"field {field} is empty", number)
+        raw = cells[column]
         try:
-            values[spec.attr] = spec.convert(raw)
+            value = _cell(field, raw)
+        except _EmptyCell:
+            raise CaptureError(path, f"field {field} is empty", number) from None
         except ValueError as exc:
             raise CaptureError(path, f"field {field}: {exc}", number) from None
+        if value is not _NO_VALUE:
+            values[_FIELDS[field].attr] = value
+        elif field == "name" and raw.lower() in PROBLEM_VALUES:
+            values["name"] = raw  # as nvidia-smi printed it; the problem flag marks the GPU
+        elif field == "memory.total" and raw.lower() in PROBLEM_VALUES:
+            pass  # unknown size of a GPU that is flagged lost anyway
+        elif field in REQUIRED_FIELDS:
+            raise CaptureError(path, f"required field {field} has no value ({raw})", number)
     return QueryRow(problems=problems, line=number, **values)  # type: ignore[arg-type]
 
 
@@ -336,7 +372,7 @@ def parse_query_csv(text: str, path: str) -> QueryResult:
             raise CaptureError(path, f"nvidia-smi failed in the middle of its output: {_quote(line)}", number)
         if len(cells) != width:
             raise CaptureError(path, f"row has {len(cells)} cell(s), the header has {width}: {_quote(line)}", number)
-        row = _read_row([cell.strip() for cell in cells], columns, number, path)
+        row = _read_row([cell.strip() for cell in cells], columns, number, path, line)
         if row.index in seen:
             raise CaptureError(path, f"GPU index {row.index} appears twice (first on line {seen[row.index]})", number)
         seen[row.index] = number

@@ -90,8 +90,12 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=cmd_collect)
 
 
-def collector_from_args(args: argparse.Namespace, out_dir: str | None) -> Any:
-    """The :class:`~airflow_hetero_gpu.collect.fleet.Collector` the arguments name."""
+def collector_from_args(args: argparse.Namespace, out_dir: str | None, *, keep_connections: bool = False) -> Any:
+    """The :class:`~airflow_hetero_gpu.collect.fleet.Collector` the arguments name.
+
+    ``keep_connections`` (hosts given with ``--hosts``/``--hosts-file``): the SSH connections
+    stay open from one collection to the next (:class:`~.persistent.KeptConnections`, the
+    collector's ``connections``; close it when done)."""
     options = dict(max_parallel=args.max_parallel, connect_timeout=args.connect_timeout,
                    command_timeout=args.command_timeout, retries=args.retries,
                    read_kernel_log=not args.no_kernel_log, use_nvml=args.nvml, nvml_python=args.nvml_python)
@@ -102,6 +106,10 @@ def collector_from_args(args: argparse.Namespace, out_dir: str | None) -> Any:
 
             targets = parse_hosts_arg(args.hosts) if args.hosts is not None else parse_hosts_file(args.hosts_file)
             factory = paramiko_client_factory(args.identity_file, args.known_hosts, args.connect_timeout)
+            if keep_connections:
+                from airflow_hetero_gpu.collect.persistent import KeptConnections
+
+                factory = KeptConnections(factory)
             return SshCollector(targets, factory, out_dir=out_dir, config=args.config, topology_conf=args.topology,
                                 **options)
     except ValueError as exc:

@@ -2,7 +2,14 @@
 
 Constant command lines (nothing from the user is ever interpolated into them): the
 ``nvidia-smi --query-gpu`` query (or the NVML agent), ``nvidia-smi topo -m``, the kernel-log
-Xid read, and on a host with MIG enabled the MIG listings (:mod:`.mig`). :func:`gather` runs them on one connected client and returns the capture files.
+Xid read, and on a host with MIG enabled the MIG listings (:mod:`.mig`). :func:`gather` runs them
+on one connected client and returns the capture files.
+
+The first three run in one SSH session (:func:`~.command.run_together`: one channel and one
+shell on the host instead of three); a host whose login shell is not POSIX prints none of the
+marker lines that split their outputs, and there they run one by one, as do the follow-ups (a
+query asked again without a field the driver refused, the MIG listings, nvidia-smi after an NVML
+agent that could not run).
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ import paramiko
 
 from airflow_hetero_gpu.capture.directory import QUERY_FIELDS
 from airflow_hetero_gpu.capture.query import EXTRA_HEALTH_FIELDS, OPTIONAL_FIELDS, field_group
-from airflow_hetero_gpu.collect.command import CommandResult, run_command
+from airflow_hetero_gpu.collect.command import CommandResult, run_command, run_together
 from airflow_hetero_gpu.collect.mig import mig_enabled, mig_files
 from airflow_hetero_gpu.collect.nvml import AgentReply, agent_command, agent_script, parse_agent_reply
 from airflow_hetero_gpu.collect.reasons import HostFailure, first_line
@@ -46,9 +53,12 @@ def _has_query_header(stdout: str) -> bool:
     return any(line.startswith("index") for line in stdout.splitlines())
 
 
-def _nvml_query(client: paramiko.SSHClient, command_timeout: float, python: str) -> AgentReply:
-    """Run the NVML agent on the host (its source on stdin); a timeout fails the host."""
-    result = run_command(client, agent_command(python), command_timeout, "NVML agent", stdin=agent_script())
+def _nvml_query(client: paramiko.SSHClient, command_timeout: float, python: str,
+                result: CommandResult | None = None) -> AgentReply:
+    """Run the NVML agent on the host (its source on stdin), or read ``result``, its answer in
+    the one-session read; a timeout fails the host."""
+    if result is None:
+        result = run_command(client, agent_command(python), command_timeout, "NVML agent", stdin=agent_script())
     if result.returncode == 127:
         return AgentReply(None, f"{python}: command not found")
     if result.returncode != 0:
@@ -62,20 +72,28 @@ def _nvml_query(client: paramiko.SSHClient, command_timeout: float, python: str)
 _INVALID_FIELD = re.compile(r'Field "(?P<field>[^"]+)" is not a valid field to query')
 
 
-def _smi_query(client: paramiko.SSHClient, command_timeout: float, warnings: list[str]) -> CommandResult:
+def smi_query_command(fields: str) -> str:
+    return f"nvidia-smi --query-gpu={fields} --format=csv"
+
+
+def _smi_query(client: paramiko.SSHClient, command_timeout: float, warnings: list[str],
+               first: CommandResult | None = None) -> CommandResult:
     """``nvidia-smi --query-gpu`` with the SPEC fields plus ``OPTIONAL_FIELDS`` (health, MIG
     mode, NVLink fabric).
 
     A driver that does not know an extra field refuses the whole query (``Field "x" is not a
     valid field to query.``, exit 2): the field is asked for under its older name where it has
     one, else left out with the fields that came with it (``field_group``), and the query runs
-    again; the SPEC fields are always asked for.
+    again; the SPEC fields are always asked for. ``first``: the answer to the first query (all
+    the fields), already read in the one-session read.
     """
     extra = list(OPTIONAL_FIELDS)
     while True:
         fields = ",".join([QUERY_FIELDS, *extra])
-        query = run_command(client, f"nvidia-smi --query-gpu={fields} --format=csv", command_timeout,
-                            "nvidia-smi --query-gpu")
+        if first is not None:
+            query, first = first, None
+        else:
+            query = run_command(client, smi_query_command(fields), command_timeout, "nvidia-smi --query-gpu")
         match = _INVALID_FIELD.search(query.stdout) if query.returncode == 2 else None
         if match is None or not extra:
             return query
@@ -94,18 +112,19 @@ def _smi_query(client: paramiko.SSHClient, command_timeout: float, warnings: lis
 
 
 def _query(client: paramiko.SSHClient, command_timeout: float, nvml_python: str | None,
-           warnings: list[str]) -> tuple[str, str]:
+           warnings: list[str], first: CommandResult | None = None) -> tuple[str, str]:
     """(query.csv text, its source): the NVML agent when asked (``nvml_python`` set) and able,
-    else nvidia-smi."""
+    else nvidia-smi. ``first``: the answer of the first of them, read in the one-session read."""
     if nvml_python is not None:
-        reply = _nvml_query(client, command_timeout, nvml_python)
+        reply = _nvml_query(client, command_timeout, nvml_python, first)
+        first = None
         if reply.ok and reply.query_csv is not None:
             lost = [ln for ln in reply.query_csv.splitlines() if ln.startswith("Unable to determine")]
             if lost:
                 warnings.append(f"nvml: {lost[0]}")
             return reply.query_csv, "nvml"
         warnings.append(f"NVML agent not used ({reply.error}); used nvidia-smi")
-    query = _smi_query(client, command_timeout, warnings)
+    query = _smi_query(client, command_timeout, warnings, first)
     if not _has_query_header(query.stdout):
         raise _nvidia_smi_failure(query)
     if query.returncode != 0:
@@ -114,15 +133,33 @@ def _query(client: paramiko.SSHClient, command_timeout: float, nvml_python: str 
     return query.stdout, "nvidia-smi"
 
 
+def _read_together(client: paramiko.SSHClient, command_timeout: float, read_kernel_log: bool,
+                   nvml_python: str | None, open_timeout: float | None = None) -> dict[str, CommandResult]:
+    """The query (or the NVML agent), topo and the kernel-log read in one session: {"query",
+    "topo", "xid"}; {} when the host's shell did not run them as a POSIX shell does."""
+    if nvml_python is not None:
+        commands, stdin = [(agent_command(nvml_python), "NVML agent")], agent_script()
+    else:
+        commands = [(smi_query_command(",".join([QUERY_FIELDS, *OPTIONAL_FIELDS])), "nvidia-smi --query-gpu")]
+        stdin = None
+    commands.append((TOPO_COMMAND, TOPO_COMMAND))
+    if read_kernel_log:
+        commands.append((XID_COMMAND, "kernel log read"))
+    results = run_together(client, commands, command_timeout, stdin=stdin, open_timeout=open_timeout)
+    return {} if results is None else dict(zip(("query", "topo", "xid"), results))
+
+
 def gather(client: paramiko.SSHClient, command_timeout: float, read_kernel_log: bool,
-           nvml_python: str | None = None) -> tuple[dict[str, str], list[str], str]:
+           nvml_python: str | None = None, open_timeout: float | None = None) -> tuple[dict[str, str], list[str], str]:
     """Run the capture commands on one host: ({file name: text}, warnings, query source).
 
     ``nvml_python``: the host interpreter to run the NVML agent with; None: nvidia-smi only.
+    ``open_timeout``: how long the first session may take to open (default ``command_timeout``).
     """
     warnings: list[str] = []
-    query_text, source = _query(client, command_timeout, nvml_python, warnings)
-    topo = run_command(client, TOPO_COMMAND, command_timeout, TOPO_COMMAND)
+    first = _read_together(client, command_timeout, read_kernel_log, nvml_python, open_timeout)
+    query_text, source = _query(client, command_timeout, nvml_python, warnings, first.get("query"))
+    topo = first.get("topo") or run_command(client, TOPO_COMMAND, command_timeout, TOPO_COMMAND)
     if topo.returncode != 0:
         failure = _nvidia_smi_failure(topo)
         raise HostFailure(f"topo -m: {failure}")
@@ -134,7 +171,7 @@ def gather(client: paramiko.SSHClient, command_timeout: float, read_kernel_log: 
 
         files.update(mig_files(run, warnings))
     if read_kernel_log:
-        xid = run_command(client, XID_COMMAND, command_timeout, "kernel log read")
+        xid = first.get("xid") or run_command(client, XID_COMMAND, command_timeout, "kernel log read")
         lines = [line for line in xid.stdout.splitlines() if "NVRM: Xid" in line]
         # exit 1 with no line is "no Xid"; a denial shows on stderr (other stderr text, such as
         # what a login shell's rc files print, is noise)
@@ -145,4 +182,4 @@ def gather(client: paramiko.SSHClient, command_timeout: float, read_kernel_log: 
     return files, warnings, source
 
 
-__all__ = ["CAPTURE_FILES", "QUERY_COMMAND", "TOPO_COMMAND", "XID_COMMAND", "gather"]
+__all__ = ["CAPTURE_FILES", "QUERY_COMMAND", "TOPO_COMMAND", "XID_COMMAND", "gather", "smi_query_command"]

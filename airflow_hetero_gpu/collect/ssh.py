@@ -54,6 +54,7 @@ from airflow_hetero_gpu.collect.limits import OpenFilesLimitError, ensure_open_f
 from airflow_hetero_gpu.collect.mig import MIG_FILES
 from airflow_hetero_gpu.collect.nvml import agent_command
 from airflow_hetero_gpu.collect.reasons import HostFailure, classify_connect_error  # noqa: F401
+from airflow_hetero_gpu.collect.persistent import drop_client
 from airflow_hetero_gpu.collect.targets import SshTarget
 from airflow_hetero_gpu.fsutil import atomic_write
 
@@ -172,8 +173,11 @@ def collect_host(target: SshTarget, out_dir: Path, client_factory: ClientFactory
             except Exception as exc:  # noqa: BLE001 - every connect error becomes a reason
                 raise classify_connect_error(exc, target, connect_timeout,
                                              time.monotonic() - attempt_started) from exc
+            # the session waits at most the connect timeout: on a connection kept open since an
+            # earlier check, that is all a host that stopped answering gets
             files, warnings, result.query_source = gather(
-                client, command_timeout, read_kernel_log, nvml_python if use_nvml else None)
+                client, command_timeout, read_kernel_log, nvml_python if use_nvml else None,
+                open_timeout=connect_timeout)
             result.files = _write_success(host_dir, files)
             result.warnings = warnings
             result.ok = True
@@ -181,6 +185,8 @@ def collect_host(target: SshTarget, out_dir: Path, client_factory: ClientFactory
             break
         except HostFailure as exc:
             failure = exc
+            if client is not None:
+                drop_client(client)  # a kept connection that failed is not kept
             if not exc.retryable or attempt == retries:
                 break
             log.info("collect %s: %s; retrying (%d/%d)", target.host_name, exc, attempt + 1, retries)

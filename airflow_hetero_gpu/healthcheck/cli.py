@@ -96,6 +96,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     import logging
 
     from airflow_hetero_gpu.collect.cli import collector_from_args
+    from airflow_hetero_gpu.collect.fleet import SshCollector
+    from airflow_hetero_gpu.collect.persistent import KeptConnections
     from airflow_hetero_gpu.healthcheck import HealthWatch
     from airflow_hetero_gpu.healthcheck.check import collector_name
     from airflow_hetero_gpu.healthcheck.metrics import silent_metrics
@@ -104,7 +106,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.count is not None and args.interval is None:
         raise HeteroGpuError("--count goes with --interval")
     spec = _spec(args)
-    collector = collector_from_args(args, None)
+    # between checks the SSH connections stay open (hosts given with --hosts/--hosts-file)
+    collector = collector_from_args(args, None, keep_connections=args.interval is not None)
+    kept = collector.client_factory() if isinstance(collector, SshCollector) else None
+    if not isinstance(kept, KeptConnections):
+        kept = None
     Ledger.from_url(args.ledger).close()  # a writer: created or upgraded now, before any SSH
     quiet = logging.getLogger("airflow_hetero_gpu.check.cli")
     quiet.addHandler(logging.NullHandler())
@@ -130,6 +136,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if kept is not None:
+            kept.close()
     return status
 
 

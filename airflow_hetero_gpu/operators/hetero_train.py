@@ -369,6 +369,7 @@ class HeteroTrainOperator(BaseOperator):
         self.log.info("[%s rank %d] %s", host, rank, line)
 
     def _run(self, job_id: str, result: PlanResult, context: Context) -> dict[str, Any]:
+        from airflow_hetero_gpu.launch.handoff import ConnectionHandoff
         from airflow_hetero_gpu.launch.orphans import kill_orphans
         from airflow_hetero_gpu.operators.gpu_set import GpuSetWatch
         from airflow_hetero_gpu.operators.lease import LeaseKeeper
@@ -376,6 +377,7 @@ class HeteroTrainOperator(BaseOperator):
 
         decision = result.decision
         started = time.monotonic()
+        factory = None
         try:
             # only the hosts this try runs on, and those earlier tries of the job ran on, are
             # touched: a job id is stable across tries, and whatever an earlier try left running
@@ -385,12 +387,14 @@ class HeteroTrainOperator(BaseOperator):
             self.ledger.add_job_hosts(job_id, decision.hosts)
             try:
                 targets = _LazyTargets(self.hook, hosts)
-                factory = self.hook.client_factory(hosts)
+                # the sweep's connection to a host is the launch's (one connection a host)
+                factory = ConnectionHandoff(self.hook.client_factory(hosts))
             except (HeteroGpuError, ValueError) as err:
                 raise self._fail(str(err)) from None
             for host, sweep in kill_orphans(job_id, [targets[h] for h in hosts], factory).items():
                 if sweep.found:
                     self.log.warning("stopped %d leftover process(es) of job %s on %s", len(sweep.found), job_id, host)
+            factory.release(set(decision.hosts))
             kill = lambda: self._job.kill() if self._job is not None else None  # noqa: E731
             lease = LeaseKeeper(lambda: self.ledger, job_id, self.lease_seconds, log=self.log, kill=kill,
                                 lease_from=self._lease_from)
@@ -400,7 +404,7 @@ class HeteroTrainOperator(BaseOperator):
                                    host_timeout=float(self.host_timeout), max_restarts=self.max_restarts,
                                    on_line=self._on_line)
             run = TrainingRun(job_id, settings, targets, factory, lease=lease, gpu_set=gpu_set, log=self.log,
-                              on_job=self._set_job)
+                              on_job=self._set_job, on_started=factory.settle)
             gpu_set.remember(decision.gpus)
             runs, restarts = run.run([g.key for g in decision.gpus])  # rank order along the network tree
         except BaseException:
@@ -408,6 +412,8 @@ class HeteroTrainOperator(BaseOperator):
             # job may outlive the task, and its GPUs go back at once
             if self._job is not None:
                 self._job.kill()
+            if factory is not None:
+                factory.settle()
             self._release(job_id)
             raise
         self._release(job_id)

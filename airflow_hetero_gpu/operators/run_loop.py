@@ -38,7 +38,8 @@ class TrainingRun:
 
     def __init__(self, job_id: str, settings: RunSettings, targets: Mapping[str, Any], factory: Any, *,
                  lease: LeaseKeeper, gpu_set: GpuSetWatch, log: Any,
-                 on_job: Callable[[Any], None] = lambda job: None):
+                 on_job: Callable[[Any], None] = lambda job: None,
+                 on_started: Callable[[], None] = lambda: None):
         self.job_id = job_id
         self.settings = settings
         self.targets = targets
@@ -47,6 +48,7 @@ class TrainingRun:
         self.gpu_set = gpu_set
         self.log = log
         self._on_job = on_job
+        self._on_started = on_started  # each time the job has started on every host
         self.job = None
 
     def kill(self) -> None:
@@ -88,6 +90,7 @@ class TrainingRun:
         self._on_job(job)
         self.log.info("job %s: starting on %s", self.job_id, fmt_gpus(gpus))
         job.start()
+        self._on_started()
         check_every = min(self.lease.renew_every, 5.0)
         next_gpus = None
         while True:

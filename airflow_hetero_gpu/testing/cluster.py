@@ -29,7 +29,7 @@ from airflow_hetero_gpu.testing import procs
 from airflow_hetero_gpu.testing.fake_tools import set_nvidia_smi_present, write_tool_scripts
 from airflow_hetero_gpu.testing.hoststate import EmulatedHost, HostStateMethods
 from airflow_hetero_gpu.testing.sshd import Sshd, SshdError, free_port, generate_key
-from airflow_hetero_gpu.testing.state import HostSpec, write_state
+from airflow_hetero_gpu.testing.state import EMBEDDED_ONLY_FAULTS, HostSpec, write_state
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 SYSTEM_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
@@ -48,6 +48,9 @@ class EmulatedCluster(HostStateMethods):
             raise ValueError(f"host names must be unique: {names}")
         if not hosts:
             raise ValueError("an emulated cluster needs at least one host")
+        for spec in hosts:
+            for fault in spec.faults:
+                self._check_fault(fault)
         self.root = Path(root).resolve()
         self.specs = list(hosts)
         self.start_timeout = start_timeout
@@ -227,6 +230,12 @@ class EmulatedCluster(HostStateMethods):
         return {name: sshd.pid for name, sshd in self._sshd.items()}
 
     # -- faults --------------------------------------------------------------------------------
+
+    def _check_fault(self, kind: str) -> None:
+        super()._check_fault(kind)
+        if kind in EMBEDDED_ONLY_FAULTS:
+            raise ValueError(f"fault {kind!r} is only emulated by the embedded SSH server; "
+                             "use EmbeddedCluster for it")
 
     def _apply_process_fault(self, name: str, kind: str, *, on: bool) -> None:
         host = self.host(name)

@@ -63,7 +63,14 @@ FAULTS = (
     "network_silent",      # every sshd process SIGSTOPped: open connections go quiet, jobs run on
     "journal_denied",      # journalctl -k: no permission
     "dmesg_denied",        # dmesg: "read kernel buffer failed: Operation not permitted"
+    "fish_shell",          # the login shell is fish: a line using $? is refused (embedded only)
 )
+
+#: The login shell is not POSIX: fish refuses a command line that uses ``$?``.
+FISH_SHELL = "fish_shell"
+#: Faults only the embedded server emulates (a real sshd runs every host's commands with the
+#: one login shell of the cluster's user).
+EMBEDDED_ONLY_FAULTS = (FISH_SHELL,)
 
 #: Faults the fake tools act on by reading the state (the others are process-level).
 STATE_FAULTS = ("driver_gone", "no_devices", "journal_denied", "dmesg_denied")

@@ -320,6 +320,20 @@ class EmbeddedCluster(HostStateMethods):
             counts.update(server.request("connections")["connections"])
         return counts
 
+    def connections_opened(self) -> dict[str, int]:
+        """SSH connections accepted per host since the fleet started (closed ones included)."""
+        return self._counts("opened")
+
+    def sessions_opened(self) -> dict[str, int]:
+        """SSH sessions (exec channels) opened per host since the fleet started."""
+        return self._counts("sessions")
+
+    def _counts(self, key: str) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for server in self._servers:
+            counts.update(server.request("connections")[key])
+        return counts
+
     def server_cpu_seconds(self) -> float:
         """CPU seconds used so far by the servers and the processes they ran and reaped."""
         total = 0.0

@@ -12,7 +12,7 @@ control request answered by one line on stdout (same ``id``)::
 
     {"id": 1, "op": "fault", "host": "node0001", "kind": "hang", "on": true}   -> {"id": 1, "ok": true}
     {"id": 2, "op": "drop", "host": "node0001"}                   -> {"id": 2, "ok": true, "dropped": 1}
-    {"id": 3, "op": "connections"}                                 -> {"id": 3, "ok": true, "connections": {...}}
+    {"id": 3, "op": "connections"}   -> {"id": 3, "ok": true, "connections": {...}, "opened": {...}, "sessions": {...}}
     {"id": 4, "op": "cpu"}                 -> {"id": 4, "ok": true, "self": 1.2, "children": 0.3}
 
 A request that cannot be met gets ``{"id": N, "ok": false, "error": "one line"}``.
@@ -67,7 +67,9 @@ class FleetServer:
             kids = resource.getrusage(resource.RUSAGE_CHILDREN)
             return {"self": own.ru_utime + own.ru_stime, "children": kids.ru_utime + kids.ru_stime}
         if op == "connections":
-            return {"connections": {name: len(h.connections) for name, h in self.hosts.items()}}
+            return {"connections": {name: len(h.connections) for name, h in self.hosts.items()},
+                    "opened": {name: h.opened for name, h in self.hosts.items()},
+                    "sessions": {name: h.sessions for name, h in self.hosts.items()}}
         host = self.hosts.get(request.get("host", ""))
         if host is None:
             raise ValueError(f"no emulated host {request.get('host')!r}")

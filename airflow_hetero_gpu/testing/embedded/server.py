@@ -34,7 +34,7 @@ import asyncssh
 
 from airflow_hetero_gpu.testing import procs
 from airflow_hetero_gpu.testing.embedded import shell
-from airflow_hetero_gpu.testing.state import read_state
+from airflow_hetero_gpu.testing.state import FISH_SHELL, read_state
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +105,7 @@ class _Server(asyncssh.SSHServer):
     def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
         self.conn = conn
         self.host.connections.add(conn)
+        self.host.opened += 1
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.conn is not None:
@@ -123,6 +124,7 @@ class _Server(asyncssh.SSHServer):
         return username == self.host.fleet.user and key.public_data in self.host.client_keys
 
     def session_requested(self) -> "_Session":
+        self.host.sessions += 1
         return _Session(self.host)
 
 
@@ -271,11 +273,22 @@ class _Session(asyncssh.SSHServerSession):
     # -- running -------------------------------------------------------------------------------
 
     async def _run(self, command: str) -> None:
+        if "$?" in command and FISH_SHELL in (self._faults() or ()):
+            # fish refuses the whole line before it runs any of it (3.x: exit 127, this message)
+            self.send(2, f"fish: $? is not the exit status. In fish, please use $status.\n{command}\n".encode())
+            self.chan.exit(127)
+            return
         script = shell.parse(command)
         if script is not None:
             await self._run_in_process(script)
         else:
             await self._run_process(command)
+
+    def _faults(self) -> list[str] | None:
+        try:
+            return list(self.host.state().get("faults") or [])
+        except (OSError, ValueError):
+            return None  # _run_in_process says so
 
     async def _run_in_process(self, script: shell.Script) -> None:
         try:
@@ -338,6 +351,10 @@ class EmbeddedHost:
         self.acceptor: asyncssh.SSHAcceptor | None = None
         self.silent: socket.socket | None = None
         self.connections: set[asyncssh.SSHServerConnection] = set()
+        #: SSH connections accepted since the server started (what a benchmark counts).
+        self.opened = 0
+        #: SSH sessions (channels) opened on them.
+        self.sessions = 0
         self.processes: set[asyncio.SubprocessTransport] = set()
         self.tasks: set[asyncio.Task[Any]] = set()
         self._path = ":".join((entry.bin_dir, *fleet.path_tail))

@@ -3,7 +3,9 @@
 A remote command line is parsed into lists (``;``, ``&&``, ``||``) of pipelines (``|``) of simple
 commands with a few redirections (``>/dev/null``, ``2>/dev/null``, ``2>&1``, ``>&2``,
 ``</dev/null``). When every simple command is one of the emulated tools (``nvidia-smi``,
-``dmesg``, ``journalctl``, from :mod:`..fake_tools`) or a plain ``grep`` reading a pipe,
+``dmesg``, ``journalctl``, from :mod:`..fake_tools`), a plain ``grep`` reading a pipe, or a
+``printf`` of ``%s`` fields whose arguments may be the last exit status ``$?`` (the marker lines
+of the collector's one-session reads, :func:`~airflow_hetero_gpu.collect.command.run_together`),
 :func:`parse` returns a :class:`Script` and :func:`run_script` runs it here, calling the fake
 tools' functions directly: the same text the tools print when a real shell starts them, without a
 shell or a Python process per command. Anything else (variables, globs, substitutions, other
@@ -33,6 +35,8 @@ _WORD_END = set(" \t|;<>&")
 #: comments, background jobs, line breaks).
 _UNSAFE = set("$`\\(){}*?[]~#!&\n\r")
 _DEV_NULL = "/dev/null"
+#: The word ``$?`` (the last exit status) in an argv: NUL never occurs in a shell word.
+STATUS_WORD = "\0$?"
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,10 @@ def _scan(line: str) -> list[_Token] | None:
             continue
         if c == "&":
             return None  # a background job
+        if line.startswith("$?", i) and (i + 2 == n or line[i + 2] in _WORD_END):
+            tokens.append(_Token("word", STATUS_WORD, i, i + 2))
+            i += 2
+            continue
         start, quoted = i, False
         while i < n and line[i] not in _WORD_END:
             c = line[i]
@@ -148,7 +156,11 @@ def _simple(tokens: list[_Token]) -> Simple | None:
         else:
             argv.append(tok.text)
             i += 1
-    if not argv or "=" in argv[0] or (argv[0] not in TOOLS and argv[0] != "grep"):
+    if not argv or "=" in argv[0] or (argv[0] not in TOOLS and argv[0] not in ("grep", "printf")):
+        return None
+    if STATUS_WORD in argv[:1] or (argv[0] != "printf" and STATUS_WORD in argv):
+        return None
+    if argv[0] == "printf" and (len(argv) < 2 or _printf_format(argv[1]) is None):
         return None
     return Simple(tuple(argv), streams["stdout"], streams["stderr"])
 
@@ -180,6 +192,8 @@ def parse(line: str) -> Script | None:
     for _, commands in items:
         if commands[0].argv[0] == "grep":
             return None  # grep would read the session's stdin
+        if any(c.argv[0] == "printf" for c in commands) and len(commands) > 1:
+            return None  # printf only on its own
         if any(c.argv[0] != "grep" for c in commands[1:]):
             return None  # only grep reads a pipe here
         if any(_grep(c.argv) is None for c in commands if c.argv[0] == "grep"):
@@ -245,6 +259,39 @@ def _run_grep(argv: tuple[str, ...], stdin: str, out: TextIO) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# printf (the shell builtin, %s fields only)
+# ---------------------------------------------------------------------------------------------
+
+_PRINTF_PART = re.compile(r"%s|%%|\\n|\\\\|[^%\\]+")
+
+
+def _printf_format(text: str) -> list[str] | None:
+    """``text`` split into literals and ``%s`` fields (``\\n``, ``\\\\`` and ``%%`` decoded), or None
+    when it uses anything else (other conversions, other escapes)."""
+    parts, position = [], 0
+    for match in _PRINTF_PART.finditer(text):
+        if match.start() != position:
+            return None
+        piece = match.group()
+        parts.append({"\\n": "\n", "\\\\": "\\", "%%": "%"}.get(piece, piece))
+        position = match.end()
+    return parts if position == len(text) else None
+
+
+def _run_printf(argv: tuple[str, ...], status: int, out: TextIO) -> int:
+    """bash's ``printf FORMAT ARG...``: the format again while arguments are left, a missing
+    argument an empty string."""
+    parts = _printf_format(argv[1])
+    assert parts is not None  # checked by parse()
+    args = [str(status) if arg == STATUS_WORD else arg for arg in argv[2:]]
+    fields = parts.count("%s")
+    while True:
+        out.write("".join((args.pop(0) if args else "") if part == "%s" else part for part in parts))
+        if not args or not fields:
+            return 0
+
+
+# ---------------------------------------------------------------------------------------------
 # Running a script
 # ---------------------------------------------------------------------------------------------
 
@@ -274,6 +321,8 @@ def run_script(script: Script, state: Mapping[str, object]) -> tuple[int, bytes,
             tool = simple.argv[0]
             if tool == "grep":
                 status = _run_grep(simple.argv, piped, cmd_out)
+            elif tool == "printf":
+                status = _run_printf(simple.argv, status, cmd_out)
             elif _command_not_found(tool, state):
                 cmd_err.write(f"bash: line 1: {tool}: command not found\n")
                 status = 127
