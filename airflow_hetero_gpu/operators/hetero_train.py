@@ -373,6 +373,7 @@ class HeteroTrainOperator(BaseOperator):
         from airflow_hetero_gpu.launch.orphans import kill_orphans
         from airflow_hetero_gpu.operators.gpu_set import GpuSetWatch
         from airflow_hetero_gpu.operators.lease import LeaseKeeper
+        from airflow_hetero_gpu.operators.targets import LazyTargets
         from airflow_hetero_gpu.operators.run_loop import RunSettings, TrainingRun
 
         decision = result.decision
@@ -386,7 +387,7 @@ class HeteroTrainOperator(BaseOperator):
             hosts = list(dict.fromkeys(decision.hosts + earlier))
             self.ledger.add_job_hosts(job_id, decision.hosts)
             try:
-                targets = _LazyTargets(self.hook, hosts)
+                targets = LazyTargets(self.hook, hosts)
                 # the sweep's connection to a host is the launch's (one connection a host)
                 factory = ConnectionHandoff(self.hook.client_factory(hosts))
             except (HeteroGpuError, ValueError) as err:
@@ -478,20 +479,6 @@ class HeteroTrainOperator(BaseOperator):
             self.log.info("task killed: stopping job %s on every host", job.job_id)
             job.kill()
             self._release(job.job_id, patience=5.0)
-
-
-class _LazyTargets(dict):
-    """The job's SSH targets, each host's connection read when first needed (a replacement may
-    move the job to a host it did not start on)."""
-
-    def __init__(self, hook: Any, hosts: Sequence[str]):
-        super().__init__(hook.ssh_targets(hosts))
-        self._hook = hook
-
-    def __missing__(self, host: str):
-        target = self._hook.ssh_targets([host])[host]
-        self[host] = target
-        return target
 
 
 def _as_int(value: Any, name: str) -> int:
