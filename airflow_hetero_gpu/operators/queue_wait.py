@@ -51,13 +51,13 @@ class QueueWait:
 
     # --- the steps ----------------------------------------------------------------------------
     def place(self, waiting_since: float | None = None) -> PlanResult:
-        """Enqueue and, unless admitted at once, wait (or defer) until admitted."""
-        from airflow_hetero_gpu.core.request_check import never_satisfiable
-
-        cluster = self.placement.fresh_cluster()
-        mistake = never_satisfiable(cluster, self.placement.request)
-        if mistake:  # no wait can bring a card or task type the fleet does not have
-            raise self.placement._fail(mistake)
+        """Reserve now where a pool fits outside the heads' claims (the ledger's ``reserve``
+        leaves claimed GPUs alone, and every write's admission pass has already started every
+        waiting job the free GPUs could hold), logging every pool's evaluation; otherwise enqueue
+        and, unless admitted at once, wait (or defer) until admitted."""
+        result = self.placement.reserve()  # a card or task type the fleet lacks fails here
+        if result.decision is not None:
+            return result
         entry = self.enqueue()
         if entry.admitted:
             return self.take()
