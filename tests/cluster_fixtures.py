@@ -13,7 +13,6 @@ Tests using it are skipped, with the reason, only when the OpenSSH server is not
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import pytest
@@ -32,16 +31,13 @@ SKIP_REASON = (
 )
 
 
-@pytest.fixture
-def emulated_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFactory]:
-    """A factory ``(hosts=None, **kwargs) -> started EmulatedCluster`` (demo hosts by default)."""
-    if not sshd_available():
-        pytest.skip(SKIP_REASON)
-    made: list[EmulatedCluster] = []
+def _started_clusters(tmp_path_factory: pytest.TempPathFactory, cls: Callable[..., Any],
+                      prefix: str) -> Iterator[Callable[..., Any]]:
+    """Yield a factory of started ``cls`` clusters (demo hosts by default), stopping them all after."""
+    made: list[Any] = []
 
-    def factory(hosts: Sequence[HostSpec] | None = None, **kwargs: Any) -> EmulatedCluster:
-        root: Path = tmp_path_factory.mktemp("emucluster")
-        cluster = EmulatedCluster(root, list(hosts) if hosts is not None else demo_hosts(), **kwargs)
+    def factory(hosts: Sequence[HostSpec] | None = None, **kwargs: Any) -> Any:
+        cluster = cls(tmp_path_factory.mktemp(prefix), list(hosts) if hosts is not None else demo_hosts(), **kwargs)
         made.append(cluster)
         return cluster.start()
 
@@ -50,22 +46,18 @@ def emulated_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clust
     finally:
         for cluster in made:
             cluster.stop()
+
+
+@pytest.fixture
+def emulated_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFactory]:
+    """A factory ``(hosts=None, **kwargs) -> started EmulatedCluster`` (demo hosts by default)."""
+    if not sshd_available():
+        pytest.skip(SKIP_REASON)
+    yield from _started_clusters(tmp_path_factory, EmulatedCluster, "emucluster")
 
 
 @pytest.fixture
 def embedded_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Any]]:
     """A factory ``(hosts=None, **kwargs) -> started EmbeddedCluster`` (demo hosts by default):
     the asyncssh-served fleet, which needs no sshd and is never skipped."""
-    made: list[EmbeddedCluster] = []
-
-    def factory(hosts: Sequence[HostSpec] | None = None, **kwargs: Any) -> EmbeddedCluster:
-        root: Path = tmp_path_factory.mktemp("embedded")
-        cluster = EmbeddedCluster(root, list(hosts) if hosts is not None else demo_hosts(), **kwargs)
-        made.append(cluster)
-        return cluster.start()
-
-    try:
-        yield factory
-    finally:
-        for cluster in made:
-            cluster.stop()
+    yield from _started_clusters(tmp_path_factory, EmbeddedCluster, "embedded")

@@ -58,6 +58,18 @@ class HostStateMethods:
         """The login name clients use (the user running the cluster)."""
         return current_user()
 
+    def ssh_argv(self, name: str, command: str) -> list[str]:
+        """An OpenSSH client command line that reaches the host with strict host-key checking
+        (the cluster's ``identity_file`` and ``known_hosts_path``)."""
+        host = self.host(name)
+        return [
+            "ssh", "-i", str(self.identity_file),
+            "-o", f"UserKnownHostsFile={self.known_hosts_path}",
+            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
+            "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=5",
+            "-p", str(host.port), f"{self.user}@{host.address}", command,
+        ]
+
     def host(self, name: str) -> EmulatedHost:
         for host in self.hosts:
             if host.name == name:

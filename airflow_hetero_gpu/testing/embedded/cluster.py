@@ -185,17 +185,6 @@ class EmbeddedCluster(HostStateMethods):
     def known_hosts_path(self) -> Path:
         return self.root / "known_hosts"
 
-    def ssh_argv(self, name: str, command: str) -> list[str]:
-        """An OpenSSH client command line that reaches the host with strict host-key checking."""
-        host = self.host(name)
-        return [
-            "ssh", "-i", str(self.identity_file),
-            "-o", f"UserKnownHostsFile={self.known_hosts_path}",
-            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
-            "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=5",
-            "-p", str(host.port), f"{self.user}@{host.address}", command,
-        ]
-
     # -- life cycle ----------------------------------------------------------------------------
 
     def start(self) -> "EmbeddedCluster":
