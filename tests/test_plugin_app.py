@@ -172,10 +172,23 @@ def test_nav_entry_in_the_plugins_api(server, admin):
 
 
 def _open_cluster_page(page):
-    """From the Airflow UI's navigation: Browse, then GPU cluster; returns the page's frame."""
-    page.get_by_role("button", name="Browse").click()
-    page.get_by_role("menuitem", name="GPU cluster").click()
-    page.wait_for_url("**/plugin/hetero-gpu")
+    """From the Airflow UI's navigation: Browse, then GPU cluster; returns the page's frame.
+
+    On a loaded machine a click on the menu can land while the UI is still rendering and
+    open nothing (CI once waited 60 s for a navigation that never started), so the two clicks
+    are repeated, three times at most, until the UI has gone to the page."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for attempt in range(3):
+        page.get_by_role("button", name="Browse").click()
+        page.get_by_role("menuitem", name="GPU cluster").click()
+        try:
+            page.wait_for_url("**/plugin/hetero-gpu", timeout=20_000)
+            break
+        except PlaywrightTimeout:
+            if attempt == 2:
+                raise
+            page.keyboard.press("Escape")
     return page.frame_locator("iframe")
 
 
