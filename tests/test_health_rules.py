@@ -401,3 +401,63 @@ def test_collector_query_falls_back_field_by_field(monkeypatch, unknown, extra, 
     assert got_warnings == warnings
     assert len(commands) == queries
     assert parse_query_csv(result.stdout, "query.csv").rows[0].index == 0
+
+
+# --- the reasons memo of one cluster build ----------------------------------------------------------
+def _other_value(value):
+    if isinstance(value, bool) or value is None:
+        return True if value is not True else False
+    if isinstance(value, frozenset):
+        return frozenset({"[GPU requires reset]"}) if not value else frozenset()
+    if isinstance(value, (int, float)):
+        return value + 7
+    return value + " changed"
+
+
+def test_the_reasons_memo_key_holds_every_fact_the_rules_read():
+    """Changing any one field of a row either leaves its GpuFacts as they were or changes the
+    memo's key: two GPUs that share a key share their reasons rightly."""
+    import dataclasses
+
+    from airflow_hetero_gpu.capture.query import QueryRow
+    from airflow_hetero_gpu.core.inventory import _health_key
+
+    base = QueryRow(index=0, uuid="GPU-1", name="NVIDIA GB200", pci_bus_id="00000000:01:00.0",
+                    memory_total_mib=1000.0, memory_used_mib=0.0, utilization_pct=0.0, temperature_c=40.0,
+                    power_w=100.0, power_limit_w=700.0, ecc_uncorrected=0, retired_pages_pending=False,
+                    problems=frozenset(), line=2, fabric_state="Completed", fabric_status="Success",
+                    fabric_cluster_uuid="0", fabric_health_summary="Healthy", fabric_health_bandwidth="Full")
+    covered = 0
+    for f in dataclasses.fields(QueryRow):
+        changed = dataclasses.replace(base, **{f.name: _other_value(getattr(base, f.name))})
+        if GpuFacts.from_row(changed) != GpuFacts.from_row(base):
+            assert _health_key(changed, None, False, ()) != _health_key(base, None, False, ()), f.name
+            covered += 1
+    assert covered >= 11  # the rules read that many fields (the name only for GB200/GB300)
+    assert _health_key(base, "ssh: timed out", False, ()) != _health_key(base, None, False, ())
+    assert _health_key(base, None, True, ()) != _health_key(base, None, False, ())
+    assert _health_key(base, None, False, (79,)) != _health_key(base, None, False, ())
+
+
+def test_a_cluster_built_with_the_memo_has_every_gpus_own_reasons(tmp_path):
+    """A fleet whose GPUs share some facts and differ in others: each GPU's reasons are what
+    the rules give for it alone."""
+    from airflow_hetero_gpu.core.inventory import host_gpus
+
+    specs = small_hosts(3, gpus=4)
+    specs[0].gpus[1].ecc_uncorrected_volatile = 3
+    specs[1].gpus[2].temperature_c = 95
+    specs[2].gpus[3].temperature_c = 95  # the same facts as specs[1]'s GPU 2: one memo entry
+    from airflow_hetero_gpu.testing.captures import write_capture_dir
+
+    write_capture_dir(tmp_path, specs)
+    caps = read_capture_dir(tmp_path)
+    config = ClusterConfig()
+    memo: dict = {}
+    shared = [g for cap in caps.hosts.values() for g in host_gpus(cap, config, None, memo)]
+    alone = [g for cap in caps.hosts.values() for g in host_gpus(cap, config, None, {})]
+    assert shared == alone
+    reasons = {(g.host, g.index): g.reasons for g in shared if g.reasons}
+    assert reasons == {(specs[0].name, 1): ("ecc",), (specs[1].name, 2): ("temperature",),
+                       (specs[2].name, 3): ("temperature",)}
+    assert len(memo) < len(shared)  # the healthy GPUs of equal facts share one entry

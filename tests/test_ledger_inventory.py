@@ -12,7 +12,7 @@ import pytest
 from airflow_hetero_gpu.cli import main
 from airflow_hetero_gpu.collect.freshness import FreshInventory
 from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
-from airflow_hetero_gpu.ledger import Ledger, LedgerError
+from airflow_hetero_gpu.ledger import Ledger, LedgerError, schema
 from airflow_hetero_gpu.ledger.inventory import HostRecord
 from airflow_hetero_gpu.testing.captures import host_files, write_capture_dir
 from airflow_hetero_gpu.testing.demo import small_hosts
@@ -198,7 +198,7 @@ def test_readers_never_create_a_database(tmp_path, capsys, monkeypatch):
 def test_an_empty_ledger_says_how_to_fill_it(tmp_path, capsys):
     url = f"sqlite:///{tmp_path / 'l.db'}"
     code, out, _ = _run(capsys, "ledger", "init", url)
-    assert code == 0 and "schema version 6" in out
+    assert code == 0 and f"schema version {schema.LATEST}" in out
     for argv in (["plan", "--gpus", "1"], ["inventory"], ["captures", "export", "--out", str(tmp_path / "x")]):
         code, _, err = _run(capsys, *argv, "--ledger", url)
         assert code == 2 and "holds no inventory" in err and "hetero-gpu collect --ledger" in err, err
@@ -223,7 +223,7 @@ def test_an_old_ledger_is_refused_by_readers_and_upgraded_by_init(tmp_path, caps
     code, _, err = _run(capsys, "reservations", "--ledger", str(path))
     assert code == 2 and "schema version 3, older than" in err and "hetero-gpu ledger init" in err
     code, out, _ = _run(capsys, "ledger", "init", str(path))
-    assert code == 0 and "schema version 6" in out
+    assert code == 0 and f"schema version {schema.LATEST}" in out
     assert _run(capsys, "reservations", "--ledger", str(path))[0] == 0
 
 

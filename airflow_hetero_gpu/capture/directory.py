@@ -71,11 +71,14 @@ def _read_text(path: Path) -> str:
 HOST_FILES = ("error.txt", "query.csv", "topo.txt", "xid.log", "mig.txt", "mig-usage.txt")
 
 
-def parse_host(host: str, files: Mapping[str, str], where: str, *, error: str | None = None) -> HostCapture:
+def parse_host(host: str, files: Mapping[str, str], where: str, *, error: str | None = None,
+               query: QueryResult | None = None) -> HostCapture:
     """Parse one host's raw outputs (``{file name: text}``, the files of ``hosts/<host>/``).
 
     ``where`` names the host's capture in messages (its directory, or the ledger row);
-    ``error`` is the host's collection failure when it does not come as an ``error.txt`` file.
+    ``error`` is the host's collection failure when it does not come as an ``error.txt`` file;
+    ``query`` is ``files["query.csv"]`` already parsed (the ledger's facts), used instead of
+    parsing the text again.
     """
     if not HOST_NAME.match(host):
         raise CaptureError(where, f"host directory name {host!r} is not a valid host name")
@@ -85,7 +88,7 @@ def parse_host(host: str, files: Mapping[str, str], where: str, *, error: str | 
         cap.error = " ".join(text.split()) or "collection failed (empty error.txt)"
     q = f"{where}/query.csv"
     if "query.csv" in files:
-        cap.query = parse_query_csv(files["query.csv"], q)
+        cap.query = query if query is not None else parse_query_csv(files["query.csv"], q)
         if cap.query.host_error and cap.error is None:
             cap.error = cap.query.host_error
     elif cap.error is None:

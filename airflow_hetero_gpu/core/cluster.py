@@ -63,7 +63,13 @@ class Cluster:
     def __post_init__(self) -> None:
         self.gpus = sorted(self.gpus, key=lambda g: (g.host, g.index, -1 if g.instance is None else g.instance))
         # task types come from the config (cluster.yaml's rules); stamp them on the GPUs
-        self.gpus = [_with_task_types(g, self.config.task_types_for(g.host, g.name)) for g in self.gpus]
+        types: dict[tuple[str, str], tuple[str, ...]] = {}  # the rules match a host and a card type
+        for i, g in enumerate(self.gpus):
+            which = (g.host, g.name)
+            found = types.get(which)
+            if found is None:
+                found = types[which] = self.config.task_types_for(g.host, g.name)
+            self.gpus[i] = _with_task_types(g, found)
         self.keys = [g.key for g in self.gpus]  # GpuKey by position
         self.position = {k: i for i, k in enumerate(self.keys)}
         if len(self.position) != len(self.gpus):

@@ -67,11 +67,22 @@ class XidRule:
 XIDS_FROM_LEDGER = XidRule(None)
 
 
-def host_gpus(cap: HostCapture, config: ClusterConfig, xid_rule: XidRule | None = None) -> list[Gpu]:
+def _health_key(r: QueryRow, host_error: str | None, stale: bool, xids: tuple[int, ...]) -> tuple:
+    """Everything :meth:`GpuFacts.from_row` reads of a row, and the host's part: equal keys,
+    equal facts, equal reasons."""
+    return (r.problems, r.ecc_uncorrected, r.retired_pages_pending, r.temperature_c, r.remapped_rows_failure,
+            r.remapped_rows_pending, r.hw_slowdown, r.fabric_state, r.fabric_status, r.fabric_health_summary,
+            r.fabric_health_bandwidth, r.name, r.fabric_cluster_uuid, host_error, stale, xids)
+
+
+def host_gpus(cap: HostCapture, config: ClusterConfig, xid_rule: XidRule | None = None,
+              reasons_memo: dict[tuple, tuple[str, ...]] | None = None) -> list[Gpu]:
     """The GPUs of one host with their health (SPEC §4).
 
     ``xid_rule``: which Xid lines count (default: the offline rule with cluster.yaml's
-    ``thresholds.xid_window_s``).
+    ``thresholds.xid_window_s``). ``reasons_memo``: health reasons by facts, shared by the
+    hosts of one build under one ``config`` (the GPUs of a fleet have a few hundred distinct
+    facts at most: the health rules run once for each).
     """
     th = config.thresholds
     rule = xid_rule if xid_rule is not None else XidRule.offline(th.xid_window_s)
@@ -83,10 +94,15 @@ def host_gpus(cap: HostCapture, config: ClusterConfig, xid_rule: XidRule | None 
         if rule.counts(ev, cap):
             xids_by_bus.setdefault(ev.pci_bus_id, []).append(ev.xid)
     gpus: list[Gpu] = []
+    memo = {} if reasons_memo is None else reasons_memo
+    stale = cap.stale is not None
     for r in rows:
-        facts = GpuFacts.from_row(r, host_error=host_error, stale=cap.stale is not None,
-                                  xids=xids_by_bus.get(r.pci_bus_id, ()) if r.pci_bus_id else ())
-        reasons = health_reasons(facts, th)
+        xids = tuple(xids_by_bus.get(r.pci_bus_id, ())) if r.pci_bus_id else ()
+        key = _health_key(r, host_error, stale, xids)
+        reasons = memo.get(key)
+        if reasons is None:
+            facts = GpuFacts.from_row(r, host_error=host_error, stale=stale, xids=xids)
+            reasons = memo[key] = health_reasons(facts, th)
         util = None if r.utilization_pct is None else r.utilization_pct / 100.0
         gpu = Gpu(
             host=cap.host,
@@ -202,8 +218,9 @@ def cluster_from_captures(captures: CaptureSet, config: ClusterConfig | None = N
     gpus: list[Gpu] = []
     wiring: dict[str, HostWiring] = {}
     errors: dict[str, str] = {}
+    reasons_memo: dict[tuple, tuple[str, ...]] = {}
     for name, cap in captures.hosts.items():
-        gpus.extend(host_gpus(cap, config, xid_rule))
+        gpus.extend(host_gpus(cap, config, xid_rule, reasons_memo))
         if cap.error is not None:
             errors[name] = cap.error
         if cap.topo is not None:

@@ -25,6 +25,9 @@ Version history
   6. The queue: ``queue_entries`` (one row per waiting or just-admitted job: its request,
      priority, time enqueued, lease, Airflow task identity, state, and what the last admission
      pass said about it: position, standing, reason, claim, admission).
+  7. ``inventory_hosts.facts``: the host's ``query.csv`` as the collector parsed it when it stored
+     the text (:mod:`airflow_hetero_gpu.capture.facts`), so readers of a large fleet rebuild it
+     instead of parsing every text again; NULL (rows stored before) means "parse the text".
 
 To add a version: append a step to :data:`STEPS` (never edit a released one) and update the
 table definitions below to the result.
@@ -235,6 +238,8 @@ def _v4_tables(m: MetaData) -> tuple[Table, ...]:
 
 (inventory_hosts, inventory_files, collections, host_samples, gpu_events, job_hosts,
  watch_runs) = _v4_tables(metadata)
+# version 7: the parsed query.csv beside the texts (a cache of them; NULL: parse the text)
+inventory_hosts.append_column(Column("facts", JSON, nullable=True))
 
 
 # version 6
@@ -399,6 +404,10 @@ def _v6(conn: Connection) -> None:
     m.create_all(conn)
 
 
+def _v7(conn: Connection) -> None:
+    conn.execute(AddColumn("inventory_hosts", Column("facts", JSON, nullable=True)))
+
+
 @dataclass(frozen=True)
 class Step:
     version: int
@@ -414,6 +423,7 @@ STEPS: tuple[Step, ...] = (
             "sensor records", _v4),
     Step(5, "MIG instances: reservation GPUs keyed by (host, index, MIG instance)", _v5),
     Step(6, "the queue: waiting jobs with priority, lease, task identity, claim and admission", _v6),
+    Step(7, "the inventory's parsed query.csv beside its text, for readers of large fleets", _v7),
 )
 LATEST = STEPS[-1].version
 
