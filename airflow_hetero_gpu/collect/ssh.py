@@ -84,6 +84,8 @@ class HostResult:
     warnings: list[str] = field(default_factory=list)
     query_source: str | None = None  # "nvidia-smi" or "nvml": what produced query.csv
     config_error: bool = False  # the failure is the setup's (connection, key), not the host's
+    # the texts written to files (what the ledger stores next, without reading them back)
+    texts: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass
@@ -113,7 +115,8 @@ class CollectReport:
         return {
             "out_dir": str(self.out_dir),
             "seconds": round(self.seconds, 3),
-            "hosts": [dict(asdict(h), seconds=round(h.seconds, 3)) for h in self.hosts],
+            "hosts": [{k: v for k, v in dict(asdict(h), seconds=round(h.seconds, 3)).items() if k != "texts"}
+                      for h in self.hosts],
         }
 
 
@@ -179,6 +182,7 @@ def collect_host(target: SshTarget, out_dir: Path, client_factory: ClientFactory
                 client, command_timeout, read_kernel_log, nvml_python if use_nvml else None,
                 open_timeout=connect_timeout)
             result.files = _write_success(host_dir, files)
+            result.texts = dict(files)
             result.warnings = warnings
             result.ok = True
             failure = None

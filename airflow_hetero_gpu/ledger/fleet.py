@@ -110,7 +110,7 @@ class FleetMixin:
                fleet_files: Mapping[str, str] | None, started_at: datetime | None) -> Stored:
         if not isinstance(collector, str) or not collector.strip():
             raise LedgerError(f"collector: expected a name saying who collected, got {collector!r}")
-        existing = inventory.read_hosts(conn, [r.host for r in records])
+        existing = inventory.read_for_store(conn, records)
         rows = inventory.store_hosts(conn, now, records, collector[:500], existing)
         news = inventory.new_xids(conn, rows, records)
         try:

@@ -24,6 +24,7 @@ The functions here run inside the ledger's transactions (see :mod:`airflow_heter
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from datetime import datetime
 from typing import Any, Collection, Iterable, Mapping, Sequence
 
@@ -75,8 +76,15 @@ class StoredHost:
     warnings: tuple[str, ...] = ()
     query_source: str | None = None
     xid_cursor: XidMarker | None = None
-    # files["query.csv"] parsed (from the row's facts, or by the collector that stored it)
-    query: QueryResult | None = field(default=None, compare=False, repr=False)
+    # files["query.csv"] parsed by the collector that stored it, or the row's stored facts
+    # (rebuilt on first use: a writer reads many rows it never plans on)
+    parsed: QueryResult | None = field(default=None, compare=False, repr=False)
+    facts: Any = field(default=None, compare=False, repr=False)
+
+    @cached_property
+    def query(self) -> QueryResult | None:
+        """``files["query.csv"]`` parsed; None when no facts hold it (the reader parses the text)."""
+        return self.parsed if self.parsed is not None else query_from_facts(self.facts)
 
     def age(self, now: datetime) -> float | None:
         """Seconds since the host's outputs were read (None: never)."""
@@ -144,8 +152,7 @@ class StoredInventory:
 # --- reading -------------------------------------------------------------------------------------
 def _row(r: Any) -> StoredHost:
     return StoredHost(r.host, r.collected_at, r.good_at, r.collector, bool(r.ok), r.error, dict(r.files or {}),
-                      tuple(r.warnings or ()), r.query_source, XidMarker.from_json(r.xid_cursor),
-                      query_from_facts(r.facts))
+                      tuple(r.warnings or ()), r.query_source, XidMarker.from_json(r.xid_cursor), facts=r.facts)
 
 
 def _parsed_query(host: str, files: Mapping[str, str]) -> QueryResult | None:
@@ -171,6 +178,25 @@ def read_hosts(conn: Connection, hosts: Collection[str] | None = None) -> dict[s
     for i in range(0, len(names), CHUNK):
         for r in conn.execute(select(hosts_t).where(hosts_t.c.host.in_(names[i:i + CHUNK]))):
             out[r.host] = _row(r)
+    return out
+
+
+#: What storing a collection reads of a host it collected successfully: not its old texts.
+_STORE_COLUMNS = (hosts_t.c.host, hosts_t.c.collected_at, hosts_t.c.good_at, hosts_t.c.collector, hosts_t.c.ok,
+                  hosts_t.c.error, hosts_t.c.query_source, hosts_t.c.xid_cursor)
+
+
+def read_for_store(conn: Connection, records: Sequence[HostRecord]) -> dict[str, StoredHost]:
+    """The stored rows :func:`store_hosts` needs: whole for a host whose collection failed now
+    (it keeps its last good texts), without the texts for one that succeeded (they are
+    replaced; decoding 1,000 hosts' old texts cost a check half a second)."""
+    failed = sorted({r.host for r in records if not r.ok})
+    out = read_hosts(conn, failed) if failed else {}
+    names = sorted({r.host for r in records if r.ok})
+    for i in range(0, len(names), CHUNK):
+        for r in conn.execute(select(*_STORE_COLUMNS).where(hosts_t.c.host.in_(names[i:i + CHUNK]))):
+            out[r.host] = StoredHost(r.host, r.collected_at, r.good_at, r.collector, bool(r.ok), r.error, {}, (),
+                                     r.query_source, XidMarker.from_json(r.xid_cursor))
     return out
 
 
@@ -201,7 +227,9 @@ def check_records(records: Sequence[HostRecord]) -> list[HostRecord]:
 
 def store_hosts(conn: Connection, now: datetime, records: Sequence[HostRecord], collector: str,
                 existing: Mapping[str, StoredHost]) -> dict[str, StoredHost]:
-    """Upsert the hosts' rows; a failed host keeps its last good files. Returns the new rows."""
+    """Upsert the hosts' rows; a failed host keeps its last good files. Returns the new rows.
+
+    ``existing``: the hosts' stored rows as :func:`read_for_store` reads them."""
     inserts, updates = [], []
     out: dict[str, StoredHost] = {}
     for r in records:
