@@ -85,6 +85,7 @@ class SshCollector:
         self._factory = factory
         self._config, self._files = read_fleet_files(config, topology_conf)
         self.options = options
+        self.scratch = out_dir is None  # a temporary directory: its files need not reach the disk
         if out_dir is None:
             self.out_dir = Path(tempfile.mkdtemp(prefix="hetero-gpu-collect-"))
             weakref.finalize(self, shutil.rmtree, str(self.out_dir), True)
@@ -97,7 +98,7 @@ class SshCollector:
 
     def collect(self, hosts: Collection[str] | None = None) -> CollectReport:
         chosen = [t for name, t in self._targets.items() if hosts is None or name in hosts]
-        report = collect_captures(chosen, self.out_dir, self._factory, **self.options)
+        report = collect_captures(chosen, self.out_dir, self._factory, **{"durable": not self.scratch, **self.options})
         for name, text in self._files.items():  # the directory plans like the ledger's inventory
             atomic_write(self.out_dir / name, text)
         return report

@@ -125,9 +125,9 @@ class CollectReport:
 # --------------------------------------------------------------------------------------------
 
 
-def _write_success(host_dir: Path, files: dict[str, str]) -> list[str]:
+def _write_success(host_dir: Path, files: dict[str, str], durable: bool = True) -> list[str]:
     for name, text in files.items():
-        atomic_write(host_dir / name, text)
+        atomic_write(host_dir / name, text, durable=durable)
     # a stale error, or a MIG listing of a host whose GPUs no longer have MIG enabled
     for name in (ERROR_FILE, *(f for f in MIG_FILES if f not in files)):
         try:
@@ -137,9 +137,9 @@ def _write_success(host_dir: Path, files: dict[str, str]) -> list[str]:
     return sorted(files)
 
 
-def _write_failure(host_dir: Path, reason: str) -> None:
+def _write_failure(host_dir: Path, reason: str, durable: bool = True) -> None:
     # The last good query.csv/topo.txt stay: the host's GPUs remain known (and unreachable).
-    atomic_write(host_dir / ERROR_FILE, reason + "\n")
+    atomic_write(host_dir / ERROR_FILE, reason + "\n", durable=durable)
 
 
 # --------------------------------------------------------------------------------------------
@@ -158,8 +158,11 @@ def _accepts_connect_timeout(factory: ClientFactory) -> bool:
 def collect_host(target: SshTarget, out_dir: Path, client_factory: ClientFactory, *,
                  connect_timeout: float = 10, command_timeout: float = 30, retries: int = 2,
                  read_kernel_log: bool = True, use_nvml: bool = False,
-                 nvml_python: str = "python3") -> HostResult:
-    """Collect one host into ``out_dir/hosts/<host>/``; never raises for a host-side problem."""
+                 nvml_python: str = "python3", durable: bool = True) -> HostResult:
+    """Collect one host into ``out_dir/hosts/<host>/``; never raises for a host-side problem.
+
+    ``durable``: each file reaches the disk before it replaces the old one (False for a
+    scratch directory: a watch of 1,000 hosts would wait for 3,000 fsyncs a check)."""
     started = time.monotonic()
     host_dir = Path(out_dir) / "hosts" / target.host_name
     result = HostResult(host=target.host_name, target=str(target), ok=False)
@@ -181,7 +184,7 @@ def collect_host(target: SshTarget, out_dir: Path, client_factory: ClientFactory
             files, warnings, result.query_source = gather(
                 client, command_timeout, read_kernel_log, nvml_python if use_nvml else None,
                 open_timeout=connect_timeout)
-            result.files = _write_success(host_dir, files)
+            result.files = _write_success(host_dir, files, durable)
             result.texts = dict(files)
             result.warnings = warnings
             result.ok = True
@@ -204,7 +207,7 @@ def collect_host(target: SshTarget, out_dir: Path, client_factory: ClientFactory
     if failure is not None:
         result.reason = str(failure)
         result.config_error = failure.config
-        _write_failure(host_dir, result.reason)
+        _write_failure(host_dir, result.reason, durable)
         log.warning("collect %s failed: %s", target.host_name, result.reason)
     result.seconds = time.monotonic() - started
     return result
@@ -214,7 +217,7 @@ def collect_captures(targets: Sequence[SshTarget] | Iterable[SshTarget], out_dir
                      client_factory: ClientFactory, *, max_parallel: int = DEFAULT_MAX_PARALLEL,
                      connect_timeout: float = 10, command_timeout: float = 30, retries: int = 2,
                      read_kernel_log: bool = True, use_nvml: bool = False,
-                     nvml_python: str = "python3") -> CollectReport:
+                     nvml_python: str = "python3", durable: bool = True) -> CollectReport:
     """Collect every target into the capture directory ``out_dir`` (SPEC section 2).
 
     At most ``max_parallel`` hosts are worked on at once (the soft open-file limit is raised to
@@ -224,7 +227,8 @@ def collect_captures(targets: Sequence[SshTarget] | Iterable[SshTarget], out_dir
     and timeouts are not retried. A failed host gets ``error.txt`` and keeps its last good
     ``query.csv``; a host that succeeds loses a stale ``error.txt``. ``use_nvml`` reads the
     query through the NVML agent where the host can run it with ``nvml_python`` (default
-    ``python3``; a name or path, checked) and falls back to nvidia-smi elsewhere.
+    ``python3``; a name or path, checked) and falls back to nvidia-smi elsewhere. ``durable``:
+    see :func:`collect_host` (False for a temporary directory).
     """
     targets = list(targets)
     names = [t.host_name for t in targets]
@@ -248,7 +252,7 @@ def collect_captures(targets: Sequence[SshTarget] | Iterable[SshTarget], out_dir
                 pool.submit(collect_host, t, out, client_factory, connect_timeout=connect_timeout,
                             command_timeout=command_timeout, retries=retries,
                             read_kernel_log=read_kernel_log, use_nvml=use_nvml,
-                            nvml_python=nvml_python)
+                            nvml_python=nvml_python, durable=durable)
                 for t in targets
             ]
             results = [f.result() for f in futures]

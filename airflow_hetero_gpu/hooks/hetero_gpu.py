@@ -175,6 +175,11 @@ class HeteroGpuHook(BaseHook):
         weakref.finalize(self, shutil.rmtree, str(path), True)
         return path
 
+    def _captures_kept(self) -> bool:
+        """Whether :attr:`captures_path` is a directory someone named (kept: its files are
+        written durably), not this hook's temporary one."""
+        return bool(self.captures_dir or setting("captures_dir"))
+
     def ssh_hook(self, label: str, conn_id: str | None = None) -> SSHHook:
         """The providers-ssh hook of one host, built on first use (this reads the connection)."""
         conn_id = conn_id or self.hosts[label]
@@ -312,7 +317,7 @@ class HeteroGpuHook(BaseHook):
             targets, out, self._factory(hooks, unusable), max_parallel=self.max_parallel,
             connect_timeout=self.connect_timeout, command_timeout=self.command_timeout,
             retries=self.retries, read_kernel_log=self.read_kernel_log, use_nvml=self.use_nvml,
-            nvml_python=self.nvml_python,
+            nvml_python=self.nvml_python, durable=self._captures_kept(),
         )
         self.last_report = report
         return report
