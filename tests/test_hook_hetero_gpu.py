@@ -19,7 +19,7 @@ from airflow_hetero_gpu.core.planner import plan
 from airflow_hetero_gpu.errors import ConfigError
 from airflow_hetero_gpu.hooks.hetero_gpu import DATAFRAME_COLUMNS, HeteroGpuHook, normalize_conn_ids
 from airflow_hetero_gpu.testing.demo import H200, make_gpus, small_hosts
-from cluster_fixtures import emulated_cluster  # noqa: F401
+from cluster_fixtures import embedded_cluster, emulated_cluster  # noqa: F401
 from airflow_hetero_gpu.testing.state import HostSpec
 
 HOOK_LOGGER = "airflow_hetero_gpu.hooks.hetero_gpu"
@@ -171,3 +171,41 @@ def test_connection_json_is_what_providers_ssh_reads(emulated_cluster, monkeypat
         host.address, host.port, cluster.user, str(cluster.identity_file))
     assert ssh.host_key is not None and not ssh.no_host_key_check
     assert conn_id_of("h200-new") == "gpu_h200_new"
+
+
+def test_kept_connections_serve_the_next_collection_and_close_with_the_hook(embedded_cluster, monkeypatch,  # noqa: F811
+                                                                           tmp_path):
+    """keep_connections (the health trigger's and a poking sensor's hook): the second collection
+    opens no connection, sees what changed on the host, and a host whose connection dropped
+    between collections gets a new one, its host key verified."""
+    cluster = embedded_cluster(small_hosts(3, gpus=2))
+    conns = set_airflow_connections(monkeypatch, cluster)
+    hook = HeteroGpuHook(conns, connect_timeout=5, command_timeout=10, keep_connections=True)
+    before = cluster.connections_opened()
+    assert len(hook.collect().ok) == 3
+    first = {h: n - before[h] for h, n in cluster.connections_opened().items()}
+    assert first == {"node01": 1, "node02": 1, "node03": 1}
+    cluster.update_gpu("node02", 1, utilization_gpu=77)
+    cluster.drop_connections("node03")
+    assert len(hook.collect().ok) == 3
+    second = {h: n - before[h] for h, n in cluster.connections_opened().items()}
+    assert second == {"node01": 1, "node02": 1, "node03": 2}
+    assert hook.kept_connections.reused >= 2 and hook.kept_connections.kept() == 3
+    util = {(g.host, g.index): g.utilization for g in hook.load_cluster().gpus}
+    assert util[("node02", 1)] == 0.77
+    hook.close()
+    assert hook.kept_connections is None
+    hook.collect()  # after close: connections are opened afresh (and kept again)
+    third = {h: n - before[h] for h, n in cluster.connections_opened().items()}
+    assert third == {"node01": 2, "node02": 2, "node03": 3}
+    hook.close()
+
+
+def test_without_keep_connections_every_collection_connects_afresh(embedded_cluster, monkeypatch):  # noqa: F811
+    cluster = embedded_cluster(small_hosts(2, gpus=2))
+    hook = HeteroGpuHook(set_airflow_connections(monkeypatch, cluster), connect_timeout=5, command_timeout=10)
+    before = cluster.connections_opened()
+    hook.collect()
+    hook.collect()
+    assert {h: n - before[h] for h, n in cluster.connections_opened().items()} == {"node01": 2, "node02": 2}
+    assert hook.kept_connections is None

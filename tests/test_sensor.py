@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import datetime, timezone
 import subprocess
 import sys
 from pathlib import Path
@@ -19,8 +20,8 @@ from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
 from airflow_hetero_gpu.ledger import Ledger
 from airflow_hetero_gpu.sensors.gpu_health import GpuHealthSensor
 from airflow_hetero_gpu.testing import procs
-from airflow_hetero_gpu.testing.demo import H200, make_gpus, small_hosts
-from cluster_fixtures import emulated_cluster  # noqa: F401
+from airflow_hetero_gpu.testing.demo import A100_80, H200, make_gpus, small_hosts
+from cluster_fixtures import embedded_cluster, emulated_cluster  # noqa: F401
 from airflow_hetero_gpu.testing.state import gpu_uuid
 from airflow_hetero_gpu.triggers.gpu_health import GpuHealthTrigger
 
@@ -347,6 +348,80 @@ def test_trigger_gives_the_same_result_as_poke_mode(fleet, tmp_path):
     assert event["result"] == poked
     assert [(e["host"], e["index"], e["reasons"]) for e in poked["evictions"]] == [
         ("node01", 1, ["ecc"]), ("node02", 0, ["xid-48"])]
+
+
+# --- connections kept between checks ----------------------------------------------------------------
+@pytest.fixture
+def embedded_fleet(embedded_cluster, tmp_path, monkeypatch):  # noqa: F811
+    """Like ``fleet``, on the embedded server, which counts the connections it accepts."""
+
+    def start(hosts):
+        cluster = embedded_cluster(hosts)
+        env, ids = connection_env(cluster)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        return cluster, ids, f"sqlite:///{tmp_path / 'ledger.db'}"
+
+    return start
+
+
+def _opened(cluster, before):
+    return {h: n - before[h] for h, n in cluster.connections_opened().items()}
+
+
+def test_a_poking_sensor_keeps_its_connections_between_pokes(embedded_fleet):
+    cluster, ids, url = embedded_fleet(small_hosts(2, gpus=2))
+    before = cluster.connections_opened()
+    s = sensor(ids, url)
+    assert s.poke({}) is False and s.poke({}) is False
+    assert _opened(cluster, before) == {"node01": 1, "node02": 1}
+    assert s.health_watch.hook.kept_connections.kept() == 2
+    s.health_watch.hook.close()
+    rescheduled = sensor(ids, url, mode="reschedule")
+    assert rescheduled._hook().keep_connections is False  # each poke is a new process
+
+
+def test_the_trigger_keeps_its_connections_between_checks_and_closes_them(embedded_fleet):
+    """A gate that the first check cannot meet (5 healthy GPUs asked, 4 there); once the first
+    check is in the ledger a fifth GPU appears; the check that sees it meets the gate. Every
+    check ran on the connections of the first."""
+    cluster, ids, url = embedded_fleet(small_hosts(2, gpus=2))
+    before = cluster.connections_opened()
+    deferred = sensor(ids, url, mode_kind="gate", min_healthy=5, deferrable=True, poke_interval=0.2)
+    from airflow.sdk.exceptions import TaskDeferred
+
+    with pytest.raises(TaskDeferred) as deferral:
+        deferred.execute({})
+    trigger = GpuHealthTrigger(**json.loads(json.dumps(deferral.value.trigger.serialize()[1])))
+
+    def checks_stored() -> int:
+        try:
+            with Ledger.open_existing(url) as led:
+                return len(led.collections(datetime(2000, 1, 1, tzinfo=timezone.utc)))
+        except Exception:  # noqa: BLE001 - not created yet
+            return 0
+
+    async def run():
+        events = trigger.run()
+        task = asyncio.ensure_future(events.__anext__())
+        for _ in range(1200):  # the first check in the ledger (a safety net of 120 s)
+            if checks_stored() >= 1 or task.done():
+                break
+            await asyncio.sleep(0.1)
+        new = make_gpus("node02", A100_80, ["9A"])[0].to_state()
+        new.update(index=2, uuid=gpu_uuid("node02", 2))
+        cluster.add_gpu("node02", new)
+        event = await asyncio.wait_for(task, 120)
+        hook = trigger._hook
+        kept = hook.kept_connections.kept()
+        await trigger.cleanup()
+        return event.payload, hook, kept
+
+    event, hook, kept = asyncio.run(run())
+    assert event["status"] == "success" and event["result"]["gate"]["met"], event
+    assert _opened(cluster, before) == {"node01": 1, "node02": 1}
+    assert checks_stored() >= 2 and kept == 2
+    assert trigger._hook is None and hook.kept_connections is None  # closed when the trigger ended
 
 
 def test_registered_with_the_provider():

@@ -93,9 +93,10 @@ def register(subparsers: Any) -> None:
 def collector_from_args(args: argparse.Namespace, out_dir: str | None, *, keep_connections: bool = False) -> Any:
     """The :class:`~airflow_hetero_gpu.collect.fleet.Collector` the arguments name.
 
-    ``keep_connections`` (hosts given with ``--hosts``/``--hosts-file``): the SSH connections
-    stay open from one collection to the next (:class:`~.persistent.KeptConnections`, the
-    collector's ``connections``; close it when done)."""
+    ``keep_connections``: the SSH connections stay open from one collection to the next
+    (:class:`~.persistent.KeptConnections`: the client factory of a collector over
+    ``--hosts``/``--hosts-file``, close it when done; a hook over ``--ssh-conn-ids`` keeps them
+    itself, ``hook.close()``)."""
     options = dict(max_parallel=args.max_parallel, connect_timeout=args.connect_timeout,
                    command_timeout=args.command_timeout, retries=args.retries,
                    read_kernel_log=not args.no_kernel_log, use_nvml=args.nvml, nvml_python=args.nvml_python)
@@ -125,7 +126,8 @@ def collector_from_args(args: argparse.Namespace, out_dir: str | None, *, keep_c
         conn_ids = normalize_conn_ids(args.ssh_conn_ids)
     except ValueError as exc:
         raise HeteroGpuError(str(exc)) from None
-    hook = HeteroGpuHook(conn_ids, captures_dir=out_dir, config=args.config, topology_conf=args.topology, **options)
+    hook = HeteroGpuHook(conn_ids, captures_dir=out_dir, config=args.config, topology_conf=args.topology,
+                         keep_connections=keep_connections, **options)
     hook.fleet_files()  # validates cluster.yaml and topology.conf before anything is collected
     return hook
 

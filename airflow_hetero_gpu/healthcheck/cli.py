@@ -106,7 +106,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.count is not None and args.interval is None:
         raise HeteroGpuError("--count goes with --interval")
     spec = _spec(args)
-    # between checks the SSH connections stay open (hosts given with --hosts/--hosts-file)
+    # between checks the SSH connections stay open
     collector = collector_from_args(args, None, keep_connections=args.interval is not None)
     kept = collector.client_factory() if isinstance(collector, SshCollector) else None
     if not isinstance(kept, KeptConnections):
@@ -138,6 +138,9 @@ def cmd_check(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
         if kept is not None:
             kept.close()
+        close = getattr(collector, "close", None)  # a hook over --ssh-conn-ids keeps its own
+        if close is not None:
+            close()
     return status
 
 

@@ -104,6 +104,9 @@ class HeteroGpuHook(BaseHook):
     :param nvml_python: the hosts' interpreter that has pynvml (a name or path; default python3).
     :param connections: the hosts' connections, already resolved (``{label: Connection}``); a
         trigger resolves them in its event loop and hands them over, so no lookup happens here.
+    :param keep_connections: keep each host's SSH connection open from one :meth:`collect` to
+        the next (a health watch that checks every minute; see ``collect/persistent.py``); a
+        new connection verifies the host key as always. :meth:`close` closes them.
     """
 
     hook_name = "Heterogeneous GPU cluster"
@@ -124,6 +127,7 @@ class HeteroGpuHook(BaseHook):
         nvml_python: str = "python3",
         connections: Mapping[str, Any] | None = None,
         logger_name: str | None = None,
+        keep_connections: bool = False,
     ) -> None:
         super().__init__(logger_name=logger_name)
         self.ssh_conn_ids = ssh_conn_ids
@@ -146,6 +150,9 @@ class HeteroGpuHook(BaseHook):
         self.last_report: CollectReport | None = None
         self._previous: Cluster | None = None
         self._ssh_hooks: dict[tuple[str, str], SSHHook] = {}
+        self.keep_connections = keep_connections
+        self._kept: Any = None  # KeptConnections over the current collection's factory
+        self._connect: Any = None
 
     # -- lazily built pieces -------------------------------------------------------------------
 
@@ -314,13 +321,36 @@ class HeteroGpuHook(BaseHook):
         self._write_cluster_files(out)
         targets, hooks, unusable = self._targets(hosts)
         report = collect_captures(
-            targets, out, self._factory(hooks, unusable), max_parallel=self.max_parallel,
+            targets, out, self._collect_factory(self._factory(hooks, unusable)), max_parallel=self.max_parallel,
             connect_timeout=self.connect_timeout, command_timeout=self.command_timeout,
             retries=self.retries, read_kernel_log=self.read_kernel_log, use_nvml=self.use_nvml,
             nvml_python=self.nvml_python, durable=self._captures_kept(),
         )
         self.last_report = report
         return report
+
+    def _collect_factory(self, connect):
+        """``connect`` as it is, or behind the connections kept since the last collection."""
+        if not self.keep_connections:
+            return connect
+        from airflow_hetero_gpu.collect.persistent import KeptConnections  # noqa: PLC0415
+
+        self._connect = connect  # new connections go through this collection's factory
+        if self._kept is None:
+            self._kept = KeptConnections(
+                lambda target, connect_timeout=None: self._connect(target, connect_timeout=connect_timeout))
+        return self._kept
+
+    @property
+    def kept_connections(self) -> Any:
+        """The connections kept between collections (None until the first, or when not kept)."""
+        return self._kept
+
+    def close(self) -> None:
+        """Close the connections kept between collections (a no-op when none are)."""
+        if self._kept is not None:
+            self._kept.close()
+            self._kept = None
 
     def load_cluster(self) -> Cluster:
         """Read the capture directory as it is now (this hook's hosts only). Its readers plan

@@ -160,8 +160,11 @@ class GpuHealthSensor(BaseSensorOperator):
     def _hook(self) -> "HeteroGpuHook":
         from airflow_hetero_gpu.hooks.hetero_gpu import HeteroGpuHook  # noqa: PLC0415
 
+        # poking in one process: the connections stay open between pokes (closed when the task
+        # ends); a rescheduled poke runs in a new process and connects afresh
         return HeteroGpuHook(self.ssh_conn_ids, captures_dir=self.captures_dir, config=self.config,
-                             topology_conf=self.topology_conf, **self._hook_kwargs())
+                             topology_conf=self.topology_conf, keep_connections=not self.reschedule,
+                             **self._hook_kwargs())
 
     # -- reschedule mode: the run's record between pokes -------------------------------------------
     def _run_key(self, context: "Context") -> str | None:
@@ -217,7 +220,11 @@ class GpuHealthSensor(BaseSensorOperator):
     # -- deferrable mode -----------------------------------------------------------------------------
     def execute(self, context: "Context") -> Any:
         if not self.deferrable:
-            return super().execute(context)
+            try:
+                return super().execute(context)
+            finally:  # the connections kept between pokes
+                if self.health_watch is not None:
+                    self.health_watch.hook.close()
         spec = self._spec()
         # the trigger gets what the deployment's [hetero_gpu] settings say where no argument did
         hook = self._hook()

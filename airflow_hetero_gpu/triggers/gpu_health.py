@@ -3,7 +3,9 @@
 The trigger resolves Airflow connections in the event loop (``get_async_connection``) and hands
 the resolved connections to the same hook and the same check
 (:class:`~airflow_hetero_gpu.healthcheck.HealthWatch`) in a thread, so a deferred sensor
-decides exactly as a poking one.
+decides exactly as a poking one. The hook keeps each host's SSH connection open from one check
+to the next (``keep_connections``): a watch of 1,000 hosts does not redo 1,000 key exchanges
+every ``poke_interval``; they close when the trigger ends.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class GpuHealthTrigger(BaseTrigger):
         self.history = dict(history or {})
         self._tmp: str | None = None
         self._stopping = False
+        self._hook: HeteroGpuHook | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}", {
@@ -92,8 +95,9 @@ class GpuHealthTrigger(BaseTrigger):
             hosts = normalize_conn_ids(self.ssh_conn_ids)
             connections = await self._connections(hosts)
             ledger_url = await self._ledger_url()
-            hook = HeteroGpuHook(hosts, connections=connections, captures_dir=self._captures_dir(),
-                                 config=self.config, topology_conf=self.topology_conf, **self.hook_kwargs)
+            hook = self._hook = HeteroGpuHook(hosts, connections=connections, captures_dir=self._captures_dir(),
+                                              config=self.config, topology_conf=self.topology_conf,
+                                              keep_connections=True, **self.hook_kwargs)
             runner = HealthWatch(spec, hook, ledger_url, log=self.log, collector=self.collector,
                                  history=self.history)
             while not self._stopping:
@@ -106,6 +110,13 @@ class GpuHealthTrigger(BaseTrigger):
         except Exception as exc:  # noqa: BLE001 - the sensor fails with this message
             self.log.exception("GPU health trigger failed")
             yield TriggerEvent({"status": "error", "message": f"{type(exc).__name__}: {exc}"})
+        finally:
+            self._close_connections()
+
+    def _close_connections(self) -> None:
+        if self._hook is not None:
+            self._hook.close()
+            self._hook = None
 
     def _remove_tmp(self) -> None:
         if self._tmp is not None:
@@ -115,6 +126,7 @@ class GpuHealthTrigger(BaseTrigger):
     async def cleanup(self) -> None:
         """Every exit: the temporary capture directory goes."""
         self._stopping = True
+        self._close_connections()
         self._remove_tmp()
 
     async def on_kill(self) -> None:
