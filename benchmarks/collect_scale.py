@@ -18,6 +18,9 @@ alone and the server's CPU does not compete with its interpreter):
   ``load_host_keys()`` per connection, no ``TCP_NODELAY``), everything else the same;
 - ``keys`` (with ``--ablation``): the old factory given the shipped host-key store, so the
   difference to ``new`` is ``TCP_NODELAY`` alone;
+- ``sync`` (with ``--fsync``): ``new`` with every capture file flushed to the disk before its
+  rename, as a directory named with ``--out`` is written (``new`` writes its temporary directory
+  as ``hetero-gpu collect --ledger`` and ``check`` do: without fsync);
 - ``cli``: the real ``hetero-gpu collect --hosts-file`` command at the default ``--max-parallel``
   (interpreter start and imports included), once per repetition.
 
@@ -100,13 +103,14 @@ def child(args: argparse.Namespace) -> int:
     targets = parse_hosts_file(args.hosts_file)
     factory = {"old": lambda: legacy_client_factory(args.identity_file, args.known_hosts),
                "keys": lambda: legacy_client_factory(args.identity_file, args.known_hosts, keys_once=True),
-               "new": lambda: paramiko_client_factory(args.identity_file, args.known_hosts)}[args.mode]()
+               "new": lambda: paramiko_client_factory(args.identity_file, args.known_hosts),
+               "sync": lambda: paramiko_client_factory(args.identity_file, args.known_hosts)}[args.mode]()
     with tempfile.TemporaryDirectory(prefix="collect-scale-") as out:
         before = resource.getrusage(resource.RUSAGE_SELF)
         started = time.perf_counter()
         report = collect_captures(targets, out, factory,
                                   max_parallel=args.parallel, connect_timeout=60, command_timeout=60,
-                                  retries=0)
+                                  retries=0, durable=args.mode == "sync")
         wall = time.perf_counter() - started
         after = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -160,13 +164,16 @@ def _children_cpu() -> float:
 
 
 def measure(cluster: Any, root: Path, size: int, parallels: list[int], reps: int, cli: bool,
-            baseline_reps: int, ablation: bool = False) -> dict[tuple[str, int], list[dict[str, Any]]]:
+            baseline_reps: int, ablation: bool = False,
+            fsync: bool = False) -> dict[tuple[str, int], list[dict[str, Any]]]:
     hosts_file = cluster.write_hosts_file(root / f"hosts-{size}", [h.name for h in cluster.hosts[:size]])
     modes = [("new", p) for p in parallels]
     if baseline_reps:
         modes.append(("old", DEFAULT_MAX_PARALLEL))
     if ablation:
         modes += [("keys", p) for p in parallels]
+    if fsync:
+        modes.append(("sync", DEFAULT_MAX_PARALLEL))
     if cli:
         modes.append(("cli", DEFAULT_MAX_PARALLEL))
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {m: [] for m in modes}
@@ -222,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-cli", action="store_true", help="skip the hetero-gpu collect command")
     parser.add_argument("--ablation", action="store_true",
                         help="also the old client with host keys read once but no TCP_NODELAY ('keys')")
+    parser.add_argument("--fsync", action="store_true",
+                        help="also the new client writing its files durably, as into an --out directory ('sync')")
     parser.add_argument("--processes", type=int, default=1, help="server processes of the emulated fleet")
     args = parser.parse_args(argv)
     if args.command == "_child":
@@ -245,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                     cluster.set_state(host.name, nvidia_smi_delay_s=args.delay)
             for size in sizes:
                 runs = measure(cluster, root, size, parallels, args.reps, cli=not args.no_cli,
-                               baseline_reps=args.baseline_reps, ablation=args.ablation)
+                               baseline_reps=args.baseline_reps, ablation=args.ablation, fsync=args.fsync)
                 report(size, runs)
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
     return 0
