@@ -20,27 +20,16 @@ go out on that tick).
 
 from __future__ import annotations
 
-import inspect
-import threading
-from typing import Any, Callable
+from typing import Any
 
 import paramiko
 
+from airflow_hetero_gpu.collect.clients import ClientFactory
+from airflow_hetero_gpu.collect.reuse import IdleClients, PooledClient, accepts_connect_timeout, target_key
 from airflow_hetero_gpu.collect.targets import SshTarget
-
-ClientFactory = Callable[..., paramiko.SSHClient]
 
 #: Seconds a kept connection's reader thread sleeps when nothing comes (paramiko's own: 0.1).
 KEPT_POLL_S = 2.0
-
-
-def _key(target: SshTarget) -> tuple[str, str, int, str | None]:
-    return target.host_name, target.address, target.port, target.user
-
-
-def _active(client: paramiko.SSHClient) -> bool:
-    transport = client.get_transport()
-    return transport is not None and transport.is_active()
 
 
 def _idle_poll(client: paramiko.SSHClient) -> None:
@@ -53,99 +42,49 @@ def _idle_poll(client: paramiko.SSHClient) -> None:
             pass
 
 
-def _takes_timeout(factory: ClientFactory) -> bool:
-    try:
-        params = inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        return False
-    return "connect_timeout" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
-class KeptClient:
-    """A connected client as one read sees it: ``close()`` keeps it for the next check,
-    :meth:`drop` closes it for good."""
-
-    def __init__(self, client: paramiko.SSHClient, pool: "KeptConnections", key: tuple, reused: bool):
-        self._client = client
-        self._pool = pool
-        self._key = key
-        #: True when this connection was opened by an earlier check.
-        self.reused = reused
-        self._done = False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
-
-    def close(self) -> None:
-        if not self._done:
-            self._done = True
-            self._pool._keep(self._key, self._client)
-
-    def drop(self) -> None:
-        self._done = True
-        self._client.close()
-
-
-class KeptConnections:
+class KeptConnections(IdleClients):
     """A client factory whose connections outlive a collection (see the module)."""
 
     def __init__(self, factory: ClientFactory):
-        self._factory = factory
-        self._takes_timeout = _takes_timeout(factory)
-        self._kept: dict[tuple, paramiko.SSHClient] = {}
-        self._lock = threading.Lock()
+        super().__init__(factory)
+        self._takes_timeout = accepts_connect_timeout(factory)
         self._closed = False
-        #: Connections opened, and reads served on a connection an earlier check opened.
-        self.opened = 0
+        #: Reads served on a connection an earlier check opened.
         self.reused = 0
 
-    def __call__(self, target: SshTarget, connect_timeout: float | None = None) -> KeptClient:
-        key = _key(target)
-        with self._lock:
-            client = self._kept.pop(key, None)
+    def __call__(self, target: SshTarget, connect_timeout: float | None = None) -> PooledClient:
+        key = target_key(target)
+        client = self._take(key)
         if client is not None:
-            if _active(client):
-                with self._lock:
-                    self.reused += 1
-                return KeptClient(client, self, key, reused=True)
-            client.close()
+            with self._lock:
+                self.reused += 1
+            return PooledClient(client, self, key)
         if self._takes_timeout and connect_timeout is not None:
-            client = self._factory(target, connect_timeout=connect_timeout)
+            client = self._open(target, connect_timeout=connect_timeout)
         else:
-            client = self._factory(target)
-        with self._lock:
-            self.opened += 1
-        return KeptClient(client, self, key, reused=False)
+            client = self._open(target)
+        return PooledClient(client, self, key)
 
-    def _keep(self, key: tuple, client: paramiko.SSHClient) -> None:
-        with self._lock:
-            keep = not self._closed and key not in self._kept and _active(client)
-            if keep:
-                self._kept[key] = client
-        if keep:
-            _idle_poll(client)
-        if not keep:
-            client.close()
+    def _accepts(self) -> bool:
+        return not self._closed
+
+    def _kept(self, client: paramiko.SSHClient) -> None:
+        _idle_poll(client)
 
     def kept(self) -> int:
-        with self._lock:
-            return len(self._kept)
+        return self.idle()
 
     def close(self) -> None:
         """Close every kept connection; later reads get connections that are not kept."""
         with self._lock:
             self._closed = True
-            clients = list(self._kept.values())
-            self._kept.clear()
-        for client in clients:
-            client.close()
+        self._close_idle()
 
 
 def drop_client(client: Any) -> None:
     """After a failed read: a kept client is closed for good (a plain one is left to ``close``)."""
-    drop = getattr(client, "drop", None) if isinstance(client, KeptClient) else None
-    if drop is not None:
-        drop()
+    if isinstance(client, PooledClient):
+        client.drop()
 
 
-__all__ = ["KEPT_POLL_S", "KeptClient", "KeptConnections", "drop_client"]
+__all__ = ["KEPT_POLL_S", "KeptConnections", "drop_client"]

@@ -23,7 +23,6 @@ once by default (measurements in docs/performance.md); the open-file limit is ra
 
 from __future__ import annotations
 
-import inspect
 from collections import Counter
 import logging
 import os
@@ -55,6 +54,7 @@ from airflow_hetero_gpu.collect.mig import MIG_FILES
 from airflow_hetero_gpu.collect.nvml import agent_command
 from airflow_hetero_gpu.collect.reasons import HostFailure, classify_connect_error  # noqa: F401
 from airflow_hetero_gpu.collect.persistent import drop_client
+from airflow_hetero_gpu.collect.reuse import accepts_connect_timeout
 from airflow_hetero_gpu.collect.targets import SshTarget
 from airflow_hetero_gpu.fsutil import atomic_write
 
@@ -147,14 +147,6 @@ def _write_failure(host_dir: Path, reason: str, durable: bool = True) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _accepts_connect_timeout(factory: ClientFactory) -> bool:
-    try:
-        params = inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        return False
-    return "connect_timeout" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
 def collect_host(target: SshTarget, out_dir: Path, client_factory: ClientFactory, *,
                  connect_timeout: float = 10, command_timeout: float = 30, retries: int = 2,
                  read_kernel_log: bool = True, use_nvml: bool = False,
@@ -166,7 +158,7 @@ def collect_host(target: SshTarget, out_dir: Path, client_factory: ClientFactory
     started = time.monotonic()
     host_dir = Path(out_dir) / "hosts" / target.host_name
     result = HostResult(host=target.host_name, target=str(target), ok=False)
-    pass_timeout = _accepts_connect_timeout(client_factory)
+    pass_timeout = accepts_connect_timeout(client_factory)
     failure: HostFailure | None = None
     for attempt in range(retries + 1):
         result.attempts = attempt + 1
