@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -17,20 +17,10 @@ from airflow_hetero_gpu.ledger.inventory import HostRecord
 from airflow_hetero_gpu.testing.captures import host_files, write_capture_dir
 from airflow_hetero_gpu.testing.demo import small_hosts
 from postgres_fixtures import ledger_db_url  # noqa: F401  (fixture)
+from ledger_clock import Clock
 
 TOPOLOGY = "SwitchName=leaf1 Nodes=node01,node02\nSwitchName=leaf2 Nodes=node03\nSwitchName=spine Switches=leaf1,leaf2\n"
 CLUSTER_YAML = "weights:\n  topology: 0.6\n"
-
-
-class Clock:
-    def __init__(self):
-        self.now = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
-
-    def __call__(self):
-        return self.now
-
-    def tick(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
 
 
 def records(specs, failed=()):

@@ -3,7 +3,7 @@ the head's claim and backfill outside it, priority and aging, leases, leaving.""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 
 import pytest
 
@@ -13,17 +13,7 @@ from airflow_hetero_gpu.ledger.inventory import HostRecord
 from airflow_hetero_gpu.testing.captures import host_files
 from airflow_hetero_gpu.testing.demo import small_hosts
 from postgres_fixtures import ledger_db_url  # noqa: F401  (fixture)
-
-
-class Clock:
-    def __init__(self):
-        self.now = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
-
-    def __call__(self):
-        return self.now
-
-    def tick(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
+from ledger_clock import Clock
 
 
 def fill(led: Ledger, hosts: int = 2, gpus: int = 8) -> None:

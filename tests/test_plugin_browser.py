@@ -24,6 +24,7 @@ import pytest
 
 from browser_fixtures import ApiServer, browser, login, table_rows  # noqa: F401  (browser: a fixture)
 from page_fleet import down_hosts, fleet_hosts, fleet_records, topology_conf
+from ledger_clock import Clock
 
 pytestmark = pytest.mark.slow
 
@@ -34,14 +35,6 @@ SIZES = [(1440, 900), (1024, 768)]
 # canvas converts any CSS colour (oklch included) into the sRGB bytes it paints
 TO_RGB = """c => { const x = document.createElement('canvas').getContext('2d'); x.fillStyle = c; x.fillRect(0, 0, 1, 1);
                    return Array.from(x.getImageData(0, 0, 1, 1).data.slice(0, 3)); }"""
-
-
-class Clock:
-    def __init__(self, now):
-        self.now = now
-
-    def __call__(self):
-        return self.now
 
 
 def _judge(captures, new_xids, files):

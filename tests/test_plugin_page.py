@@ -26,6 +26,7 @@ from airflow_hetero_gpu.ledger.records import Eviction, Reservation, ReservedGpu
 from airflow_hetero_gpu.plugins import charts, labels, model, overview, render, security, sources, tables
 from airflow_hetero_gpu.testing.captures import host_files
 from airflow_hetero_gpu.testing.demo import small_hosts
+from ledger_clock import Clock
 
 SAMPLE = Path(__file__).resolve().parents[1] / "airflow_hetero_gpu" / "samples" / "cluster"
 NS = "{http://www.w3.org/2000/svg}"
@@ -266,14 +267,6 @@ def test_every_inline_style_and_script_is_allowed_by_the_policy_and_nothing_else
 
 
 # --- history and jobs from a real ledger ---------------------------------------------------------------------
-class Clock:
-    def __init__(self, start):
-        self.now = start
-
-    def __call__(self):
-        return self.now
-
-
 def judge(captures, new_xids, files):
     config = ClusterConfig()
     return watch.evaluate(captures, config, new_xids), watch.WatchPolicy.from_thresholds(config.thresholds)

@@ -48,18 +48,23 @@ def connection_env(cluster) -> tuple[dict[str, str], dict[str, str]]:
     return env, ids
 
 
-@pytest.fixture
-def fleet(emulated_cluster, tmp_path, monkeypatch):  # noqa: F811
+def _fleet_starter(make_cluster, tmp_path, monkeypatch):
     """``start(hosts) -> (cluster, conn ids, ledger url)`` with the connections in the environment."""
 
     def start(hosts):
-        cluster = emulated_cluster(hosts)
+        cluster = make_cluster(hosts)
         env, ids = connection_env(cluster)
         for name, value in env.items():
             monkeypatch.setenv(name, value)
         return cluster, ids, f"sqlite:///{tmp_path / 'ledger.db'}"
 
     return start
+
+
+@pytest.fixture
+def fleet(emulated_cluster, tmp_path, monkeypatch):  # noqa: F811
+    """The emulated fleet (real sshd per host) as ``start(hosts)``."""
+    return _fleet_starter(emulated_cluster, tmp_path, monkeypatch)
 
 
 def sensor(ids, ledger_url, **kwargs) -> GpuHealthSensor:
@@ -354,15 +359,7 @@ def test_trigger_gives_the_same_result_as_poke_mode(fleet, tmp_path):
 @pytest.fixture
 def embedded_fleet(embedded_cluster, tmp_path, monkeypatch):  # noqa: F811
     """Like ``fleet``, on the embedded server, which counts the connections it accepts."""
-
-    def start(hosts):
-        cluster = embedded_cluster(hosts)
-        env, ids = connection_env(cluster)
-        for name, value in env.items():
-            monkeypatch.setenv(name, value)
-        return cluster, ids, f"sqlite:///{tmp_path / 'ledger.db'}"
-
-    return start
+    return _fleet_starter(embedded_cluster, tmp_path, monkeypatch)
 
 
 def _opened(cluster, before):
