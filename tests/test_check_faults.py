@@ -39,8 +39,8 @@ def _check(watch):
     collected = {}
     collect = watch.hook.collect
 
-    def spy(hosts=None):  # the check's own collection, kept for the per-host results
-        result = collect(hosts)
+    def spy(hosts=None, on_host=None):  # the check's own collection, kept for the per-host results
+        result = collect(hosts, on_host=on_host)
         collected.update({h.host: h for h in result.hosts})
         return result
 

@@ -11,12 +11,12 @@ import shutil
 import tempfile
 import weakref
 from pathlib import Path
-from typing import Any, Collection, Mapping, Protocol, Sequence
+from typing import Any, Callable, Collection, Mapping, Protocol, Sequence
 
 import yaml
 
 from airflow_hetero_gpu.capture.slurm import parse_topology_conf
-from airflow_hetero_gpu.collect.ssh import ClientFactory, CollectReport, collect_captures
+from airflow_hetero_gpu.collect.ssh import ClientFactory, CollectReport, HostResult, collect_captures
 from airflow_hetero_gpu.collect.targets import SshTarget
 from airflow_hetero_gpu.core.config import ClusterConfig, config_from_mapping, config_from_text
 from airflow_hetero_gpu.errors import ConfigError
@@ -29,7 +29,10 @@ class Collector(Protocol):
     @property
     def hosts(self) -> Mapping[str, Any]: ...
 
-    def collect(self, hosts: Collection[str] | None = None) -> CollectReport: ...
+    def collect(self, hosts: Collection[str] | None = None,
+                on_host: Callable[[HostResult], None] | None = None) -> CollectReport:
+        """Collect ``hosts`` (every host when None); ``on_host`` gets each host's result as soon
+        as that host is done (from a collecting thread)."""
 
     def cluster_config(self) -> ClusterConfig | None: ...
 
@@ -96,9 +99,11 @@ class SshCollector:
     def hosts(self) -> dict[str, SshTarget]:
         return dict(self._targets)
 
-    def collect(self, hosts: Collection[str] | None = None) -> CollectReport:
+    def collect(self, hosts: Collection[str] | None = None,
+                on_host: Callable[[HostResult], None] | None = None) -> CollectReport:
         chosen = [t for name, t in self._targets.items() if hosts is None or name in hosts]
-        report = collect_captures(chosen, self.out_dir, self._factory, **{"durable": not self.scratch, **self.options})
+        report = collect_captures(chosen, self.out_dir, self._factory, on_host=on_host,
+                                  **{"durable": not self.scratch, **self.options})
         for name, text in self._files.items():  # the directory plans like the ledger's inventory
             atomic_write(self.out_dir / name, text)
         return report

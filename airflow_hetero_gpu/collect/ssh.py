@@ -30,7 +30,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import paramiko
 
@@ -209,7 +209,8 @@ def collect_captures(targets: Sequence[SshTarget] | Iterable[SshTarget], out_dir
                      client_factory: ClientFactory, *, max_parallel: int = DEFAULT_MAX_PARALLEL,
                      connect_timeout: float = 10, command_timeout: float = 30, retries: int = 2,
                      read_kernel_log: bool = True, use_nvml: bool = False,
-                     nvml_python: str = "python3", durable: bool = True) -> CollectReport:
+                     nvml_python: str = "python3", durable: bool = True,
+                     on_host: Callable[[HostResult], None] | None = None) -> CollectReport:
     """Collect every target into the capture directory ``out_dir`` (SPEC section 2).
 
     At most ``max_parallel`` hosts are worked on at once (the soft open-file limit is raised to
@@ -220,7 +221,9 @@ def collect_captures(targets: Sequence[SshTarget] | Iterable[SshTarget], out_dir
     ``query.csv``; a host that succeeds loses a stale ``error.txt``. ``use_nvml`` reads the
     query through the NVML agent where the host can run it with ``nvml_python`` (default
     ``python3``; a name or path, checked) and falls back to nvidia-smi elsewhere. ``durable``:
-    see :func:`collect_host` (False for a temporary directory).
+    see :func:`collect_host` (False for a temporary directory). ``on_host(result)`` is called
+    with each host's result as soon as the host is done, from the worker thread that collected it
+    (the health check records hosts as they answer instead of when the last one has).
     """
     targets = list(targets)
     names = [t.host_name for t in targets]
@@ -237,16 +240,20 @@ def collect_captures(targets: Sequence[SshTarget] | Iterable[SshTarget], out_dir
     (out / "hosts").mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     results: list[HostResult] = []
+
+    def one(target: SshTarget) -> HostResult:
+        result = collect_host(target, out, client_factory, connect_timeout=connect_timeout,
+                              command_timeout=command_timeout, retries=retries,
+                              read_kernel_log=read_kernel_log, use_nvml=use_nvml,
+                              nvml_python=nvml_python, durable=durable)
+        if on_host is not None:
+            on_host(result)
+        return result
+
     if targets:
         with ThreadPoolExecutor(max_workers=workers,
                                 thread_name_prefix="hetero-gpu-collect") as pool:
-            futures = [
-                pool.submit(collect_host, t, out, client_factory, connect_timeout=connect_timeout,
-                            command_timeout=command_timeout, retries=retries,
-                            read_kernel_log=read_kernel_log, use_nvml=use_nvml,
-                            nvml_python=nvml_python, durable=durable)
-                for t in targets
-            ]
+            futures = [pool.submit(one, t) for t in targets]
             results = [f.result() for f in futures]
     return CollectReport(out_dir=out, hosts=results, seconds=time.monotonic() - started)
 

@@ -7,7 +7,9 @@ deferrable trigger and ``hetero-gpu check`` all run it:
    plain paramiko on the command line);
 2. judge every GPU with the pure watch (:func:`airflow_hetero_gpu.core.watch.evaluate`): SPEC §4
    rules plus the optional ones, Xid lines new since the last check only;
-3. record the check in the ledger in one transaction (evict, count healthy checks, readmit);
+3. record the check in the ledger (evict, count healthy checks, readmit) as the hosts answer:
+   every ``part_window`` seconds one transaction for the hosts that answered meanwhile
+   (:mod:`.parts`), so a fault is an eviction within about a second of its host's answer;
 4. in ``watch`` mode, swap every evicted GPU that a live reservation holds for the best healthy
    GPU of its pool (``Ledger.replace``, SPEC §8 S12); the training operator sees its reservation
    change and restarts its workers;
@@ -27,15 +29,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from airflow_hetero_gpu.collect.records import host_records
+from airflow_hetero_gpu.collect.records import host_record
 from airflow_hetero_gpu.core import watch
 from airflow_hetero_gpu.core.changes import diff_inventory
 from airflow_hetero_gpu.core.config import ClusterConfig, config_from_text
 from airflow_hetero_gpu.core.model import Gpu, GpuKey
 from airflow_hetero_gpu.errors import HeteroGpuError
 from airflow_hetero_gpu.healthcheck.metrics import Metrics
+from airflow_hetero_gpu.healthcheck.parts import DEFAULT_PART_WINDOW_S, collect_in_parts
 from airflow_hetero_gpu.healthcheck.spec import GATE_MET, IDLE, WATCH_OVER, WatchSpec, merged_config
 from airflow_hetero_gpu.ledger import Ledger, LedgerError, NoLiveReservation
+from airflow_hetero_gpu.ledger.fleet import judge_parts
 
 if TYPE_CHECKING:
     from airflow_hetero_gpu.collect.fleet import Collector
@@ -81,12 +85,17 @@ class HealthWatch:
     watch in the inventory's records; ``history`` passes ``history_interval`` /
     ``history_retention`` to the ledger. The run's memory (checks made, events so far, the
     previous inventory) lives in this object; :meth:`to_state` / :meth:`from_state` carry it
-    across reschedules.
+    across reschedules. ``part_window``: seconds between the ledger transactions of one check
+    (the hosts that answered meanwhile; :mod:`.parts`).
     """
 
     def __init__(self, spec: WatchSpec, hook: "Collector", ledger_url: str | None, *,
                  log: logging.Logger | logging.LoggerAdapter | None = None, metrics: Metrics | None = None,
-                 clock=time.time, collector: str | None = None, history: Mapping[str, float] | None = None):
+                 clock=time.time, collector: str | None = None, history: Mapping[str, float] | None = None,
+                 part_window: float = DEFAULT_PART_WINDOW_S):
+        if not part_window > 0:
+            raise ValueError(f"part_window: expected seconds > 0, got {part_window!r}")
+        self.part_window = float(part_window)
         self.spec = spec.validate()
         self.hook = hook
         self.ledger_url = ledger_url
@@ -96,6 +105,7 @@ class HealthWatch:
         self.metrics = metrics or Metrics()
         self.clock = clock
         self.checks = 0
+        self.last_began: float | None = None  # time.monotonic() when the last check began
         self.started_at: float | None = None
         self.evictions: list[dict[str, Any]] = []
         self.readmissions: list[dict[str, Any]] = []
@@ -146,26 +156,30 @@ class HealthWatch:
 
     def check(self) -> CheckReport:
         """Run one check (blocking: SSH and the ledger); see the module docstring."""
-        began = time.monotonic()
+        began = self.last_began = time.monotonic()
         started = datetime.now(timezone.utc)
         if self.started_at is None:
             self.started_at = self.clock()
         self.checks += 1
-        collected = self.hook.collect()
-        for host in collected.failed:
-            self.log.warning("GPU host %s: collection failed: %s", host.host, host.reason)
-        for host in collected.ok:
-            for warning in host.warnings:
-                self.log.info("GPU host %s: %s", host.host, warning)
         report = CheckReport(number=self.checks, steps=[], pools=[], unhealthy=[])
+        judge, fleet_files = self._judge(), self.hook.fleet_files()
         with Ledger.from_url(self.ledger_url) as ledger:
-            stored = ledger.record_health_check(
-                host_records(collected), collector=self.collector, judge=self._judge(),
-                fleet_files=self.hook.fleet_files(), started_at=started, **self.history)
-            evaluation = stored.evaluation
+            def record(answered, parts):
+                for host in answered:
+                    if not host.ok:
+                        self.log.warning("GPU host %s: collection failed: %s", host.host, host.reason)
+                    for warning in host.warnings:
+                        self.log.info("GPU host %s: %s", host.host, warning)
+                return ledger.record_health_check(
+                    [host_record(h) for h in answered], collector=self.collector, judge=judge,
+                    fleet_files=fleet_files, started_at=started,
+                    collection_id=parts[0].collection_id if parts else None, **self.history)
+
+            collected, parts = collect_in_parts(lambda on_host: self.hook.collect(on_host=on_host), record,
+                                                self.part_window)
+            evaluation, policy = judge_parts(parts, judge)
             cluster = self.cluster = evaluation.cluster
-            policy = stored.policy
-            report.steps = stored.steps
+            report.steps = [st for part in parts for st in part.steps]
             report.changes = self._inventory_changes(cluster)
             self._log_steps(report, cluster, policy)
             if self.spec.mode_kind == "watch":
@@ -310,6 +324,14 @@ class HealthWatch:
                 self.log.info("GPU inventory change: %s", line)
         self._inventory, self._pools = now, pools
         return lines
+
+    def until_next(self, interval: float) -> float:
+        """Seconds to wait so that the next check begins ``interval`` seconds after the last one
+        began (checks *every* ``interval`` seconds, whatever a check takes); 0 when the last check
+        took longer than that, or none ran yet."""
+        if self.last_began is None:
+            return 0.0
+        return max(0.0, interval - (time.monotonic() - self.last_began))
 
     # -- the sensor's decision ---------------------------------------------------------------------
     def outcome(self) -> str | None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import sys
 import threading
 from typing import Any
 
@@ -131,7 +132,11 @@ def cmd_check(args: argparse.Namespace) -> int:
                 print("\n".join(_lines(report)), flush=True)
             if args.interval is None or stop.is_set() or (args.count is not None and watch.checks >= args.count):
                 break
-            if stop.wait(args.interval):
+            pause = watch.until_next(args.interval)
+            if pause == 0:
+                print(f"hetero-gpu check: check {watch.checks} took longer than --interval {args.interval:g}s; "
+                      "the next one starts now", file=sys.stderr, flush=True)
+            if stop.wait(pause):
                 break
     finally:
         for sig, handler in previous.items():

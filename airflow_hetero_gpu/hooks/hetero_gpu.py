@@ -23,14 +23,14 @@ import threading
 import weakref
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, Sequence
 
 from airflow.sdk import BaseHook
 
 from airflow_hetero_gpu.capture.directory import read_capture_dir
 from airflow_hetero_gpu.collect.clients import open_socket
 from airflow_hetero_gpu.collect.fleet import read_fleet_files
-from airflow_hetero_gpu.collect.ssh import DEFAULT_MAX_PARALLEL, CollectReport, HostFailure, collect_captures
+from airflow_hetero_gpu.collect.ssh import DEFAULT_MAX_PARALLEL, CollectReport, HostFailure, HostResult, collect_captures
 from airflow_hetero_gpu.fsutil import atomic_write
 from airflow_hetero_gpu.collect.targets import SshTarget
 from airflow_hetero_gpu.core.changes import InventoryChange, diff_clusters
@@ -314,9 +314,11 @@ class HeteroGpuHook(BaseHook):
 
     # -- public API ----------------------------------------------------------------------------
 
-    def collect(self, hosts: Collection[str] | None = None) -> CollectReport:
+    def collect(self, hosts: Collection[str] | None = None,
+                on_host: Callable[[HostResult], None] | None = None) -> CollectReport:
         """Collect the hosts (every host when None) into :attr:`captures_path`; failed hosts get
-        ``error.txt``. Only the collected hosts' connections are read."""
+        ``error.txt``. Only the collected hosts' connections are read. ``on_host`` gets each
+        host's result as soon as the host is done (from a collecting thread)."""
         out = self.captures_path
         self._write_cluster_files(out)
         targets, hooks, unusable = self._targets(hosts)
@@ -324,7 +326,7 @@ class HeteroGpuHook(BaseHook):
             targets, out, self._collect_factory(self._factory(hooks, unusable)), max_parallel=self.max_parallel,
             connect_timeout=self.connect_timeout, command_timeout=self.command_timeout,
             retries=self.retries, read_kernel_log=self.read_kernel_log, use_nvml=self.use_nvml,
-            nvml_python=self.nvml_python, durable=self._captures_kept(),
+            nvml_python=self.nvml_python, durable=self._captures_kept(), on_host=on_host,
         )
         self.last_report = report
         return report

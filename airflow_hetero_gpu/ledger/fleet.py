@@ -55,6 +55,8 @@ class Stored:
     policy: WatchPolicy | None = None  # the health check's policy (record_health_check)
     xid_evictions: list[tuple[GpuKey, tuple[str, ...]]] = field(default_factory=list)  # store_collection
     new_xids: dict[GpuKey, tuple[int, ...]] = field(default_factory=dict)
+    fleet_files: dict[str, str] = field(default_factory=dict)  # the stored cluster.yaml and topology.conf
+    stored_at: datetime | None = None  # the transaction's time
 
 
 class FleetMixin:
@@ -87,27 +89,31 @@ class FleetMixin:
                             fleet_files: Mapping[str, str] | None = None,
                             started_at: datetime | None = None,
                             history_interval: float = DEFAULT_HISTORY_INTERVAL_S,
-                            history_retention: float = DEFAULT_HISTORY_RETENTION_S) -> Stored:
+                            history_retention: float = DEFAULT_HISTORY_RETENTION_S,
+                            collection_id: int | None = None) -> Stored:
         """Store one collection and record the health check of every GPU it saw.
 
         ``judge`` turns the stored outputs of the collected hosts (a failed host with its last
         good files), the new Xid numbers per GPU and the stored fleet files into the watch's
         observations and policy; the steps (evict, count, readmit) are applied in the same
-        transaction.
+        transaction. ``collection_id``: these hosts are a further part of that collection (a
+        check stores its hosts in parts as they answer; :func:`judge_parts` judges the whole).
         """
         records = _checked(records)
         with self._write(f"record a health check of {len(records)} host(s)") as (conn, now):
-            stored = self._store(conn, now, records, collector, fleet_files, started_at)
+            stored = self._store(conn, now, records, collector, fleet_files, started_at, collection_id)
             caps, files = self._captures(conn, now, stored)
             ev, policy = judge(caps, stored.new_xids, files)
             stored.evaluation, stored.policy = ev, policy
             stored.steps = watch.apply_check(conn, now, ev.observations, policy, self._evict)
-            self._keep_history(conn, now, ev, records, history_interval, history_retention)
+            self._keep_history(conn, now, ev, records, history_interval,
+                               history_retention if collection_id is None else None)
             self._admit(conn, now)  # evictions and readmissions change what the queue can have
             return stored
 
     def _store(self, conn: Connection, now: datetime, records: Sequence[HostRecord], collector: str,
-               fleet_files: Mapping[str, str] | None, started_at: datetime | None) -> Stored:
+               fleet_files: Mapping[str, str] | None, started_at: datetime | None,
+               collection_id: int | None = None) -> Stored:
         if not isinstance(collector, str) or not collector.strip():
             raise LedgerError(f"collector: expected a name saying who collected, got {collector!r}")
         existing = inventory.read_for_store(conn, records)
@@ -117,19 +123,16 @@ class FleetMixin:
             inventory.store_fleet_files(conn, now, dict(fleet_files or {}), collector[:500])
         except ValueError as err:
             raise LedgerError(str(err)) from None
-        cid = inventory.record_collection(conn, started_at or now, now, collector[:500], records)
-        return Stored(cid, rows, new_xids=news.by_gpu)
+        cid = inventory.record_collection(conn, started_at or now, now, collector[:500], records, collection_id)
+        return Stored(cid, rows, new_xids=news.by_gpu, stored_at=now)
 
     def _captures(self, conn: Connection, now: datetime, stored: Stored) -> tuple[CaptureSet, dict[str, str]]:
         """The collected hosts' stored outputs (a failed host: its last good ones) as a capture set."""
-        files = inventory.read_fleet_files(conn)
-        try:
-            return StoredInventory(stored.hosts, files, now).captures(count_xids=False), files
-        except CaptureError as err:
-            raise LedgerError(str(err)) from None
+        stored.fleet_files = files = inventory.read_fleet_files(conn)
+        return _stored_captures(stored.hosts, files, now), files
 
     def _keep_history(self, conn: Connection, now: datetime, ev: Evaluation, records: Sequence[HostRecord],
-                      interval: float, retention: float) -> None:
+                      interval: float, retention: float | None) -> None:
         reserved = self._reserved_map(conn, now)
         evicted = self._evicted_map(conn)
         by_host: dict[str, list[dict[str, Any]]] = {r.host: [] for r in records}
@@ -144,7 +147,8 @@ class FleetMixin:
                 })
         ok = {r.host: r.ok for r in records}
         history.store_samples(conn, now, {h: (ok[h], gpus) for h, gpus in by_host.items()}, interval)
-        history.prune(conn, now, retention)
+        if retention is not None:  # None: a further part of a collection, pruned with its first
+            history.prune(conn, now, retention)
 
     # --- reading -------------------------------------------------------------------------------
     def inventory(self, hosts: Collection[str] | None = None) -> StoredInventory:
@@ -190,6 +194,31 @@ class FleetMixin:
             conn.execute(delete(runs_t).where(runs_t.c.run_key == run_key))
             if state is not None:
                 conn.execute(insert(runs_t).values(run_key=run_key, state=dict(state), updated_at=now))
+
+
+def judge_parts(parts: Sequence[Stored], judge: Judge) -> tuple[Evaluation, WatchPolicy]:
+    """The judgement of a collection stored in ``parts`` (:meth:`FleetMixin.record_health_check`
+    with ``collection_id``) as one: every part's hosts, with the Xid lines each part found new and
+    the newest part's fleet files. Pure: the steps were applied part by part; this is the cluster
+    the check reports on (pools, gates, replacements). One part is its own judgement."""
+    if not parts:
+        raise ValueError("judge_parts: no part")
+    last = parts[-1]
+    if len(parts) == 1 and last.evaluation is not None and last.policy is not None:
+        return last.evaluation, last.policy
+    hosts: dict[str, StoredHost] = {}
+    new_xids: dict[GpuKey, tuple[int, ...]] = {}
+    for part in parts:
+        hosts.update(part.hosts)
+        new_xids.update(part.new_xids)
+    return judge(_stored_captures(hosts, last.fleet_files, last.stored_at), new_xids, last.fleet_files)
+
+
+def _stored_captures(hosts: Mapping[str, StoredHost], files: Mapping[str, str], now: datetime | None) -> CaptureSet:
+    try:
+        return StoredInventory(dict(hosts), dict(files), now).captures(count_xids=False)
+    except CaptureError as err:
+        raise LedgerError(str(err)) from None
 
 
 def _checked(records: Sequence[HostRecord]) -> list[HostRecord]:

@@ -281,8 +281,17 @@ def store_fleet_files(conn: Connection, now: datetime, files: Mapping[str, str],
 
 
 def record_collection(conn: Connection, started: datetime, now: datetime, collector: str,
-                      records: Sequence[HostRecord]) -> int:
+                      records: Sequence[HostRecord], into: int | None = None) -> int:
+    """Record a collection of ``records``; with ``into``, add them to that collection (one stored
+    in parts, as a health check stores its hosts as they answer). Returns the collection's id."""
     ok = sum(1 for r in records if r.ok)
+    if into is not None:
+        done = conn.execute(update(coll_t).where(coll_t.c.id == into).values(
+            finished_at=now, hosts=coll_t.c.hosts + len(records), ok=coll_t.c.ok + ok,
+            failed=coll_t.c.failed + len(records) - ok))
+        if done.rowcount == 1:
+            return into
+        # pruned meanwhile (a retention shorter than the check): recorded anew below
     result = conn.execute(insert(coll_t).values(started_at=started, finished_at=now, collector=collector,
                                                 hosts=len(records), ok=ok, failed=len(records) - ok))
     return int(result.inserted_primary_key[0])

@@ -21,6 +21,20 @@ STATE_ENV = "HETERO_GPU_EMU_STATE"
 TOOLS = ("nvidia-smi", "dmesg", "journalctl")
 
 
+
+#: The longest an emulated nvidia-smi waits for its ``nvidia_smi_wait_for`` file.
+WAIT_FOR_LIMIT_S = 600.0
+
+
+def _wait_for(path: object) -> None:
+    """A driver stuck until a test releases it: wait for the file ``path`` to exist."""
+    if not path:
+        return
+    gate = Path(str(path))
+    deadline = time.monotonic() + WAIT_FOR_LIMIT_S
+    while not gate.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
 def _emit(stdout: TextIO, text: str) -> None:
     stdout.write(text)
     stdout.flush()
@@ -78,6 +92,7 @@ def nvidia_smi(argv: Sequence[str], state: dict, out: TextIO, err: TextIO) -> in
     delay = float(state.get("nvidia_smi_delay_s") or 0)
     if delay > 0:
         time.sleep(delay)  # a slow or stuck driver, for command-timeout tests
+    _wait_for(state.get("nvidia_smi_wait_for"))
     faults = set(state.get("faults", []))
     if "driver_gone" in faults:
         # Real captures show this text on stdout (followed by an empty line) and on stderr.

@@ -21,6 +21,7 @@ State file format (every key optional unless noted)::
       "xid": [ {"time": 1234.56789, "gpu": 3, "xid": 79, "pid": 1234, "name": "python3"},
                "[ 99.000001] NVRM: Xid (PCI:0000:07:00): 13, ... raw line" ],
       "nvidia_smi_delay_s": 0,                   # every nvidia-smi call sleeps this long first
+      "nvidia_smi_wait_for": "/tmp/release",     # ... and waits until this file exists (a stuck driver)
       "unknown_query_fields": ["remapped_rows.failure"],  # refused like an older driver does
       "faults": ["driver_gone" | "no_devices" | "nvidia_smi_missing" | "host_down" | "hang"
                  | "host_key_changed" | "journal_denied" | "dmesg_denied"]

@@ -106,7 +106,11 @@ class GpuHealthTrigger(BaseTrigger):
                 if reason is not None:
                     yield TriggerEvent({"status": "success", "result": runner.result(reason)})
                     return
-                await asyncio.sleep(self.poke_interval)
+                pause = runner.until_next(self.poke_interval)  # checks begin every poke_interval
+                if pause == 0:
+                    self.log.warning("health check %d took longer than poke_interval %gs; the next one starts now",
+                                     runner.checks, self.poke_interval)
+                await asyncio.sleep(pause)
         except Exception as exc:  # noqa: BLE001 - the sensor fails with this message
             self.log.exception("GPU health trigger failed")
             yield TriggerEvent({"status": "error", "message": f"{type(exc).__name__}: {exc}"})

@@ -38,7 +38,8 @@ from airflow_hetero_gpu.testing.state import FISH_SHELL, read_state
 
 log = logging.getLogger(__name__)
 
-#: Threads for in-process commands that have to wait (a state's ``nvidia_smi_delay_s``).
+#: Threads for in-process commands that have to wait (a state's ``nvidia_smi_delay_s`` or
+#: ``nvidia_smi_wait_for``).
 _SLOW_TOOLS = ThreadPoolExecutor(max_workers=256, thread_name_prefix="emu-slow-tool")
 
 
@@ -297,7 +298,8 @@ class _Session(asyncssh.SSHServerSession):
             self.send(2, f"emulated host {self.host.entry.name}: cannot read its state: {exc}\n".encode())
             self.chan.exit(255)
             return
-        if "nvidia-smi" in script.tools and float(state.get("nvidia_smi_delay_s") or 0) > 0:
+        if "nvidia-smi" in script.tools and (float(state.get("nvidia_smi_delay_s") or 0) > 0
+                                              or state.get("nvidia_smi_wait_for")):
             loop = asyncio.get_running_loop()
             status, out, err = await loop.run_in_executor(_SLOW_TOOLS, shell.run_script, script, state)
         else:
