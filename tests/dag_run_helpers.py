@@ -18,6 +18,7 @@ import pytest
 from airflow_hetero_gpu.examples import script_path
 from airflow_hetero_gpu.testing.airflow_env import airflow_command, airflow_env, connection_env, dags_test, migrate
 from airflow_hetero_gpu.testing.demo import small_hosts
+from ledger_files import new_ledger
 
 DAGS = Path(__file__).parent / "dags"
 SCRIPT = str(script_path())  # found without importing torch: a module without it skips, not errors
@@ -37,7 +38,7 @@ def two_hosts(emulated_cluster):
 
 def _config(cluster, tmp_path: Path, name: str, config: dict) -> tuple[dict, Path, dict[str, str]]:
     env_conns, ids = connection_env(cluster)
-    cfg = {"ssh_conn_ids": ids, "script": SCRIPT, "ledger_url": f"sqlite:///{tmp_path / 'ledger.db'}",
+    cfg = {"ssh_conn_ids": ids, "script": SCRIPT, "ledger_url": new_ledger(tmp_path / 'ledger.db'),
            "captures_dir": str(tmp_path / (f"captures-{name}" if name else "captures")),
            "workdir": str(tmp_path), **config}
     out = tmp_path / (f"decision-{name}.json" if name else "decision.json")

@@ -251,3 +251,17 @@ def test_describe_gpus(keys, text):
                                     (13, "13th"), (21, "21st"), (102, "102nd"), (111, "111th")])
 def test_ordinal(n, text):
     assert ordinal(n) == text
+
+
+def test_wait_notes_repeat_the_warning_while_the_pools_lack_healthy_gpus():
+    from airflow_hetero_gpu.core.admission.reasons import WaitNotes
+
+    notes = WaitNotes(every=3)
+    said = [notes.note("impossible", "can never start: A: needs 4 GPUs, has 3 healthy of 4") for _ in range(7)]
+    levels = [n and n[0] for n in said]
+    assert levels == ["warning", None, None, "warning", None, None, "warning"]
+    assert said[0][1].startswith("waits until hosts or GPUs come back (its pools lack that many healthy GPUs): ")
+    # an ordinary wait is said once per change, at info
+    assert notes.note("waiting", "2nd in the queue") == ("info", "2nd in the queue")
+    assert notes.note("waiting", "2nd in the queue") is None
+    assert notes.note("impossible", "x")[0] == "warning"

@@ -25,6 +25,7 @@ from airflow_hetero_gpu.testing import EmulatedCluster
 from airflow_hetero_gpu.testing.airflow_env import AirflowDeployment, connection_env
 from airflow_hetero_gpu.testing.demo import small_hosts
 from dag_run_helpers import DAGS, SCRIPT, leftovers, losses
+from ledger_files import new_ledger
 
 pytest.importorskip("torch", reason="torch (CPU build) is needed to train the example model")
 
@@ -42,7 +43,7 @@ def fleet(tmp_path_factory):
 def airflow(fleet):
     cluster, root = fleet
     conns, ids = connection_env(cluster)
-    cfg = {"ssh_conn_ids": ids, "script": SCRIPT, "ledger_url": f"sqlite:///{root / 'ledger.db'}",
+    cfg = {"ssh_conn_ids": ids, "script": SCRIPT, "ledger_url": new_ledger(root / 'ledger.db'),
            "captures_dir": str(root / "captures"), "workdir": str(root), "gpu_count": 4,
            "script_args": ["--epochs", "3"], "wait_for_capacity": True, "deferrable": True,
            "capacity_poll_interval": 1, "capacity_timeout": 600}

@@ -46,16 +46,27 @@ def test_plan_json_has_the_spec_shape(tmp_path):
 
 
 def test_plan_table_and_exit_3_when_nothing_fits(tmp_path):
-    r = run("plan", "--captures", str(make_captures(tmp_path)), "--gpus", "17")
-    assert r.returncode == 3
+    # 16 GPUs: the A100 pool has 16, one of them unhealthy (a shortage that may pass, not a mistake)
+    caps = make_captures(tmp_path, faults={"a100-1": {2: {"ecc_uncorrected_volatile": 1}}})
+    r = run("plan", "--captures", str(caps), "--gpus", "16")
+    assert r.returncode == 3, r.stderr
     assert "decision: no pool can host the job now" in r.stdout
     for card in ("NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-32GB", "NVIDIA GeForce RTX 4090"):
         line = next(line for line in r.stdout.splitlines() if line.startswith(card))
-        assert "rejected" in line and "needs 17 GPUs, has" in line
+        assert "rejected" in line and "needs 16 GPUs, has" in line
+
+
+def test_plan_more_gpus_than_any_pool_has_is_bad_input_naming_the_pools(tmp_path):
+    r = run("plan", "--captures", str(make_captures(tmp_path)), "--gpus", "17")
+    assert (r.returncode, r.stdout) == (2, ""), r.stdout
+    assert r.stderr == ("hetero-gpu plan: error: gpu_count 17: more GPUs than any matching pool has at all, healthy "
+                        "or not, so it can never start: NVIDIA A100-SXM4-80GB has 16; NVIDIA GeForce RTX 4090 has 8; "
+                        "Tesla V100-SXM2-32GB has 8\n")
 
 
 def test_plan_json_exit_3_has_null_decision(tmp_path):
-    r = run("plan", "--captures", str(make_captures(tmp_path)), "--gpus", "9", "--gpu-type", "V100-SXM2-32GB", "--json")
+    r = run("plan", "--captures", str(make_captures(tmp_path, loads={"v100": {0: 0.9}})), "--gpus", "8",
+            "--gpu-type", "V100-SXM2-32GB", "--json")
     assert r.returncode == 3
     out = json.loads(r.stdout)
     assert out["decision"] is None
@@ -191,7 +202,9 @@ def test_a_card_or_task_type_the_fleet_lacks_is_bad_input_not_no_capacity(args, 
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("hetero-gpu plan: error: ")
     assert message in r.stderr
     # the same card type that exists, but asked for more GPUs than are free: still a capacity answer
-    assert run("plan", "--captures", str(SAMPLE), "--gpus", "9", "--gpu-type", "V100-SXM2-32GB").returncode == 3
+    assert run("plan", "--captures", str(SAMPLE), "--gpus", "8", "--gpu-type", "V100-SXM2-32GB").returncode == 3
+    # more than the pool has at all: a mistake
+    assert run("plan", "--captures", str(SAMPLE), "--gpus", "9", "--gpu-type", "V100-SXM2-32GB").returncode == 2
 
 
 def test_the_readme_sample_plan_is_what_the_command_prints():

@@ -17,6 +17,7 @@ from airflow_hetero_gpu.ledger import Ledger
 from airflow_hetero_gpu.testing.airflow_env import airflow_env, connection_env, dags_test
 from cluster_fixtures import emulated_cluster  # noqa: F401
 from dag_run_helpers import DAGS, airflow_home, leftovers, losses, two_hosts  # noqa: F401
+from ledger_files import new_ledger
 
 pytest.importorskip("torch", reason="torch (CPU build) is needed to run the function under torchrun")
 
@@ -71,7 +72,7 @@ def test_the_example_dag_trains_and_rank_0s_value_is_the_xcom(airflow_home, two_
 
 def run_failing(home: Path, cluster, tmp_path: Path, **config):
     env_conns, ids = connection_env(cluster)
-    cfg = {"ssh_conn_ids": ids, "ledger_url": f"sqlite:///{tmp_path / 'ledger.db'}",
+    cfg = {"ssh_conn_ids": ids, "ledger_url": new_ledger(tmp_path / 'ledger.db'),
            "captures_dir": str(tmp_path / "captures"), **config}
     env = airflow_env(home, DAGS, {**env_conns, "HG_TEST_CONFIG": json.dumps(cfg)})
     r = dags_test("hg_decorator_test", env, timeout=420)

@@ -23,6 +23,7 @@ from airflow_hetero_gpu.testing import procs
 from airflow_hetero_gpu.testing.postgres import PostgresServer, PostgresUnavailable
 from cluster_fixtures import emulated_cluster  # noqa: F401
 from dag_run_helpers import airflow_home, finish, leftovers, losses, start_dag, two_hosts  # noqa: F401
+from ledger_files import new_ledger
 
 pytest.importorskip("torch", reason="torch (CPU build) is needed to train the example model")
 
@@ -212,7 +213,7 @@ def test_task_sigkilled_mid_training_then_the_next_try(airflow_home, two_hosts, 
     job when its SSH session drops, the lease (9 s) frees the GPUs, and the next try (same job
     id, as Airflow's retries get) reserves them again and trains."""
     job_id = f"sigkill-{uuid.uuid4().hex[:8]}"
-    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    url = new_ledger(tmp_path / 'ledger.db')
     on_line, training = _when(r"epoch 2 loss")
     proc, pump, lines, out, cfg = start_dag(airflow_home, two_hosts, tmp_path, "kill9", on_line, gpu_count=4,
                                             ledger_url=url, lease_seconds=9, job_id=job_id,
@@ -246,7 +247,7 @@ def test_task_sigkilled_with_its_watchdogs_gone_the_next_try_sweeps_the_orphans(
     training processes run on as orphans after the lease frees the GPUs: the next try (same job
     id) finds them on every host by their markers, stops them, then trains."""
     job_id = f"orphans-{uuid.uuid4().hex[:8]}"
-    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    url = new_ledger(tmp_path / 'ledger.db')
     on_line, training = _when(r"\] training: world size")
     # a job that prints nothing more once it trains (one that prints dies of the closed stdout)
     proc, pump, lines, out, cfg = start_dag(airflow_home, two_hosts, tmp_path, "orph", on_line, gpu_count=4,

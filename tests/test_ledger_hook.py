@@ -8,6 +8,7 @@ import pytest
 
 from airflow_hetero_gpu.errors import HeteroGpuError
 from airflow_hetero_gpu.hooks.ledger import LedgerHook
+from airflow_hetero_gpu.ledger import Ledger, MissingLedger
 
 
 @pytest.mark.parametrize(
@@ -33,9 +34,47 @@ def test_wrong_connection_type_is_one_line(monkeypatch):
 
 def test_opens_a_sqlite_ledger(monkeypatch, tmp_path):
     monkeypatch.setenv("AIRFLOW_CONN_LEDGER_T", json.dumps({"conn_type": "sqlite", "host": str(tmp_path / "l.db")}))
+    Ledger.from_url(str(tmp_path / "l.db")).close()  # `hetero-gpu ledger init`
     with LedgerHook(ledger_conn_id="ledger_t").get_ledger() as ledger:
         assert ledger.live_reservations() == []
-    assert (tmp_path / "l.db").exists()
+
+
+@pytest.mark.parametrize("named", ["url", "conn"])
+def test_a_missing_sqlite_ledger_named_by_the_task_is_refused_not_created(monkeypatch, tmp_path, named):
+    path = tmp_path / "typo-dir" / "ledger.db"
+    monkeypatch.setenv("AIRFLOW_CONN_LEDGER_T", json.dumps({"conn_type": "sqlite", "host": str(path)}))
+    hook = LedgerHook(ledger_url=f"sqlite:///{path}") if named == "url" else LedgerHook(ledger_conn_id="ledger_t")
+    with pytest.raises(MissingLedger, match=rf"^no ledger at sqlite:///{path} \(no such file\): create it with "
+                                            r"`hetero-gpu ledger init URL`"):
+        hook.get_ledger()
+    assert not path.parent.exists()  # neither the file nor its directory was made
+
+
+def test_the_deployments_own_ledger_is_created_on_first_use_and_named_in_the_log(monkeypatch, tmp_path, capsys):
+    # the [hetero_gpu] setting's ledger, whether or not the task repeats it, is created
+    path = tmp_path / "deployment" / "ledger.db"
+    path.parent.mkdir()
+    monkeypatch.setenv("AIRFLOW__HETERO_GPU__LEDGER_URL", f"sqlite:///{path}")
+    LedgerHook().get_ledger().close()
+    assert path.is_file()
+    assert f"ledger: sqlite:///{path}" in capsys.readouterr().out  # the task log's line
+    path.unlink()
+    LedgerHook(ledger_url=f"sqlite:///{path}").get_ledger().close()
+    assert path.is_file()
+    # with no setting, the default file under $AIRFLOW_HOME
+    monkeypatch.delenv("AIRFLOW__HETERO_GPU__LEDGER_URL")
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    LedgerHook().get_ledger().close()
+    assert (tmp_path / "home" / "hetero_gpu_ledger.db").is_file()
+
+
+def test_the_log_masks_the_ledgers_password(monkeypatch, capsys):
+    monkeypatch.setenv("AIRFLOW_CONN_LEDGER_PG", json.dumps(
+        {"conn_type": "postgres", "host": "db.example", "login": "sched", "password": "s3cret", "schema": "gpus"}))
+    assert "s3cret" in LedgerHook(ledger_conn_id="ledger_pg").checked_url()
+    out = capsys.readouterr().out
+    assert "ledger: postgresql+psycopg://sched:***@db.example/gpus" in out and "s3cret" not in out
 
 
 def test_both_is_an_error():

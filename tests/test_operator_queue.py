@@ -12,12 +12,13 @@ from airflow_hetero_gpu.ledger import Ledger
 from airflow_hetero_gpu.operators.hetero_train import HeteroTrainOperator
 from airflow_hetero_gpu.operators.placement import Placement
 from airflow_hetero_gpu.operators.queue_wait import QueueWait
+from ledger_files import new_ledger
 from test_ledger_queue import fill
 
 
 @pytest.fixture
 def url(tmp_path):
-    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    url = new_ledger(tmp_path / 'ledger.db')
     with Ledger.from_url(url) as led:
         fill(led)
         assert led.enqueue("hold", PlanRequest(15), lease_seconds=3600).admitted

@@ -17,6 +17,7 @@ from airflow_hetero_gpu.testing.airflow_env import airflow_env, migrate
 from airflow_hetero_gpu.testing.demo import small_hosts
 from cluster_fixtures import emulated_cluster  # noqa: F401
 from dag_run_helpers import DAGS, airflow_home, finish, start_dag  # noqa: F401
+from ledger_files import new_ledger
 
 WAIT_S = 300
 
@@ -40,7 +41,7 @@ def _cli(*argv: str) -> subprocess.CompletedProcess:
 def test_an_8_gpu_task_is_admitted_before_1_gpu_tasks_enqueued_after_it(airflow_home, emulated_cluster,  # noqa: F811
                                                                         tmp_path, tmp_path_factory):
     cluster = emulated_cluster(small_hosts(1, gpus=8))
-    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    url = new_ledger(tmp_path / 'ledger.db')
     r = _cli("collect", "--hosts", cluster.hosts_arg(), "--identity-file", str(cluster.identity_file),
              "--known-hosts", str(cluster.known_hosts_path), "--ledger", url)
     assert r.returncode == 0, r.stderr

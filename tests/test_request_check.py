@@ -1,6 +1,7 @@
 """core.request_check.never_satisfiable: a request for a card or task type the fleet does not have
-is named as such (the callers make it bad input), a shortage is not, and a fleet with a host that
-was not collected gets the benefit of the doubt."""
+or more GPUs than every matching pool has at all is named as such (the callers make it bad input),
+a shortage (of healthy or free GPUs) is not, and a fleet with a host that was not collected gets
+the benefit of the doubt."""
 
 from __future__ import annotations
 
@@ -21,7 +22,11 @@ def fleet(tmp_path_factory):
 
 @pytest.mark.parametrize("request_, expected", [
     (PlanRequest(2), None),
-    (PlanRequest(64), None),                                   # too many: a shortage, the planner says why
+    (PlanRequest(16), None),                                   # the A100 pool has 16: a shortage at most
+    (PlanRequest(64), "gpu_count 64: more GPUs than any matching pool has at all, healthy or not, so it can never "
+                      "start: NVIDIA A100-SXM4-80GB has 16; NVIDIA GeForce RTX 4090 has 8; Tesla V100-SXM2-32GB has 8"),
+    (PlanRequest(9, "V100*"), "gpu_count 9: more GPUs than any matching pool has at all, healthy or not, so it can "
+                              "never start: Tesla V100-SXM2-32GB has 8"),
     (PlanRequest(2, "A100-SXM4-80GB"), None),
     (PlanRequest(2, "a100*"), None),                           # a pattern matching a card of the fleet
     (PlanRequest(2, ("H100", "RTX 4090")), None),              # one of the types exists
@@ -40,3 +45,9 @@ def test_a_host_that_was_not_collected_may_hold_the_card(tmp_path):
     fleet = load_cluster(make_captures(tmp_path, errors={"rtx-2": "connection refused"}))
     assert fleet.host_errors
     assert never_satisfiable(fleet, PlanRequest(2, "H100")) is None
+
+
+def test_more_than_the_healthy_gpus_is_a_shortage_not_a_mistake(tmp_path):
+    fleet = load_cluster(make_captures(tmp_path, faults={"v100": {i: {"ecc_uncorrected_volatile": 1} for i in range(4)}}))
+    assert never_satisfiable(fleet, PlanRequest(8, "V100*")) is None   # 4 healthy of 8: hosts or GPUs lost
+    assert "Tesla V100-SXM2-32GB has 8" in never_satisfiable(fleet, PlanRequest(9, "V100*"))

@@ -24,6 +24,7 @@ from airflow_hetero_gpu.testing.demo import A100_80, H200, make_gpus, small_host
 from cluster_fixtures import embedded_cluster, emulated_cluster  # noqa: F401
 from airflow_hetero_gpu.testing.state import gpu_uuid
 from airflow_hetero_gpu.triggers.gpu_health import GpuHealthTrigger
+from ledger_files import new_ledger
 
 A100 = "NVIDIA A100-SXM4-80GB"
 REPO = Path(__file__).resolve().parents[1]
@@ -56,7 +57,7 @@ def _fleet_starter(make_cluster, tmp_path, monkeypatch):
         env, ids = connection_env(cluster)
         for name, value in env.items():
             monkeypatch.setenv(name, value)
-        return cluster, ids, f"sqlite:///{tmp_path / 'ledger.db'}"
+        return cluster, ids, new_ledger(tmp_path / 'ledger.db')
 
     return start
 

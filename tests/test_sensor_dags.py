@@ -29,6 +29,7 @@ from pathlib import Path
 
 from airflow.sdk import dag, task
 from airflow_hetero_gpu.sensors.gpu_health import GpuHealthSensor
+from ledger_files import new_ledger
 
 HOSTS = json.loads(os.environ["HETERO_GPU_TEST_HOSTS"])
 OUT = Path(os.environ["HETERO_GPU_TEST_OUT"])
@@ -85,8 +86,8 @@ def test_deferrable_and_poke_runs_give_the_same_evictions(emulated_cluster, tmp_
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         "HETERO_GPU_TEST_HOSTS": json.dumps(ids),
         "HETERO_GPU_TEST_OUT": str(out),
-        "HETERO_GPU_TEST_LEDGER_POKE": f"sqlite:///{tmp_path / 'poke.db'}",
-        "HETERO_GPU_TEST_LEDGER_DEFERRED": f"sqlite:///{tmp_path / 'deferred.db'}",
+        "HETERO_GPU_TEST_LEDGER_POKE": new_ledger(tmp_path / 'poke.db'),
+        "HETERO_GPU_TEST_LEDGER_DEFERRED": new_ledger(tmp_path / 'deferred.db'),
     }
     migrate = subprocess.run([str(airflow), "db", "migrate"], env=env, capture_output=True, text=True, timeout=300)
     assert migrate.returncode == 0, migrate.stderr[-3000:]

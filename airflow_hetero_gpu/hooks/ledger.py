@@ -11,6 +11,11 @@ names it in one of three ways:
 With neither a connection nor a URL the hook takes ``[hetero_gpu] ledger_conn_id`` or
 ``ledger_url`` from Airflow's configuration, and without those the ledger is the SQLite file
 ``$AIRFLOW_HOME/hetero_gpu_ledger.db``.
+
+Only the deployment's own ledger (the one those settings, or their default, name) is created on
+first use. A SQLite file named by a task's own ``ledger_url`` or ``ledger_conn_id`` must exist
+(``hetero-gpu ledger init URL``): a typo there would otherwise make a second ledger whose
+reservations protect nothing. Every task logs the ledger it uses, password masked.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ from airflow.sdk import BaseHook
 
 from airflow_hetero_gpu.errors import HeteroGpuError
 from airflow_hetero_gpu.ledger import Ledger, LedgerError
-from airflow_hetero_gpu.ledger.url import default_path
+from airflow_hetero_gpu.ledger.base import require_existing
+from airflow_hetero_gpu.ledger.url import default_path, mask, parse_url
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +70,16 @@ def check_shareable(url: str | None) -> None:
     if url.strip().startswith("sqlite") or "://" not in url:
         log.warning("the ledger %s is a SQLite file and [core] executor is %s: this is only safe when every "
                     "task that reserves GPUs runs on this one machine; use PostgreSQL otherwise", url, executor)
+
+
+def is_deployment_ledger(conn_id: str | None, url: str | None) -> bool:
+    """Whether a ledger named by ``conn_id`` / ``url`` is the deployment's own: named by neither
+    (the ``[hetero_gpu]`` settings, else the default file), or by the settings' own values."""
+    from airflow_hetero_gpu.settings import setting
+
+    if not conn_id and not url:
+        return True
+    return (conn_id or None, url or None) == (setting("ledger_conn_id") or None, setting("ledger_url") or None)
 
 
 def url_from_connection(conn: Any) -> str:
@@ -127,9 +143,20 @@ class LedgerHook(BaseHook):
             return url_from_connection(self.get_connection(conn_id))
         return url
 
-    def get_ledger(self, *, readonly: bool = False) -> Ledger:
-        """Open the ledger: for writing (created and upgraded as needed) or, ``readonly``, an
-        existing one only. Under a distributed executor the default SQLite file is refused."""
+    def checked_url(self) -> str | None:
+        """:meth:`get_url`, after refusing a missing SQLite file that is not the deployment's
+        ledger (:class:`~airflow_hetero_gpu.ledger.MissingLedger`, the command line's words);
+        logs the ledger used, password masked."""
         url = self.get_url()
+        if not is_deployment_ledger(self.ledger_conn_id, self.ledger_url):
+            require_existing(url)
+        self.log.info("ledger: %s", mask(parse_url(url)))
+        return url
+
+    def get_ledger(self, *, readonly: bool = False) -> Ledger:
+        """Open the ledger: for writing (upgraded as needed; created only when it is the
+        deployment's own) or, ``readonly``, an existing one only. Under a distributed executor the
+        default SQLite file is refused."""
+        url = self.checked_url()
         check_shareable(url)
         return Ledger.open_existing(url) if readonly else Ledger.from_url(url)

@@ -4,7 +4,8 @@ SQLite file by default (``$AIRFLOW_HOME/hetero_gpu_ledger.db``), PostgreSQL in p
 never Airflow's metadata database. See ``docs/ledger.md``.
 """
 
-from airflow_hetero_gpu.ledger.errors import LedgerError, LedgerUrlError, NoLiveReservation, ReservationConflict
+from airflow_hetero_gpu.ledger.errors import (LedgerError, LedgerUrlError, MissingLedger, NoLiveReservation,
+                                              ReservationConflict)
 from airflow_hetero_gpu.ledger.queue import NoQueueEntry, QueueRecord
 from airflow_hetero_gpu.ledger.records import Eviction, Reservation, ReservedGpu, TaskIdentity
 from airflow_hetero_gpu.ledger.store import DEFAULT_LEASE_SECONDS, Ledger
@@ -16,6 +17,7 @@ __all__ = [
     "Ledger",
     "LedgerError",
     "LedgerUrlError",
+    "MissingLedger",
     "NoLiveReservation",
     "NoQueueEntry",
     "QueueRecord",

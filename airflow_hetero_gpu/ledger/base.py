@@ -20,7 +20,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from airflow_hetero_gpu.ledger import schema
 from airflow_hetero_gpu.ledger.checks import first_line
 from airflow_hetero_gpu.ledger.db import db_now, make_engine, read_transaction, write_transaction
-from airflow_hetero_gpu.ledger.errors import LedgerError
+from airflow_hetero_gpu.ledger.errors import LedgerError, MissingLedger
 from airflow_hetero_gpu.ledger.url import is_memory, mask, parse_url
 
 Clock = Callable[[], datetime]
@@ -29,6 +29,14 @@ CommitHook = Callable[[str, str], None]
 #: What to tell a user whose ledger holds no inventory, or is missing.
 FILL_WITH = "fill it with `hetero-gpu collect --ledger URL` or `hetero-gpu check --ledger URL`"
 FILL_HINT = f"create it with `hetero-gpu ledger init URL`, or {FILL_WITH}"
+
+
+def require_existing(url: Any) -> None:
+    """Refuse a SQLite URL (or path) whose file does not exist, in the one line every reader and
+    the command line give (:class:`MissingLedger`); a PostgreSQL URL is checked when connecting."""
+    parsed = parse_url(url)
+    if parsed.get_backend_name() == "sqlite" and not is_memory(parsed) and not Path(parsed.database).is_file():
+        raise MissingLedger(f"no ledger at {mask(parsed)} (no such file): {FILL_HINT}")
 
 
 class LedgerBase:
@@ -45,10 +53,8 @@ class LedgerBase:
         self.url = parse_url(url)
         self._clock = clock
         self._before_commit = before_commit
-        if not create and self.url.get_backend_name() == "sqlite" and not is_memory(self.url):
-            path = Path(self.url.database)
-            if not path.is_file():
-                raise LedgerError(f"no ledger at {self.display_url} (no such file): {FILL_HINT}")
+        if not create:
+            require_existing(self.url)
         self._engine = make_engine(self.url, create=create)
         try:
             self._ensure_schema(create=create, migrate=migrate)

@@ -13,6 +13,10 @@ class LedgerUrlError(LedgerError):
     """A ledger URL that is malformed or names a database the ledger does not support."""
 
 
+class MissingLedger(LedgerError):
+    """The URL names a SQLite file that does not exist (a reader, or a writer told not to create one)."""
+
+
 class NoLiveReservation(LedgerError):
     """The job holds no live reservation: it was released, or its lease expired."""
 

@@ -266,11 +266,14 @@ class HeteroTrainOperator(BaseOperator):
     def ledger(self) -> Ledger:
         if self._ledger_obj is None:
             from airflow_hetero_gpu.hooks.ledger import UnshareableLedger
+            from airflow_hetero_gpu.ledger import LedgerUrlError, MissingLedger
 
             try:
                 self._ledger_obj = self.ledger_hook.get_ledger()
-            except UnshareableLedger as err:  # a setup mistake: retrying cannot help
+            except (UnshareableLedger, MissingLedger, LedgerUrlError) as err:  # a setup mistake: never retried
                 raise self._fail(str(err)) from None
+            except LedgerError as err:  # unreachable: the task's retries apply
+                raise AirflowException(str(err)) from None
         return self._ledger_obj
 
     def max_age(self) -> float:

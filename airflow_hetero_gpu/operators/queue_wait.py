@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException
 
+from airflow_hetero_gpu.core.admission.reasons import WaitNotes
+
 if TYPE_CHECKING:
     from airflow_hetero_gpu.core.model import PlanResult
     from airflow_hetero_gpu.ledger import QueueRecord
@@ -33,7 +35,7 @@ class QueueWait:
         self.placement = placement
         self.op = placement.op
         self.job_id = placement.job_id
-        self._said: str | None = None
+        self._notes = WaitNotes()
 
     @property
     def log(self) -> Any:
@@ -86,11 +88,11 @@ class QueueWait:
         return entry
 
     def say(self, entry: QueueRecord) -> None:
-        """Log where the job stands, when that changed."""
-        text = entry.where()
-        if text != self._said:
-            self._said = text
-            self.log.info("job %s: %s", self.job_id, text)
+        """Log where the job stands when that changed (a warning, repeated, while its pools lack
+        the healthy GPUs it needs)."""
+        note = self._notes.note(entry.standing, entry.where())
+        if note is not None:
+            getattr(self.log, note[0])("job %s: %s", self.job_id, note[1])
 
     def take(self) -> PlanResult:
         """The admission's reservation, as the decision the run uses (logged, pushed to XCom)."""

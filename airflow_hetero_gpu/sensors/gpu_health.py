@@ -25,7 +25,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from airflow.providers.common.compat.sdk import AirflowException, conf
+from airflow.providers.common.compat.sdk import AirflowException, AirflowFailException, conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
 from airflow_hetero_gpu.collect.ssh import DEFAULT_MAX_PARALLEL
@@ -154,8 +154,12 @@ class GpuHealthSensor(BaseSensorOperator):
 
     def _ledger_url(self) -> str | None:
         from airflow_hetero_gpu.hooks.ledger import LedgerHook  # noqa: PLC0415
+        from airflow_hetero_gpu.ledger import LedgerUrlError, MissingLedger  # noqa: PLC0415
 
-        return LedgerHook(ledger_conn_id=self.ledger_conn_id, ledger_url=self.ledger_url).get_url()
+        try:  # a SQLite ledger named here must exist (only the deployment's is created); logged
+            return LedgerHook(ledger_conn_id=self.ledger_conn_id, ledger_url=self.ledger_url).checked_url()
+        except (MissingLedger, LedgerUrlError) as err:  # a mistake: never retried
+            raise AirflowFailException(str(err)) from None
 
     def _hook(self) -> "HeteroGpuHook":
         from airflow_hetero_gpu.hooks.hetero_gpu import HeteroGpuHook  # noqa: PLC0415
@@ -226,6 +230,7 @@ class GpuHealthSensor(BaseSensorOperator):
                 if self.health_watch is not None:
                     self.health_watch.hook.close()
         spec = self._spec()
+        self._ledger_url()  # refused now (not in the triggerer) when missing; names it in the log
         # the trigger gets what the deployment's [hetero_gpu] settings say where no argument did
         hook = self._hook()
         config = self.config if self.config is not None else setting("cluster_config")
@@ -249,7 +254,8 @@ class GpuHealthSensor(BaseSensorOperator):
 
     def execute_complete(self, context: "Context", event: Mapping[str, Any] | None = None) -> Any:
         if not event or event.get("status") != "success":
-            raise AirflowException(f"GPU health check failed: {(event or {}).get('message', 'no event')}")
+            message = f"GPU health check failed: {(event or {}).get('message', 'no event')}"
+            raise AirflowFailException(message) if (event or {}).get("mistake") else AirflowException(message)
         result = event["result"]
         self.log.info("GPU health sensor done: %s (%d checks, %d evictions)", result.get("reason"),
                       result.get("checks", 0), len(result.get("evictions", [])))

@@ -20,13 +20,17 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_hetero_gpu.errors import HeteroGpuError
 from airflow_hetero_gpu.healthcheck import HealthWatch, WatchSpec
 from airflow_hetero_gpu.hooks.hetero_gpu import HeteroGpuHook, normalize_conn_ids
+from airflow_hetero_gpu.hooks.ledger import is_deployment_ledger
+from airflow_hetero_gpu.ledger import LedgerUrlError, MissingLedger
+from airflow_hetero_gpu.ledger.base import require_existing
 
 
 class GpuHealthTrigger(BaseTrigger):
     """Run :class:`HealthWatch` checks every ``poke_interval`` seconds in the triggerer.
 
     Fires one event: ``{"status": "success", "result": <the sensor's XCom value>}`` when the gate
-    condition holds or the watch is over, or ``{"status": "error", "message": ...}``.
+    condition holds or the watch is over, or ``{"status": "error", "message": ...}`` (with
+    ``"mistake": True`` for a setup mistake no retry can fix: a missing ledger, a malformed URL).
     """
 
     def __init__(self, *, ssh_conn_ids: Sequence[str] | Mapping[str, str], spec: Mapping[str, Any],
@@ -95,6 +99,8 @@ class GpuHealthTrigger(BaseTrigger):
             hosts = normalize_conn_ids(self.ssh_conn_ids)
             connections = await self._connections(hosts)
             ledger_url = await self._ledger_url()
+            if not is_deployment_ledger(self.ledger_conn_id, self.ledger_url):
+                require_existing(ledger_url)  # a typo must not make a second ledger
             hook = self._hook = HeteroGpuHook(hosts, connections=connections, captures_dir=self._captures_dir(),
                                               config=self.config, topology_conf=self.topology_conf,
                                               keep_connections=True, **self.hook_kwargs)
@@ -111,6 +117,8 @@ class GpuHealthTrigger(BaseTrigger):
                     self.log.warning("health check %d took longer than poke_interval %gs; the next one starts now",
                                      runner.checks, self.poke_interval)
                 await asyncio.sleep(pause)
+        except (MissingLedger, LedgerUrlError) as exc:  # a mistake: the sensor fails without retries
+            yield TriggerEvent({"status": "error", "message": str(exc), "mistake": True})
         except Exception as exc:  # noqa: BLE001 - the sensor fails with this message
             self.log.exception("GPU health trigger failed")
             yield TriggerEvent({"status": "error", "message": f"{type(exc).__name__}: {exc}"})

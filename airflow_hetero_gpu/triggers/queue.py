@@ -19,6 +19,8 @@ from typing import Any, AsyncIterator
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from airflow_hetero_gpu.core.admission.reasons import WaitNotes
+
 
 class QueueTrigger(BaseTrigger):
     def __init__(self, *, job_id: str, ledger_conn_id: str | None = None, ledger_url: str | None = None,
@@ -47,21 +49,21 @@ class QueueTrigger(BaseTrigger):
 
         return url_from_connection(await get_async_connection(self.ledger_conn_id))
 
-    def check(self, url: str | None) -> tuple[str, str]:
-        """Renew the entry and read it (blocking; run in a thread): (status, where it stands)."""
+    def check(self, url: str | None) -> tuple[str, str, str | None]:
+        """Renew the entry and read it (blocking; run in a thread): (status, where it stands, standing)."""
         from airflow_hetero_gpu.ledger import Ledger, NoQueueEntry
 
         with Ledger.open_existing(url) as ledger:
             try:
                 entry = ledger.renew_queue_entry(self.job_id)
             except NoQueueEntry as err:
-                return "gone", str(err)
+                return "gone", str(err), None
             if entry.admitted:
-                return "admitted", entry.where()
+                return "admitted", entry.where(), None
             if time.time() - self.started_at >= self.timeout:
                 ledger.leave_queue(self.job_id)
-                return "timeout", entry.where()
-            return "waiting", entry.where()
+                return "timeout", entry.where(), entry.standing
+            return "waiting", entry.where(), entry.standing
 
     def leave(self, url: str | None) -> None:
         from airflow_hetero_gpu.ledger import Ledger
@@ -72,16 +74,16 @@ class QueueTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         try:
             url = await self._url()
-            said = None
+            notes = WaitNotes()
             while True:
-                status, where = await asyncio.to_thread(self.check, url)
+                status, where, standing = await asyncio.to_thread(self.check, url)
                 if status != "waiting":
                     yield TriggerEvent({"status": status, "message": where, "started_at": self.started_at,
                                         "job_id": self.job_id})
                     return
-                if where != said:
-                    said = where
-                    self.log.info("job %s: %s", self.job_id, where)
+                note = notes.note(standing, where)
+                if note is not None:
+                    getattr(self.log, note[0])("job %s: %s", self.job_id, note[1])
                 await asyncio.sleep(self.poll_interval)
         except Exception as err:  # reported to the operator, which fails with the message
             yield TriggerEvent({"status": "error", "message": f"{type(err).__name__}: {err}",

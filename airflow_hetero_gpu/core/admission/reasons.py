@@ -49,3 +49,34 @@ def waiting(position: int, heads: Sequence[Claim], single_pool: str | None,
     if why_not_now:
         text += f"; now: {why_not_now}"
     return text
+
+
+#: a waiting job whose pools lack the healthy GPUs it needs repeats its warning every this many looks
+WARN_EVERY_LOOKS = 10
+
+
+class WaitNotes:
+    """What a waiting job's log says at each look at its queue entry: a new standing at info; while
+    it is ``impossible`` (its pools have the GPUs, but not that many healthy: hosts or GPUs lost),
+    a warning at the first look and again every ``every`` looks, so a long wait keeps saying why.
+    A request larger than its pools at all never waits (:mod:`airflow_hetero_gpu.core.request_check`)."""
+
+    def __init__(self, every: int = WARN_EVERY_LOOKS):
+        self.every = max(1, every)
+        self._said: str | None = None
+        self._looks = 0
+
+    def note(self, standing: str | None, text: str) -> tuple[str, str] | None:
+        """``(level, line)`` to log now, or None."""
+        if standing == "impossible":
+            due = text != self._said or self._looks % self.every == 0
+            self._looks = 1 if text != self._said else self._looks + 1
+            self._said = text
+            if due:
+                return "warning", f"waits until hosts or GPUs come back (its pools lack that many healthy GPUs): {text}"
+            return None
+        self._looks = 0
+        if text == self._said:
+            return None
+        self._said = text
+        return "info", text
