@@ -7,9 +7,11 @@ so the next task reuses it). A host that still has no young enough outputs after
 collection failed) is not placed on: its GPUs carry the reason ``stale`` and the plan says
 ``inventory 312 s old (max 120 s)``. ``max_age=0`` collects every host first.
 
-When nothing at all can be collected because of the setup (every host's connection undefined
-or its key refused) and the ledger has nothing young enough either, that is a mistake to fix,
-not a capacity shortage: :class:`CollectionConfigError` names every host and why.
+When nothing at all can be collected and the ledger has nothing young enough either, the error
+names every host and why: :class:`CollectionConfigError` when every cause is the setup (a
+connection undefined, a host key unknown or changed, a key refused), a mistake no retry can fix;
+:class:`NothingCollected` otherwise (hosts down or unreachable: a retry may find them back).
+Neither is reported as a shortage of capacity.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from airflow_hetero_gpu.collect.records import host_records
 from airflow_hetero_gpu.core.cluster import Cluster
 from airflow_hetero_gpu.core.config import ClusterConfig, config_from_text
 from airflow_hetero_gpu.core.inventory import XIDS_FROM_LEDGER, cluster_from_captures
-from airflow_hetero_gpu.errors import ConfigError
+from airflow_hetero_gpu.errors import ConfigError, HeteroGpuError
 from airflow_hetero_gpu.ledger.inventory import StoredInventory
 
 DEFAULT_MAX_AGE_S = 300.0
@@ -33,6 +35,10 @@ log = logging.getLogger(__name__)
 
 class CollectionConfigError(ConfigError):
     """No host could be collected because of the setup (connections, keys, no hosts)."""
+
+
+class NothingCollected(HeteroGpuError):
+    """No host could be collected, not (only) because of the setup: a retry may help."""
 
 
 @dataclass
@@ -106,10 +112,9 @@ def fresh_inventory(ledger: Any, collector: Collector, hosts: Collection[str], *
     for h in report.failed:
         logger.warning("GPU host %s: collection failed: %s", h.host, h.reason)
     result.stored = ledger.inventory(hosts)
-    if report.failed and not report.ok and all(h.config_error for h in report.failed) \
-            and len(result.stale_hosts()) == len(hosts):
-        raise CollectionConfigError(
-            "no GPU host could be collected: " + "; ".join(f"{h.host}: {h.reason}" for h in report.failed))
+    if report.failed and not report.ok and len(result.stale_hosts()) == len(hosts):
+        why = "no GPU host could be collected: " + "; ".join(f"{h.host}: {h.reason}" for h in report.failed)
+        raise (CollectionConfigError if all(h.config_error for h in report.failed) else NothingCollected)(why)
     return result
 
 

@@ -63,7 +63,7 @@ def classify_connect_error(exc: BaseException, target: SshTarget, timeout: float
     if isinstance(exc, paramiko.BadHostKeyException):
         return HostFailure(
             f"host key mismatch for {where}: server offered {_fingerprint(exc.key)}, "
-            f"known_hosts has {_fingerprint(exc.expected_key)}"
+            f"known_hosts has {_fingerprint(exc.expected_key)}", config=True
         )
     if isinstance(exc, paramiko.AuthenticationException):
         return HostFailure(f"authentication failed for {target.user or getpass.getuser()}@{where}: {exc}",
@@ -82,7 +82,8 @@ def classify_connect_error(exc: BaseException, target: SshTarget, timeout: float
     if isinstance(exc, paramiko.SSHException):
         text = str(exc)
         if "not found in known_hosts" in text:
-            return HostFailure(f"unknown host key for {where}: not in known_hosts (host keys are verified)")
+            return HostFailure(f"unknown host key for {where}: not in known_hosts (host keys are verified)",
+                               config=True)
         context = exc.__context__
         if isinstance(context, OSError) and context.errno in (errno.EMFILE, errno.ENFILE):
             return too_many_open_files(where)

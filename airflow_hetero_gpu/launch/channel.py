@@ -27,6 +27,7 @@ import paramiko
 
 from airflow_hetero_gpu.collect.targets import SshTarget
 from airflow_hetero_gpu.launch.command import parse_pgid_line
+from airflow_hetero_gpu.launch.failures import looks_like_error
 from airflow_hetero_gpu.launch.results import HostResult
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class HostRun:
         self.ended: float | None = None
         self.exit_code: int | None = None
         self.error: str | None = None
+        self.first_error: str | None = None  # the first stderr line that reads like an error
         self.done = threading.Event()
         self.threads: list[threading.Thread] = []
         self.last_alive = time.monotonic()  # the host's last answer to a keepalive
@@ -82,7 +84,7 @@ class HostRun:
         end = self.ended if self.ended is not None else time.monotonic()
         return HostResult(self.worker.host, self.worker.rank, self.exit_code,
                           max(0.0, end - self.started) if self.started else 0.0,
-                          list(self.tail), self.pgid, self.error)
+                          list(self.tail), self.pgid, self.error, self.first_error)
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -131,6 +133,8 @@ class HostRun:
                         look_for_pgid = False
                         continue
                 self.tail.append(line)
+                if self.first_error is None and stream == "stderr" and looks_like_error(line):
+                    self.first_error = " ".join(line.split())[:500]
                 try:
                     self.on_line(self.worker.host, self.worker.rank, stream, line)
                 except Exception:  # a broken callback must not stop the reading

@@ -7,6 +7,15 @@ import re
 from typing import Sequence
 
 _ROOT_CAUSE = "Root Cause (first observed failure):"
+# the line a program prints when it fails: ``ValueError: …``, ``prog: error: …``, ``python: can't
+# open file '…': [Errno 2] No such file or directory``; not a traceback's indented frames
+_ERROR_LINE = re.compile(r"^(?=\S).*?(?:\b[A-Za-z_][\w.]*(?:Error|Exception)\b|\berror\b|\bfatal\b|can't open file"
+                         r"|No such file or directory|Permission denied)", re.IGNORECASE)
+
+
+def looks_like_error(line: str) -> bool:
+    """Whether a line of a worker's stderr reads like the error it failed with."""
+    return bool(_ERROR_LINE.match(line)) and not line.startswith("Traceback (most recent call last)")
 _FIELD = re.compile(r"^\s*(rank|exitcode)\s*:\s*(-?\d+)")
 
 
@@ -58,4 +67,4 @@ class JobKilled(RuntimeError):
     """The job was stopped by :meth:`RemoteJob.kill` before it finished."""
 
 
-__all__ = ["JobFailure", "JobKilled", "JobStartError", "summarize_tail"]
+__all__ = ["JobFailure", "JobKilled", "JobStartError", "looks_like_error", "summarize_tail"]

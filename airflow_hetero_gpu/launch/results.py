@@ -21,11 +21,12 @@ class HostResult:
     tail: list[str]
     pgid: int | None = None
     error: str | None = None
+    first_error: str | None = None  # the first line of its stderr that reads like an error
 
     def as_dict(self) -> dict[str, Any]:
         return {"host": self.host, "rank": self.rank, "exit_code": self.exit_code,
                 "seconds": round(self.seconds, 3), "tail": list(self.tail), "pgid": self.pgid,
-                "error": self.error}
+                "error": self.error, "first_error": self.first_error}
 
 
 @dataclass

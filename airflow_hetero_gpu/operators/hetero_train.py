@@ -377,7 +377,7 @@ class HeteroTrainOperator(BaseOperator):
         from airflow_hetero_gpu.operators.gpu_set import GpuSetWatch
         from airflow_hetero_gpu.operators.lease import LeaseKeeper
         from airflow_hetero_gpu.operators.targets import LazyTargets
-        from airflow_hetero_gpu.operators.run_loop import RunSettings, TrainingRun
+        from airflow_hetero_gpu.operators.run_loop import RunSettings, TrainingRun, check_launch_paths
 
         decision = result.decision
         started = time.monotonic()
@@ -398,6 +398,7 @@ class HeteroTrainOperator(BaseOperator):
             for host, sweep in kill_orphans(job_id, [targets[h] for h in hosts], factory).items():
                 if sweep.found:
                     self.log.warning("stopped %d leftover process(es) of job %s on %s", len(sweep.found), job_id, host)
+            check_launch_paths(self._launch_spec(job_id), [targets[h] for h in decision.hosts], factory)
             factory.release(set(decision.hosts))
             kill = lambda: self._job.kill() if self._job is not None else None  # noqa: E731
             lease = LeaseKeeper(lambda: self.ledger, job_id, self.lease_seconds, log=self.log, kill=kill,

@@ -9,8 +9,9 @@ if TYPE_CHECKING:
 
 
 def failure_message(job_id: str, res) -> str:
-    """The first host that failed, every other host that failed with torchrun's root cause (the
-    crash may have started there: a dying peer makes the others fail too), and the first's tail."""
+    """One line: the first host that failed with the first error line its workers printed, every
+    other host that failed with torchrun's root cause (the crash may have started there: a dying
+    peer makes the others fail too). The hosts' output is in the task log above it."""
     from airflow_hetero_gpu.launch.remote import summarize_tail
 
     f = res.failure
@@ -18,13 +19,16 @@ def failure_message(job_id: str, res) -> str:
         f"{r.host} exited with {r.exit_code}" + (f" ({summarize_tail(r.tail)})" if summarize_tail(r.tail) else "")
         for r in res.hosts if r.host != f.host and r.exit_code not in (0, None)
     ]
+    first_error = next((r.first_error for r in res.hosts if r.host == f.host and r.first_error), None) \
+        or next((r.first_error for r in res.hosts if r.first_error), None)
     head = f"job {job_id}: worker on {f.host} (node rank {f.rank}) exited with {f.exit_code} first"
+    if first_error:
+        head += f": {first_error}"
     if f.summary:
         head += f" ({f.summary})"
     if others:
         head += "; also failed: " + "; ".join(others)
-    tail = "\n".join(f.tail[-20:])
-    return f"{head}. The other hosts were stopped. Last lines from {f.host}:\n{tail}"
+    return f"{head}. The other hosts were stopped; their output is in the task log above."
 
 
 def pool_reasons(result: PlanResult) -> str:

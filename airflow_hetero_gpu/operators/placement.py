@@ -46,7 +46,7 @@ class Placement:
     # --- the inventory ----------------------------------------------------------------------------
     def fresh_cluster(self) -> Cluster:
         """The cluster from the ledger's inventory, stale hosts collected first (and stored)."""
-        from airflow_hetero_gpu.collect.freshness import CollectionConfigError, fresh_inventory
+        from airflow_hetero_gpu.collect.freshness import CollectionConfigError, NothingCollected, fresh_inventory
         from airflow_hetero_gpu.healthcheck.check import collector_name
         from airflow_hetero_gpu.ledger import LedgerError
 
@@ -58,9 +58,9 @@ class Placement:
             self.inventory = fresh_inventory(op.ledger, op.hook, hosts, max_age=op.max_age(), collector_name=who,
                                              logger=self.log)
             self.cluster = self.inventory.cluster(op.hook.cluster_config())
-        except CollectionConfigError as err:  # undefined connections, rejected keys: retrying cannot help
+        except CollectionConfigError as err:  # undefined connections, unknown or rejected keys: never retried
             raise self._fail(str(err)) from None
-        except LedgerError as err:  # the database is unreachable or busy: the task's retries apply
+        except (LedgerError, NothingCollected) as err:  # unreachable database or hosts: the task's retries apply
             raise AirflowException(str(err)) from None
         except (HeteroGpuError, ValueError) as err:  # no hosts, a malformed ssh_conn_ids, a bad cluster.yaml
             raise self._fail(str(err)) from None

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_hetero_gpu.ledger.errors import LedgerError
 from airflow_hetero_gpu.operators.gpu_set import GpuSetWatch
@@ -75,7 +75,7 @@ class TrainingRun:
                           self.job_id, fmt_gpus(gpus), restarts, self.settings.max_restarts)
 
     def run_once(self, gpus: Sequence[tuple]) -> tuple[str, dict[str, Any]]:
-        from airflow_hetero_gpu.launch.remote import torchrun_job
+        from airflow_hetero_gpu.launch.remote import JobStartError, torchrun_job
 
         by_host: dict[str, list[int | str]] = {}  # hosts in rank order, as the GPU list has them
         for key in gpus:
@@ -89,7 +89,10 @@ class TrainingRun:
         self.job = job
         self._on_job(job)
         self.log.info("job %s: starting on %s", self.job_id, fmt_gpus(gpus))
-        job.start()
+        try:
+            job.start()
+        except JobStartError as err:  # one line, without the SSH library's internals
+            raise AirflowException(f"job {self.job_id}: {err}") from None
         self._on_started()
         check_every = min(self.lease.renew_every, 5.0)
         next_gpus = None
@@ -123,3 +126,14 @@ class TrainingRun:
         if res.killed:
             raise AirflowException(f"job {self.job_id} was killed")
         return "done", facts
+
+
+def check_launch_paths(spec: Any, targets: Sequence[Any], factory: Any) -> None:
+    """The script and workdir exist on every chosen host (checked on the start's connections,
+    before torchrun): else the task fails without retries, naming hosts and paths."""
+    from airflow_hetero_gpu.launch.preflight import LaunchPathError, check_paths
+
+    try:
+        check_paths(spec, targets, factory)
+    except LaunchPathError as err:
+        raise AirflowFailException(str(err)) from None
