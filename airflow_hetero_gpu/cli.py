@@ -1,7 +1,9 @@
 """``hetero-gpu``: the command line of SPEC §10.
 
 Exit status: 0 placed (or done), 3 no pool can host the job now, 2 bad input with a one-line
-message on stderr naming the file, key or value.
+message on stderr naming the file, key or value (also a request the fleet can never serve: a card
+or task type it lacks, more GPUs than every matching pool has). The commands are listed in the
+order of :mod:`airflow_hetero_gpu.cli_guide`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import sys
 from typing import Sequence
 
 from airflow_hetero_gpu import __version__
+from airflow_hetero_gpu.cli_guide import EPILOG, arrange
 from airflow_hetero_gpu.cli_output import EXIT_BAD_INPUT, EXIT_NO_CAPACITY, EXIT_OK, fmt, render_plan, table
 from airflow_hetero_gpu.cli_types import mib, non_negative_float, positive_int
 from airflow_hetero_gpu.errors import HeteroGpuError, RequestError
@@ -35,7 +38,8 @@ def _load(args):
         rule = None if args.xid_window is None else XidRule.offline(args.xid_window)
         return load_cluster(args.captures, args.config, xid_rule=rule)
     if not getattr(args, "ledger", None):
-        raise HeteroGpuError("give --captures DIR (a capture directory) or --ledger URL (the ledger's inventory)")
+        raise HeteroGpuError("give --ledger URL (the ledger `hetero-gpu check` or `collect` filled) or --captures DIR "
+                             "(a capture directory); the command line opens no ledger by default")
     from airflow_hetero_gpu.collect.freshness import FreshInventory
     from airflow_hetero_gpu.core.config import load_config
     from airflow_hetero_gpu.ledger import Ledger
@@ -144,13 +148,13 @@ def cmd_plan(args) -> int:
 
 
 # --- parser -----------------------------------------------------------------------------------
-def _captures_args(p: argparse.ArgumentParser, ledger_help: str) -> None:
+def _captures_args(p: argparse.ArgumentParser, ledger_help: str, max_age_help: str) -> None:
     p.add_argument("--captures", metavar="DIR", help="capture directory (SPEC §2); without it, the inventory "
-                                                      "stored in --ledger")
+                                                      "stored in --ledger (one of the two is needed)")
     p.add_argument("--ledger", metavar="URL", help=ledger_help)
     p.add_argument("--max-age", type=non_negative_float, metavar="SECONDS",
-                   help="with the ledger's inventory: do not place on hosts whose inventory is older "
-                        "(the operator's inventory_max_age rule); default: no bound")
+                   help=f"with the ledger's inventory: {max_age_help} (the operator's inventory_max_age rule); "
+                        "default: no bound")
     p.add_argument("--config", metavar="FILE", help="cluster.yaml (default: DIR/cluster.yaml, or the ledger's)")
     p.add_argument("--xid-window", type=non_negative_float, metavar="SECONDS",
                    help="with --captures: count a kernel-log Xid line of DIR when logged within SECONDS of the "
@@ -160,22 +164,29 @@ def _captures_args(p: argparse.ArgumentParser, ledger_help: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="hetero-gpu", description=(
+    parser = _Parser(prog="hetero-gpu", epilog=EPILOG, description=(
         "Place distributed training on a heterogeneous GPU cluster: inventory, candidate pools, "
         "the evaluation of load balance, fragmentation and topology, and reservations."))
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+    stale = "mark GPUs of hosts whose inventory is older as stale (never placed on)"
 
-    p = sub.add_parser("inventory", help="one row per GPU with health")
-    _captures_args(p, "ledger whose inventory to show (without --captures)")
+    p = sub.add_parser("inventory", help="one row per GPU with health, from the ledger or a capture directory")
+    _captures_args(p, "ledger whose inventory to show (without --captures)", stale)
     p.set_defaults(func=cmd_inventory)
 
-    p = sub.add_parser("pools", help="the candidate pools")
-    _captures_args(p, "ledger whose reservations and evictions to apply (and whose inventory, without --captures)")
+    p = sub.add_parser("pools", help="the candidate pools, with their GPUs healthy, available, reserved, evicted")
+    _captures_args(p, "ledger whose reservations and evictions to apply (and whose inventory, without --captures)",
+                   stale)
     p.set_defaults(func=cmd_pools)
 
-    p = sub.add_parser("plan", help="choose the scheduling pool and its GPUs (steps S3-S8)")
-    _captures_args(p, "ledger database URL: reservations, evictions, and the inventory without --captures")
+    p = sub.add_parser("plan", help="choose the scheduling pool and its GPUs for a job (steps S3-S8)",
+                       description="Choose the scheduling pool and its GPUs for a job of --gpus K (steps S3-S8), "
+                                   "printing every pool's stage, scores and reason. Exit 0: placed; 3: no pool can "
+                                   "host it now; 2: bad input, also a card type, task type or GPU count the "
+                                   "fleet can never serve.")
+    _captures_args(p, "ledger database URL: reservations, evictions, and the inventory without --captures",
+                   "do not place on hosts whose inventory is older")
     p.add_argument("--gpus", required=True, type=positive_int, metavar="K", help="number of GPUs")
     p.add_argument("--gpu-type", action="append", metavar="T",
                    help="acceptable card type (repeat for several; glob patterns allowed)")
@@ -190,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for register in _extra_commands():
         register(sub)
+    arrange(sub)  # the order of a user's first hour, an example each (cli_guide.COMMANDS)
     return parser
 
 

@@ -211,13 +211,14 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_queue)
 
-    p = subparsers.add_parser("ledger", help="the ledger database itself")
+    p = subparsers.add_parser("ledger", help="the ledger database itself: `ledger init URL` creates or upgrades it")
     sub = p.add_subparsers(dest="ledger_command", required=True, metavar="COMMAND", parser_class=type(p))
     q = sub.add_parser("init", help="create the ledger, or upgrade its schema (readers never do)")
     q.add_argument("url", metavar="URL", help="sqlite:///PATH, a file path, or postgresql://...")
     q.set_defaults(func=cmd_ledger_init)
 
-    p = subparsers.add_parser("captures", help="capture directories")
+    p = subparsers.add_parser("captures", help="capture directories: `captures export` writes the ledger's inventory "
+                                              "as one")
     sub = p.add_subparsers(dest="captures_command", required=True, metavar="COMMAND", parser_class=type(p))
     q = sub.add_parser("export", help="write the ledger's inventory as a capture directory")
     _ledger_arg(q)
