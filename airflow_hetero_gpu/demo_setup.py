@@ -22,25 +22,7 @@ from typing import Any, Iterator, TextIO
 from airflow_hetero_gpu.testing import sshd_available
 from airflow_hetero_gpu.testing.airflow_env import airflow_env, connection_env
 from airflow_hetero_gpu.testing.cluster import EmulatedCluster
-from airflow_hetero_gpu.testing.demo import demo_hosts
-
-CLUSTER_YAML = """\
-# The demo fleet's task types: the NVSwitch A100 and H200 boxes take pre-training and
-# fine-tuning, the RTX 4090 box fine-tuning and vision; the V100s keep their default.
-task_types:
-  hosts:
-    "dgx-a*": [llm-pretrain, finetune]
-    "hgx-*": [llm-pretrain, finetune]
-  models:
-    "RTX 4090": [finetune, cv]
-"""
-
-TOPOLOGY_CONF = """\
-# Two leaf switches under a spine (Slurm topology.conf syntax)
-SwitchName=leaf1 Nodes=dgx-a[1-2],hgx-h200
-SwitchName=leaf2 Nodes=dgx1-v100,rtx-box
-SwitchName=spine Switches=leaf[1-2]
-"""
+from airflow_hetero_gpu.testing.demo import CLUSTER_YAML, TOPOLOGY_CONF, demo_hosts
 
 SSH_SERVERS = ("auto", "sshd", "embedded")
 

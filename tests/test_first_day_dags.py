@@ -111,8 +111,9 @@ def test_more_gpus_than_the_pool_has_fails_the_decorated_task_at_once(airflow_ho
 def test_short_only_of_healthy_gpus_waits_and_keeps_warning(airflow_home, two_hosts, tmp_path):
     two_hosts.update_gpu("node02", 1, ecc_uncorrected_volatile=2)   # 3 healthy of the pool's 4
     url = new_ledger(tmp_path / "ledger.db")
-    r, log, _ = run_dag(airflow_home, two_hosts, tmp_path, gpu_count=4, ledger_url=url, wait_for_capacity=True,
-                        capacity_timeout=14, capacity_poll_interval=1)
+    r, _, _ = run_dag(airflow_home, two_hosts, tmp_path, gpu_count=4, ledger_url=url, wait_for_capacity=True,
+                      capacity_timeout=14, capacity_poll_interval=1)
+    log = r.stdout + r.stderr
     assert r.returncode != 0
     warnings = re.findall(r"\[warning\s*\] job \S+: waits until hosts or GPUs come back \(its pools lack that many "
                           r"healthy GPUs\): .*needs 4 GPUs, has 3 healthy of 4", log)

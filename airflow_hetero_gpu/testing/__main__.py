@@ -2,6 +2,9 @@
 
 Starts an emulated GPU cluster, prints where each host answers and the client paths, and keeps
 it running until SIGTERM or SIGINT; then stops every sshd and every command started through it.
+Once every host answers it writes ``DIR/airflow.env`` (and prints it): ready-to-source
+``export`` lines that point Airflow at the cluster (:mod:`.airflow_recipe`; the demo host set
+also gets the demo's ``cluster.yaml`` and ``topology.conf`` in DIR).
 ``--embedded`` serves the hosts from one asyncssh process instead of a real sshd each (no
 OpenSSH server needed; the way to run hundreds of hosts, ``--hosts scale --count 1000``).
 """
@@ -16,6 +19,7 @@ from pathlib import Path
 from typing import Sequence
 
 from airflow_hetero_gpu.testing import sshd_available
+from airflow_hetero_gpu.testing.airflow_recipe import ENV_FILE, write_recipe
 from airflow_hetero_gpu.testing.cluster import EmulatedCluster
 from airflow_hetero_gpu.testing.demo import demo_hosts, small_hosts
 from airflow_hetero_gpu.testing.embedded import EmbeddedCluster, EmbeddedServerError
@@ -73,6 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     kind = EmbeddedCluster if args.embedded else EmulatedCluster
+    (Path(args.root) / ENV_FILE).unlink(missing_ok=True)  # an earlier run's: not ready yet
     try:
         cluster = kind(args.root, HOST_SETS[args.hosts](args.count), first_address=args.first_address)
         cluster.start()
@@ -81,6 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     try:
         print(describe(cluster), flush=True)
+        recipe = write_recipe(cluster, cluster.root, demo=args.hosts == "demo")
+        print(f"\nfor Airflow (. {recipe}):\n{recipe.read_text()}", flush=True)
         while not stop.wait(0.5):
             pass
     finally:

@@ -14,6 +14,27 @@ from typing import Any, Sequence
 from airflow_hetero_gpu.testing.state import GpuSpec, HostSpec, mig_devices
 
 
+#: The demo fleet's cluster.yaml: the task types its pools support
+CLUSTER_YAML = """\
+# The demo fleet's task types: the NVSwitch A100 and H200 boxes take pre-training and
+# fine-tuning, the RTX 4090 box fine-tuning and vision; the V100s keep their default.
+task_types:
+  hosts:
+    "dgx-a*": [llm-pretrain, finetune]
+    "hgx-*": [llm-pretrain, finetune]
+  models:
+    "RTX 4090": [finetune, cv]
+"""
+
+#: The demo fleet's topology.conf: the switches between its hosts
+TOPOLOGY_CONF = """\
+# Two leaf switches under a spine (Slurm topology.conf syntax)
+SwitchName=leaf1 Nodes=dgx-a[1-2],hgx-h200
+SwitchName=leaf2 Nodes=dgx1-v100,rtx-box
+SwitchName=spine Switches=leaf[1-2]
+"""
+
+
 @dataclass(frozen=True)
 class CardModel:
     """What nvidia-smi reports for one card model when idle."""
