@@ -11,8 +11,10 @@
 3. runs the ``hetero_gpu_retrain`` DAG with ``airflow dags test``: the health gate, the placement
    (every pool's stage, reason and score terms), real torchrun training on CPU across the chosen
    GPUs' hosts, the evaluation;
-4. prints the placement explanation and the training loss, keeps the DAG run's log in a file of
-   its own, and stops everything it started (also on SIGTERM: ``demo_setup.stop_on_signals``).
+4. prints the placement explanation and the training loss, and stops everything it started (also
+   on SIGTERM: ``demo_setup.stop_on_signals``). The one directory it names first
+   (``$TMPDIR/hetero-gpu-demo-<random>``) keeps the DAG run's whole log afterwards,
+   ``dag-run.log``; everything else in it is removed (``--keep`` keeps it all).
 
 ``python -m airflow_hetero_gpu.demo --ui [--port N]`` (``make demo-ui [PORT=N]``) starts the same
 cluster and runs ``airflow standalone`` against it (``demo_ui.py``), so the DAGs and the cluster
@@ -87,14 +89,20 @@ class Narrator:
         self.out.flush()
 
 
-def keep_log(text: str) -> Path:
-    """The DAG run's log in a new file of this run's own (``$TMPDIR/hetero-gpu-demo-*-dag-run.log``):
-    never a fixed name another user's run may own."""
-    handle = tempfile.NamedTemporaryFile("w", prefix="hetero-gpu-demo-", suffix="-dag-run.log", delete=False,
-                                         encoding="utf-8")
-    with handle:
-        handle.write(text)
-    return Path(handle.name)
+#: the DAG run's log, the one file of the demo directory kept after the run
+LOG_NAME = "dag-run.log"
+
+
+def keep_only_the_log(root: Path) -> None:
+    """Remove everything of the demo directory but its DAG-run log (the emulated hosts' files, the
+    ledger, Airflow's home): the directory the demo named first holds the log afterwards."""
+    for entry in root.iterdir():
+        if entry.name == LOG_NAME:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 def run_demo(dags: Path, *, epochs: int, gpus: int, keep: bool = False, ssh_server: str = "auto",
@@ -103,7 +111,7 @@ def run_demo(dags: Path, *, epochs: int, gpus: int, keep: bool = False, ssh_serv
     narrator = Narrator(out)
     with stop_on_signals():
         try:
-            out.write(f"demo directory: {root}\n")
+            out.write(f"demo directory: {root} (the DAG run's log stays there: {LOG_NAME})\n")
             with demo_cluster(root / "cluster", ssh_server, out) as cluster:
                 for host in cluster.hosts:
                     out.write(f"  emulated host {host.name:10s} ssh {cluster.user}@{host.address}:{host.port}\n")
@@ -118,18 +126,23 @@ def run_demo(dags: Path, *, epochs: int, gpus: int, keep: bool = False, ssh_serv
                 out.write(f"\n{'demo finished' if ok else 'demo FAILED'}\n")
                 return 0 if ok else 1
         except Stopped as sig:
-            out.write(f"\ndemo stopped ({sig}): stopping the emulated hosts and removing {root}\n")
+            out.write(f"\ndemo stopped ({sig}): stopping the emulated hosts and removing {root} but its log\n")
             return 143
         except KeyboardInterrupt:
-            out.write(f"\ndemo interrupted: stopping the emulated hosts and removing {root}\n")
+            out.write(f"\ndemo interrupted: stopping the emulated hosts and removing {root} but its log\n")
             return 130
         finally:
+            log = root / LOG_NAME
             if narrator.lines:
-                out.write(f"DAG run log: {keep_log(''.join(narrator.lines))}\n")
+                log.write_text("".join(narrator.lines), encoding="utf-8")
             if keep:
                 out.write(f"demo directory kept: {root}\n")
+            elif log.exists():
+                keep_only_the_log(root)
             else:
                 shutil.rmtree(root, ignore_errors=True)
+            if log.exists():
+                out.write(f"DAG run log: {log}\n")
             out.flush()
 
 

@@ -1,7 +1,7 @@
 """``make demo-ui`` as a user runs it: on the port asked for (a taken one said in one line), with
 the virtualenv not on PATH, and stopped by SIGTERM with nothing left behind (no sshd of the
-emulated hosts, no Airflow component, no demo directory). The demo's own run (and its log under
-a name of its own) is tested in test_example_dags.py."""
+emulated hosts, no Airflow component, no demo directory). The demo's own run (and its log, kept
+in the directory it names) is tested in test_example_dags.py."""
 
 from __future__ import annotations
 
@@ -122,4 +122,6 @@ def test_the_demo_runs_end_to_end_on_the_embedded_ssh_server(tmp_path):
     assert "emulated hosts: the embedded SSH server (asyncssh, one process for all hosts), as asked" in out
     assert "decision: pool 'finetune+llm-pretrain@NVIDIA H200' -> hgx-h200 GPU 0,1,2,3" in out
     assert "] epoch 2 loss " in out and "DAG run finished: success" in out
-    assert [p for p in _left_behind(tmp_path) if (tmp_path / p).is_dir()] == []
+    (left,) = [p for p in _left_behind(tmp_path) if (tmp_path / p).is_dir()]   # the named directory, its log only
+    assert [p.name for p in (tmp_path / left).iterdir()] == ["dag-run.log"]
+    assert f"DAG run log: {tmp_path / left / 'dag-run.log'}" in out

@@ -64,9 +64,9 @@ def test_ui_form_validates_params(params, ok):
 
 
 def test_demo_runs_the_retraining_dag_end_to_end(tmp_path):
-    """The demo's whole run. Its DAG-run log goes to a file of its own: the fixed name it used to
-    copy to (which another user's run may own) is made unwritable here, a directory, and the run
-    neither uses it nor leaves its demo directory behind."""
+    """The demo's whole run. Its DAG-run log stays in the one directory it names first, which keeps
+    nothing else; the fixed name it once copied the log to (which another user's run may own) is
+    made unwritable here, a directory, and the run does not use it."""
     pytest.importorskip("torch", reason="the demo trains with torch (CPU build)")
     import shutil
 
@@ -89,8 +89,12 @@ def test_demo_runs_the_retraining_dag_end_to_end(tmp_path):
     losses = [float(line.rsplit(" ", 1)[1]) for line in out.splitlines() if "] epoch " in line and " loss " in line]
     assert len(losses) == 4 and losses[-1] < losses[0]
     assert "DAG run finished: success" in out
+    # one directory, named first, keeps the log and nothing else
+    (named,) = [line.split(": ", 1)[1].split(" (", 1)[0] for line in out.splitlines()
+                if line.startswith("demo directory: ")]
     (kept,) = [line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("DAG run log: ")]
-    assert Path(kept).parent == tmp_path and Path(kept).name.endswith("-dag-run.log")
+    assert Path(kept) == Path(named) / "dag-run.log" and Path(named).parent == tmp_path
     assert "DagRun Finished" in Path(kept).read_text()
+    assert [p.name for p in Path(named).iterdir()] == ["dag-run.log"]
     left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("hetero-gpu-demo") and p.is_dir())
-    assert left == ["hetero-gpu-demo-dag-run.log"]  # the blocked old name only: the demo directory is gone
+    assert left == sorted(["hetero-gpu-demo-dag-run.log", Path(named).name])  # the old name stays unused
