@@ -332,7 +332,7 @@ def test_trigger_gives_the_same_result_as_poke_mode(fleet, tmp_path):
     poke_sensor = sensor(ids, url, watch_duration=0)
     poked = poke_sensor.poke({}).xcom_value
 
-    other = f"sqlite:///{tmp_path / 'other.db'}"
+    other = new_ledger(tmp_path / 'other.db')
     deferred = sensor(ids, other, watch_duration=0, deferrable=True)
     from airflow.sdk.exceptions import TaskDeferred
 

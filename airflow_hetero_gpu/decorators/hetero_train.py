@@ -134,12 +134,12 @@ class HeteroTrainDecoratedOperator(DecoratedOperator, HeteroTrainOperator):
         self._prepare(context)
         try:
             facts = super()._place_and_run(context, waiting_since, admitted)
-        except AirflowException as err:
+        except AirflowException:
             assert self._output is not None
             message = self._output.failure_message(self.python_callable.__name__, self._job_id(context))
             if message is None:
                 raise
-            raise AirflowException(message) from err
+            raise AirflowException(message) from None  # one line: the ranks' tracebacks are in the log
         try:
             value = self._output.result()
         except ResultMissing as err:

@@ -211,8 +211,15 @@ class GpuHealthSensor(BaseSensorOperator):
 
     # -- poke mode -----------------------------------------------------------------------------------
     def poke(self, context: "Context") -> bool | PokeReturnValue:
-        runner = self._runner(context)
-        runner.check()
+        from airflow_hetero_gpu.errors import ConfigError, HeteroGpuError, RequestError  # noqa: PLC0415
+
+        try:  # the provider's own failures in one line, without chained internals
+            runner = self._runner(context)
+            runner.check()
+        except (ConfigError, RequestError) as err:  # no hosts, a bad cluster.yaml or request: never retried
+            raise AirflowFailException(str(err)) from None
+        except HeteroGpuError as err:  # an unreachable ledger: the task's retries apply
+            raise AirflowException(str(err)) from None
         reason = runner.outcome()
         if reason is not None:
             self.log.info("GPU health sensor done: %s", reason)
