@@ -139,6 +139,8 @@ def test_unknown_host_keys_fail_once_naming_every_host(airflow_home, two_hosts, 
                 f"no GPU host could be collected: node01: unknown host key for 127.0.0.11:{ports[0]}: not in "
                 f"known_hosts (host keys are verified); node02: unknown host key for 127.0.0.12:{ports[1]}")
     assert "no pool can host" not in log
+    # one attempt a host: no reconnects on the used socket, no paramiko noise about it
+    assert "Sleeping before retry attempt" not in log and "Socket exception" not in log, log[-6000:]
 
 
 # --- 4. a missing script; a worker's error line ------------------------------------------------------------
