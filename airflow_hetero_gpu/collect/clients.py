@@ -59,6 +59,16 @@ def open_socket(address: str, port: int, timeout: float) -> socket.socket:
     return sock
 
 
+def close_socket(sock: socket.socket) -> None:
+    """Close ``sock`` after a failed ``connect(sock=)``: the SSH transport paramiko started on it
+    (left running by a connect that failed on a host key or authentication) is stopped first, so
+    its thread does not read the closed socket and log "Socket exception: Bad file descriptor"."""
+    for thread in threading.enumerate():
+        if isinstance(thread, paramiko.Transport) and thread.sock is sock:
+            thread.close()
+    sock.close()
+
+
 def host_key_name(address: str, port: int) -> str:
     """The name known_hosts uses for a host: ``addr`` on port 22, else ``[addr]:port``."""
     return address if port == 22 else f"[{address}]:{port}"
@@ -201,5 +211,5 @@ def paramiko_client_factory(identity_file: str | os.PathLike[str] | None = None,
     return factory
 
 
-__all__ = ["ClientFactory", "HostKeyStore", "PARAMIKO_LOG_CHANNEL", "host_key_name", "load_identity", "open_socket",
-           "paramiko_client_factory", "set_nodelay"]
+__all__ = ["ClientFactory", "HostKeyStore", "PARAMIKO_LOG_CHANNEL", "close_socket", "host_key_name", "load_identity",
+           "open_socket", "paramiko_client_factory", "set_nodelay"]

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, Sequence
 from airflow.sdk import BaseHook
 
 from airflow_hetero_gpu.capture.directory import read_capture_dir
-from airflow_hetero_gpu.collect.clients import open_socket
+from airflow_hetero_gpu.collect.clients import close_socket, open_socket
 from airflow_hetero_gpu.collect.fleet import read_fleet_files
 from airflow_hetero_gpu.collect.ssh import DEFAULT_MAX_PARALLEL, CollectReport, HostFailure, HostResult, collect_captures
 from airflow_hetero_gpu.fsutil import atomic_write
@@ -270,7 +270,7 @@ class HeteroGpuHook(BaseHook):
                 try:
                     return hook.get_conn()
                 except BaseException:
-                    hook.host_proxy.close()
+                    close_socket(hook.host_proxy)  # its transport first: no paramiko noise
                     raise
                 finally:
                     hook.host_proxy = None
