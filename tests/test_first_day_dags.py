@@ -156,6 +156,18 @@ def test_a_missing_script_fails_before_torchrun_naming_hosts_and_path(airflow_ho
         assert ledger.live_reservations() == []
 
 
+def test_a_missing_workdir_fails_the_decorated_task_before_torchrun(airflow_home, two_hosts, tmp_path):
+    url = new_ledger(tmp_path / "ledger.db")
+    r, log = run_decorated(airflow_home, two_hosts, tmp_path, ledger_url=url, gpu_count=2,
+                           workdir=str(tmp_path / "no-such-workdir"))
+    assert r.returncode != 0
+    failed_once(airflow_home, "hg_decorator_test", "train", log,
+                f"workdir {tmp_path / 'no-such-workdir'}: no such directory on node0")
+    assert "starting on" not in log
+    with Ledger.from_url(url) as ledger:
+        assert ledger.live_reservations() == []
+
+
 def test_a_failed_job_names_the_first_error_line_the_workers_printed(airflow_home, two_hosts, tmp_path):
     r, _, _ = run_dag(airflow_home, two_hosts, tmp_path, gpu_count=2, script_args=["--no-such-option"])
     log = r.stdout + r.stderr

@@ -25,6 +25,7 @@ def hg_decorator_test():
         ssh_conn_ids=CFG.get("ssh_conn_ids", []),
         captures_dir=CFG.get("captures_dir"),
         ledger_url=CFG.get("ledger_url"),
+        workdir=CFG.get("workdir"),
         launcher=CFG.get("launcher", [sys.executable, "-m", "torch.distributed.run"]),
         env={"OMP_NUM_THREADS": "1"},
         lease_seconds=30,
