@@ -62,3 +62,16 @@ def test_a_bad_priority_fails_before_anything_is_enqueued(url):
         op.execute({})
     with Ledger.open_existing(url) as led:
         assert led.queue() == []
+
+
+def test_an_entry_swept_while_waiting_is_enqueued_again_not_a_failure(url):
+    from types import SimpleNamespace
+
+    op, wait = _waiting(url)
+    # the task instance's identity, as Airflow's context carries it (the entry records it)
+    wait.placement.context = {"ti": SimpleNamespace(dag_id="d", run_id="r", task_id="t", try_number=1, map_index=-1)}
+    op.ledger.leave_queue("gang")   # what the sweep does to an entry whose lease ran out
+    entry = wait.renew()            # the next look: in again, at the back, instead of "it has no queue entry"
+    assert entry.job_id == "gang" and entry.state == "waiting"
+    with Ledger.open_existing(url) as led:
+        assert [e.job_id for e in led.queue()][-1] == "gang"

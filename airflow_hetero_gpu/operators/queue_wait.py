@@ -42,10 +42,12 @@ class QueueWait:
         return self.op.log
 
     def _ledger_call(self, fn, *args, **kwargs):
-        from airflow_hetero_gpu.ledger import LedgerError, LedgerUrlError, ReservationConflict
+        from airflow_hetero_gpu.ledger import LedgerError, LedgerUrlError, NoQueueEntry, ReservationConflict
 
         try:
             return fn(*args, **kwargs)
+        except NoQueueEntry:  # the entry was swept: the caller enqueues again
+            raise
         except (ReservationConflict, LedgerUrlError) as err:  # a mistake: retrying cannot help
             raise self.placement._fail(str(err)) from None
         except LedgerError as err:  # unreachable or busy: the task's retries apply
