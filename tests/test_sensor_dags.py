@@ -18,6 +18,7 @@ import pytest
 
 from airflow_hetero_gpu.testing.demo import small_hosts
 from cluster_fixtures import emulated_cluster  # noqa: F401
+from ledger_files import new_ledger
 from test_sensor import connection_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,7 +30,6 @@ from pathlib import Path
 
 from airflow.sdk import dag, task
 from airflow_hetero_gpu.sensors.gpu_health import GpuHealthSensor
-from ledger_files import new_ledger
 
 HOSTS = json.loads(os.environ["HETERO_GPU_TEST_HOSTS"])
 OUT = Path(os.environ["HETERO_GPU_TEST_OUT"])
