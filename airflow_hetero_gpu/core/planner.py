@@ -8,6 +8,7 @@ implementation of the algorithm anywhere.
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -111,6 +112,7 @@ def plan(
     config: ClusterConfig | None = None,
     weights: Mapping[str, float] | None = None,
     reserved_mask: np.ndarray | None = None,
+    explain: bool = True,
 ) -> PlanResult:
     """Place ``request`` on ``cluster``.
 
@@ -119,6 +121,9 @@ def plan(
     ``config``/``weights`` override the cluster's configuration for this call.
     ``reserved_mask`` (optional) is the same reservations as a boolean mask over
     ``cluster.gpus``, for callers that keep one; see :func:`cluster_state`.
+    ``explain=False``: a pool without enough available GPUs gets no ``reason`` but a
+    ``PoolReport.explain`` that writes it on demand (``reason_text()``); listing the holders of
+    thousands of reserved GPUs per pool was most of an admission pass's time.
     """
     cfg = (config or cluster.config).with_weights(weights)
     _check_mig_request(cluster, request)
@@ -134,6 +139,10 @@ def plan(
         rep.reason = _first_failure(filters.PRIMARY, view)
         if rep.reason is not None:
             rep.stage = "rejected"
+            continue
+        if not explain and view.available_count < request.gpus:
+            rep.stage = "primary"
+            rep.explain = partial(_first_failure, filters.PRESELECT, view)
             continue
         rep.reason = _first_failure(filters.PRESELECT, view)
         if rep.reason is not None:
