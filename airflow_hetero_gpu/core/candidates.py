@@ -98,16 +98,25 @@ def _signatures(c, pos, starts, which: np.ndarray) -> np.ndarray | None:
     return ((mids << _MAX_ROWS) | masks)[which]
 
 
-def _pair_sums(c, codes: np.ndarray, takes: np.ndarray) -> np.ndarray:
-    """Pair-distance sum of the best ``take`` rows of each signature (cached per distinct one)."""
-    both = np.stack((codes, takes), axis=1)
-    uniq, inverse = np.unique(both, axis=0, return_inverse=True)
-    out = np.empty(len(uniq), dtype=np.int64)
+def _pair_sums(c, codes: np.ndarray, takes: np.ndarray | int) -> np.ndarray:
+    """Pair-distance sum of the best ``take`` rows of each signature (once per distinct one)."""
     low = (1 << _MAX_ROWS) - 1
-    for u, (code, take) in enumerate(uniq.tolist()):
+
+    def one(code: int, take: int) -> int:
         mid = code >> _MAX_ROWS
-        out[u] = best_subset(mid, c.matrices[mid], _rows_of_mask(code & low), take)[0] if take > 1 else 0
-    return out[inverse.reshape(-1)]
+        return best_subset(mid, c.matrices[mid], _rows_of_mask(code & low), take)[0] if take > 1 else 0
+
+    if isinstance(takes, int):
+        uniq, inverse = np.unique(codes, return_inverse=True)
+        return np.fromiter((one(u, takes) for u in uniq.tolist()), dtype=np.int64, count=len(uniq))[inverse.reshape(-1)]
+    memo: dict[tuple[int, int], int] = {}
+    out = []
+    for pair in zip(codes.tolist(), takes.tolist()):
+        v = memo.get(pair)
+        if v is None:
+            v = memo[pair] = one(*pair)
+        out.append(v)
+    return np.asarray(out, dtype=np.int64)
 
 
 def _best_fitting_host(c, pos, hid, starts, counts, keep, k: int) -> np.ndarray | None:
@@ -120,7 +129,7 @@ def _best_fitting_host(c, pos, hid, starts, counts, keep, k: int) -> np.ndarray 
     codes = _signatures(c, pos, starts, keep)
     if codes is None:
         return None
-    sums = _pair_sums(c, codes, np.full(len(codes), k, dtype=np.int64))
+    sums = _pair_sums(c, codes, k)
     return keep[np.lexsort((host_ids, cnt, sums))[:1]]
 
 
@@ -209,7 +218,9 @@ def _spanning_hosts(c, pos, host_ids, starts, counts, k: int) -> np.ndarray | No
         flat_switch = c.net.flat and tier > DOMAIN_TIER
         if not flat_switch:
             feasible = feasible[idx.group_tier[feasible] == tier]
-            members = t_local[np.isin(t_group, feasible)].reshape(len(feasible), m)  # rank order per group
+            chosen = np.zeros(n_groups, dtype=bool)
+            chosen[feasible] = True
+            members = t_local[chosen[t_group]].reshape(len(feasible), m)  # rank order per group
             best = _lowest_distance(c, idx, pos, starts, counts, host_ids, members, k)
             return None if best is None else np.sort(best)
     best = _lowest_distance(c, idx, pos, starts, counts, host_ids, everyone, k)
