@@ -15,7 +15,7 @@ Three timings, median and p95 of ``--repeat`` runs each (after one warm-up):
 * ``steady pass``: the next write: the jobs the first pass admitted now hold their GPUs, the
   others wait with the claims it made (kept, so the heads are not planned again).
 
-    python benchmarks/admission_latency.py [--gpus 10000] [--jobs 100] [--repeat 20]
+    python benchmarks/admission_latency.py [--gpus 10000] [--jobs 100] [--repeat 20] [--baseline REV]
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import json
 import platform
 import random
 import statistics
@@ -93,15 +94,10 @@ def queue(n: int, seed: int = 5) -> list[QueueEntry]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gpus", type=int, default=10_000)
-    ap.add_argument("--jobs", type=int, default=100)
-    ap.add_argument("--repeat", type=int, default=20)
-    args = ap.parse_args()
-    cluster = synthetic_cluster(args.gpus)
+def measure(gpus: int, jobs: int, repeat: int) -> dict:
+    cluster = synthetic_cluster(gpus)
     held = reservations(cluster, 0.98)
-    entries = queue(args.jobs)
+    entries = queue(jobs)
     now = 3600.0
 
     calls = {"n": 0}
@@ -133,26 +129,60 @@ def main() -> None:
     req = PlanRequest(8)
     mask = np.zeros(len(cluster.gpus), dtype=bool)
     mask[[cluster.position[k] for k in held]] = True
-    t_plan = timed(lambda: plan(cluster, req, reserved=held), args.repeat)
-    t_mask = timed(lambda: plan(cluster, req, reserved=held, reserved_mask=mask), args.repeat)
-    t_first = timed(lambda: Admission(cluster).run(entries, now=now, reserved=held), args.repeat)
-    t_steady = timed(lambda: Admission(cluster).run(steady_queue, now=now, reserved=held2), args.repeat)
-
+    t_plan = timed(lambda: plan(cluster, req, reserved=held), repeat)
+    t_mask = timed(lambda: plan(cluster, req, reserved=held, reserved_mask=mask), repeat)
+    t_first = timed(lambda: Admission(cluster).run(entries, now=now, reserved=held), repeat)
+    t_steady = timed(lambda: Admission(cluster).run(steady_queue, now=now, reserved=held2), repeat)
     states = {s: sum(1 for w in steady.waiting if w.state == s) for s in ("head", "waiting", "impossible")}
-    print(f"python {platform.python_version()} on {platform.machine()}, repeat {args.repeat}, times in ms")
-    print(f"{len(cluster.gpus)} GPUs in {len(cluster.pools)} pools, {len(held)} held by running jobs; "
-          f"{len(entries)} waiting: the first pass admits {len(first.admitted)}; the steady pass admits "
-          f"{len(steady.admitted)}, {states['head']} heads, {states['waiting']} waiting, "
-          f"{states['impossible']} impossible, {sum(1 for w in steady.waiting if w.claim and w.claim.kept)} "
-          f"claims kept")
-    mp, mc = statistics.median(t_plan[0]), statistics.median(t_plan[1])
-    print(f"{'':>14} {'wall p50':>9} {'wall p95':>9} {'x plan':>7} {'CPU p50':>8} {'CPU p95':>8} {'x plan':>7} "
-          f"{'placer calls':>13}")
+    summary = (f"{len(cluster.gpus)} GPUs in {len(cluster.pools)} pools, {len(held)} held by running jobs; "
+               f"{len(entries)} waiting: the first pass admits {len(first.admitted)}; the steady pass admits "
+               f"{len(steady.admitted)}, {states['head']} heads, {states['waiting']} waiting, "
+               f"{states['impossible']} impossible, {sum(1 for w in steady.waiting if w.claim and w.claim.kept)} "
+               f"claims kept")
+    rows = {}
     for name, (w, c), n in (("plan (k=8)", t_plan, 1), ("plan, mask", t_mask, 1), ("first pass", t_first, first_calls),
                             ("steady pass", t_steady, steady_calls)):
-        mw, mcpu = statistics.median(w), statistics.median(c)
-        print(f"{name:>14} {mw * 1e3:>9.2f} {p95(w) * 1e3:>9.2f} {mw / mp:>7.1f} {mcpu * 1e3:>8.2f} "
-              f"{p95(c) * 1e3:>8.2f} {mcpu / mc:>7.1f} {n:>13}")
+        rows[name] = {"wall_p50": statistics.median(w), "wall_p95": p95(w), "cpu_p50": statistics.median(c),
+                      "cpu_p95": p95(c), "calls": n}
+    admitted = sorted([a.job_id, [list(k) for k in a.gpus]] for a in first.admitted)  # as JSON gives it back
+    return {"summary": summary, "rows": rows, "admitted": admitted}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpus", type=int, default=10_000)
+    ap.add_argument("--jobs", type=int, default=100)
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--baseline", metavar="REV", help="also time the package at this git revision (same run)")
+    ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # baseline runs
+    args = ap.parse_args()
+    if args.json:
+        print(json.dumps(measure(args.gpus, args.jobs, args.repeat)))
+        return
+    base = None
+    if args.baseline:
+        import baseline
+        base = baseline.run(args.baseline, __file__, ["--gpus", str(args.gpus), "--jobs", str(args.jobs),
+                                                      "--repeat", str(args.repeat)])
+    out = measure(args.gpus, args.jobs, args.repeat)
+    print(f"python {platform.python_version()} on {platform.machine()}, repeat {args.repeat}, times in ms")
+    print(out["summary"])
+    rows = out["rows"]
+    mp, mc = rows["plan (k=8)"]["wall_p50"], rows["plan (k=8)"]["cpu_p50"]
+    extra = f" {'base CPU':>9} {'x base':>7}" if base else ""
+    print(f"{'':>14} {'wall p50':>9} {'wall p95':>9} {'x plan':>7} {'CPU p50':>8} {'CPU p95':>8} {'x plan':>7}{extra} "
+          f"{'placer calls':>13}")
+    for name, r in rows.items():
+        cols = ""
+        if base:
+            b = base["rows"][name]
+            cols = f" {b['cpu_p50'] * 1e3:>9.2f} {r['cpu_p50'] / b['cpu_p50']:>7.2f}"
+        print(f"{name:>14} {r['wall_p50'] * 1e3:>9.2f} {r['wall_p95'] * 1e3:>9.2f} {r['wall_p50'] / mp:>7.1f} "
+              f"{r['cpu_p50'] * 1e3:>8.2f} {r['cpu_p95'] * 1e3:>8.2f} {r['cpu_p50'] / mc:>7.1f}{cols} {r['calls']:>13}")
+    if base:
+        same = "the same jobs on the same GPUs" if base["admitted"] == out["admitted"] else "OTHER jobs or GPUs"
+        print(f"base: the package at {baseline.revision(args.baseline)}, timed in a subprocess of this run; "
+              f"its first pass admitted {same}")
 
 
 if __name__ == "__main__":

@@ -8,13 +8,14 @@ type, so every pool is evaluated: the worst case) it prints the median and p95 o
 beside a plain first-fit baseline (first k available GPUs of one pool in inventory order)
 timed in the same run, and the ratio of the medians.
 
-    python benchmarks/plan_latency.py [--sizes 1000,10000,100000] [--repeat 30]
+    python benchmarks/plan_latency.py [--sizes 1000,10000,100000] [--repeat 30] [--baseline REV]
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import platform
 import random
 import statistics
@@ -111,27 +112,59 @@ def p95(xs: list[float]) -> float:
     return float(np.percentile(xs, 95))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="1000,10000,100000")
-    ap.add_argument("--repeat", type=int, default=30)
-    args = ap.parse_args()
-    print(f"python {platform.python_version()} on {platform.machine()}, repeat {args.repeat}, times in ms")
-    print(f"{'GPUs':>7} {'k':>3} {'plan p50':>9} {'plan p95':>9} {'ff p50':>8} {'ff p95':>8} {'ratio':>6}  placed")
-    for size in (int(s) for s in args.sizes.split(",")):
+def measure(sizes, repeat: int) -> list[dict]:
+    rows = []
+    for size in sizes:
         t0 = time.perf_counter()
         cluster = synthetic_cluster(size)
         build = time.perf_counter() - t0
         for k in (1, 4, 8, 16):
             req = PlanRequest(k)
             result = plan(cluster, req)
-            tp = timed(lambda: plan(cluster, req), args.repeat)
-            tf = timed(lambda: first_fit(cluster, req), args.repeat)
-            mp, mf = statistics.median(tp), statistics.median(tf)
+            tp = timed(lambda: plan(cluster, req), repeat)
+            tf = timed(lambda: first_fit(cluster, req), repeat)
             placed = f"{result.decision.pool} on {len(result.decision.hosts)} host(s)" if result.decision else "-"
-            print(f"{size:>7} {k:>3} {mp * 1e3:>9.2f} {p95(tp) * 1e3:>9.2f} {mf * 1e3:>8.2f} {p95(tf) * 1e3:>8.2f}"
-                  f" {mp / mf:>6.1f}  {placed}")
-        print(f"{size:>7}     (cluster build, once per collection: {build * 1e3:.0f} ms)")
+            rows.append({"gpus": size, "k": k, "plan_p50": statistics.median(tp), "plan_p95": p95(tp),
+                         "ff_p50": statistics.median(tf), "ff_p95": p95(tf), "placed": placed,
+                         "gpus_chosen": [list(g.key) for g in result.decision.gpus] if result.decision else None,
+                         "build": build})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="1000,10000,100000")
+    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--baseline", metavar="REV", help="also time the package at this git revision (same run)")
+    ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # baseline runs
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    if args.json:
+        print(json.dumps(measure(sizes, args.repeat)))
+        return
+    base = {}
+    if args.baseline:
+        import baseline
+        for row in baseline.run(args.baseline, __file__, ["--sizes", args.sizes, "--repeat", str(args.repeat)]):
+            base[(row["gpus"], row["k"])] = row
+    rows = measure(sizes, args.repeat)
+    print(f"python {platform.python_version()} on {platform.machine()}, repeat {args.repeat}, times in ms")
+    extra = f" {'base p50':>9} {'x base':>7}" if base else ""
+    print(f"{'GPUs':>7} {'k':>3} {'plan p50':>9} {'plan p95':>9}{extra} {'ff p50':>8} {'ff p95':>8} {'ratio':>6}  placed")
+    for row in rows:
+        b = base.get((row["gpus"], row["k"]))
+        cols = ""
+        if b:
+            same = "" if b["gpus_chosen"] == row["gpus_chosen"] else "  (baseline chose other GPUs)"
+            cols = f" {b['plan_p50'] * 1e3:>9.2f} {row['plan_p50'] / b['plan_p50']:>7.2f}"
+            row["placed"] += same
+        print(f"{row['gpus']:>7} {row['k']:>3} {row['plan_p50'] * 1e3:>9.2f} {row['plan_p95'] * 1e3:>9.2f}{cols}"
+              f" {row['ff_p50'] * 1e3:>8.2f} {row['ff_p95'] * 1e3:>8.2f} {row['plan_p50'] / row['ff_p50']:>6.1f}"
+              f"  {row['placed']}")
+        if row["k"] == 16:
+            print(f"{row['gpus']:>7}     (cluster build, once per collection: {row['build'] * 1e3:.0f} ms)")
+    if base:
+        print(f"base: the package at {baseline.revision(args.baseline)}, timed in a subprocess of this run")
 
 
 if __name__ == "__main__":

@@ -119,6 +119,8 @@ class Cluster:
             self.matrix_row[host] = {idx: r for r, idx in enumerate(w.indices)}
         self.matrices = REGISTRY.matrices
         self.host_matrix_ids = [self.matrix_id.get(h, -1) for h in self.hosts]
+        self.host_matrix_id_array = np.asarray(self.host_matrix_ids, dtype=np.int64)
+        self.is_whole_gpu = np.fromiter((g.instance is None for g in self.gpus), dtype=bool, count=n)
         self.row_of = np.fromiter((self.matrix_row[g.host][g.index] for g in self.gpus), dtype=np.int64, count=n)
         # candidate pools (S3)
         groups: dict[tuple[str, tuple[str, ...]], list[int]] = {}

@@ -6,6 +6,7 @@ Plain dataclasses, no Airflow, no I/O. Everything here serialises to the JSON of
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from airflow_hetero_gpu.errors import RequestError
 
@@ -301,6 +302,14 @@ class PoolReport:
     score: Score | None = None
     selection: tuple[GpuKey, ...] = ()  # the k GPUs this pool would give the job (preselected pools)
     mean_distance: float | None = None
+    # plan(explain=False) leaves ``reason`` None where writing it out is costly and puts here what
+    # writes it on demand (the admission pass reads one pool's reason, and only when unplaced)
+    explain: "Callable[[], str | None] | None" = field(default=None, repr=False, compare=False)
+
+    def reason_text(self) -> str | None:
+        if self.reason is None and self.explain is not None:
+            self.reason, self.explain = self.explain(), None
+        return self.reason
 
     @property
     def hosts_spanned(self) -> int:

@@ -8,6 +8,7 @@ implementation of the algorithm anywhere.
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -17,7 +18,8 @@ from airflow_hetero_gpu.core.cluster import Cluster
 from airflow_hetero_gpu.core.config import ClusterConfig
 from airflow_hetero_gpu.core.cardtype import card_type_matches, is_mig_card_type
 from airflow_hetero_gpu.core.model import Decision, GpuKey, PlanRequest, PlanResult, PoolReport, Score, as_key
-from airflow_hetero_gpu.core.selection import EPS, HostAvail, choose_replacement, select_gpus
+from airflow_hetero_gpu.core.candidates import host_candidates
+from airflow_hetero_gpu.core.selection import EPS, choose_replacement, select_gpus
 from airflow_hetero_gpu.core.view import ClusterState, PoolView
 from airflow_hetero_gpu.errors import RequestError
 
@@ -94,32 +96,6 @@ def cluster_state(
                         memory_ok, available)
 
 
-def _host_avail(view: PoolView, k: int) -> list[HostAvail]:
-    """The pool's available GPUs grouped by host, in host-name order.
-
-    When some host can hold all k GPUs, only such hosts are returned (§7.1 looks no further);
-    otherwise every host with an available GPU is (the job will span hosts).
-    """
-    c = view.state.cluster
-    pos = view.positions_where("available")  # sorted by host name, then index
-    if len(pos) == 0:
-        return []
-    hid = c.host_of[pos]
-    cuts = np.flatnonzero(np.diff(hid)) + 1
-    starts = np.concatenate(([0], cuts))
-    ends = np.concatenate((cuts, [len(pos)]))
-    counts = ends - starts
-    keep = np.flatnonzero(counts >= k) if counts.max() >= k else np.arange(len(starts))
-    hid_l, row_l = hid.tolist(), c.row_of[pos].tolist()
-    keys_of = c.keys
-    keys_l = [keys_of[p] for p in pos.tolist()]
-    out = []
-    for s, e in zip(starts[keep].tolist(), ends[keep].tolist()):
-        h = hid_l[s]
-        out.append(HostAvail(c.hosts[h], tuple(keys_l[s:e]), tuple(row_l[s:e]), c.host_matrix_ids[h]))
-    return out
-
-
 def evaluate(view: PoolView, weights: Mapping[str, float]) -> Score:
     """E = sum of weight × term over the scorer registry (SPEC §7)."""
     terms = {name: float(fn(view)) for name, fn in scorers.SCORERS.items()}
@@ -136,6 +112,7 @@ def plan(
     config: ClusterConfig | None = None,
     weights: Mapping[str, float] | None = None,
     reserved_mask: np.ndarray | None = None,
+    explain: bool = True,
 ) -> PlanResult:
     """Place ``request`` on ``cluster``.
 
@@ -144,6 +121,9 @@ def plan(
     ``config``/``weights`` override the cluster's configuration for this call.
     ``reserved_mask`` (optional) is the same reservations as a boolean mask over
     ``cluster.gpus``, for callers that keep one; see :func:`cluster_state`.
+    ``explain=False``: a pool without enough available GPUs gets no ``reason`` but a
+    ``PoolReport.explain`` that writes it on demand (``reason_text()``); listing the holders of
+    thousands of reserved GPUs per pool was most of an admission pass's time.
     """
     cfg = (config or cluster.config).with_weights(weights)
     _check_mig_request(cluster, request)
@@ -160,11 +140,15 @@ def plan(
         if rep.reason is not None:
             rep.stage = "rejected"
             continue
+        if not explain and view.available_count < request.gpus:
+            rep.stage = "primary"
+            rep.explain = partial(_first_failure, filters.PRESELECT, view)
+            continue
         rep.reason = _first_failure(filters.PRESELECT, view)
         if rep.reason is not None:
             rep.stage = "primary"
             continue
-        view.selection = select_gpus(_host_avail(view, request.gpus), request.gpus, cluster.matrices, cluster.net)
+        view.selection = select_gpus(host_candidates(view, request.gpus), request.gpus, cluster.matrices, cluster.net)
         if view.selection is None:  # cannot happen when enough are available; kept as a guard
             rep.stage, rep.reason = "primary", "no set of available GPUs found"
             continue
@@ -181,8 +165,9 @@ def plan(
             if rep.stage == "preselected":
                 rep.reason = _lost_because(rep, best)
         decision = Decision(best.pool, [cluster.gpu(k) for k in best.selection], best.score, best.mean_distance)
-    unhealthy = [_with_eviction(cluster.gpus[int(p)], state.evicted) for p in np.flatnonzero(~state.healthy)
-                 if cluster.gpus[int(p)].instance is None]  # an instance is sick when its GPU is
+    sick = np.flatnonzero(~state.healthy & cluster.is_whole_gpu).tolist()  # an instance is sick when its GPU is
+    gpus = cluster.gpus
+    unhealthy = [_with_eviction(gpus[p], state.evicted) for p in sick] if state.evicted else [gpus[p] for p in sick]
     return PlanResult(request, decision, reports, unhealthy, dict(cluster.host_errors))
 
 

@@ -5,6 +5,7 @@ Built by the planner once per (pool, request); filters and scorers read it and n
 
 from __future__ import annotations
 
+from collections import ChainMap
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping
 
@@ -33,6 +34,22 @@ class ClusterState:
     busy: np.ndarray
     memory_ok: np.ndarray
     available: np.ndarray
+    _holders: dict | None = field(default=None, repr=False)
+
+    def holders(self) -> dict:
+        """``reserved_by`` as one plain dict (a caller may pass a ChainMap of layers, whose
+        lookups cost ~5 µs each: a reason over thousands of held GPUs reads it per GPU)."""
+        if self._holders is None:
+            rb = self.reserved_by
+            if type(rb) is dict:
+                self._holders = rb
+            elif isinstance(rb, ChainMap):
+                self._holders = {}
+                for layer in reversed(rb.maps):  # the first layer wins, as in the ChainMap
+                    self._holders.update(layer)
+            else:
+                self._holders = dict(rb)
+        return self._holders
 
 
 @dataclass

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Mapping, Sequence
 
 from airflow_hetero_gpu.core.model import Decision, GpuKey, PlanRequest
@@ -109,9 +110,14 @@ class Claim:
         """Claimed GPUs not free yet."""
         return len(self.held_by)
 
+    @cached_property
+    def gpus_text(self) -> str:
+        """``hgx-a1 GPU 0-7``: written once (every job waiting behind a head names its claim)."""
+        return describe_gpus(self.gpus)
+
     def describe(self) -> str:
         """``claims hgx-a1 GPU 0-7 (pool A100), 3 of them held by j1, j2×2``."""
-        text = f"claims {describe_gpus(self.gpus)} (pool {self.pool})"
+        text = f"claims {self.gpus_text} (pool {self.pool})"
         if self.held_by:
             text += f", {len(self.held_by)} of them held by {describe_holders(self.held_by.values())}"
         if not self.waiting_on:
@@ -121,7 +127,7 @@ class Claim:
     def short(self) -> str:
         """``head for pool A100, claims hgx-a1 GPU 0-7, 3 of them held``."""
         held = f"{len(self.held_by)} of them held" if self.held_by else "all free"
-        return f"head for pool {self.pool}, claims {describe_gpus(self.gpus)}, {held}"
+        return f"head for pool {self.pool}, claims {self.gpus_text}, {held}"
 
     def to_json(self) -> dict:
         return {"job_id": self.job_id, "pool": self.pool, "gpus": [list(k) for k in self.gpus],

@@ -47,8 +47,10 @@ class PassState:
         n = len(c.gpus)
         if reserved_mask is None:
             held = np.zeros(n, dtype=bool)
-            keys = (GpuKey(*k) for k in (reserved or {}))
-            held[[c.position[k] for k in keys if k in c.position]] = True
+            keys = list(reserved or {})
+            found = list(map(c.position.get, keys))  # GpuKeys as the ledger gives them: no copies
+            found = [p if p is not None else c.position.get(GpuKey(*k)) for p, k in zip(found, keys)]
+            held[[p for p in found if p is not None]] = True
         else:
             held = np.array(reserved_mask, dtype=bool)
             if held.shape != (n,):

@@ -47,7 +47,8 @@ class Placement:
         if not reports:
             return None
         best = max(reports, key=lambda p: p.available)  # the first such pool in id order
-        return f"{best.pool}: {best.reason}" if best.reason else None
+        reason = best.reason_text()
+        return f"{best.pool}: {reason}" if reason else None
 
 
 class Placer(Protocol):
@@ -92,7 +93,7 @@ class PlannerPlacer:
                  idle: np.ndarray | None = None) -> Placement:
         cluster = self.cluster if idle is None else self.released(idle)
         result = plan(cluster, entry.request, reserved=holders, reserved_mask=blocked, evicted=self.evicted,
-                      config=self.config)
+                      config=self.config, explain=False)
         if result.decision is None:
             return Placement(result=result)
         return Placement(tuple(result.decision.keys), result.decision.pool, result)

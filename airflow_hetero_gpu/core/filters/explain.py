@@ -49,7 +49,10 @@ def describe_unavailable(view: PoolView) -> str:
     if n_unhealthy:
         parts.append(f"{n_unhealthy} unhealthy ({describe_unhealthy(view)})")
     if reserved.any():
-        jobs = Counter(st.reserved_by.get(st.cluster.gpus[int(p)].key, "?") for p in pos[reserved])
+        held_keys = map(st.cluster.keys.__getitem__, pos[reserved].tolist())
+        jobs = Counter(map(st.holders().get, held_keys))  # C-level loops: thousands of GPUs per pool
+        if None in jobs:
+            jobs["?"] = jobs.pop(None)
         listed = ", ".join(f"{job}×{n}" if n > 1 else job for job, n in sorted(jobs.items())[:MAX_EXAMPLES])
         parts.append(f"{int(reserved.sum())} reserved (by {listed}{_more(len(jobs), min(len(jobs), MAX_EXAMPLES))})")
     if unschedulable.any():
