@@ -1,0 +1,475 @@
+"""Teams and their GPU quotas: the arithmetic the admission pass applies (docs/teams.md).
+
+A team has, per card-type pattern (the ``--gpu-type`` matching rules, ``"*"`` any card), a
+``quota`` (GPUs it is entitled to), an optional ``borrowing_limit`` (how far above its quota it may
+go on others' idle quota; absent: unlimited) and ``lending_limit`` (how much of its idle quota
+others may use; absent: all of it), and a fair-share ``weight``.
+
+* **Buckets.** Each (team, pattern) is a bucket. A team's GPUs of card type C fill its buckets
+  whose pattern matches C, most specific first (an exact name before a glob, a longer glob before
+  a shorter one, ``"*"`` last); what no bucket has room for is **borrowed** and is counted against
+  the team's most specific bucket for C (its *home* bucket, whose ``borrowing_limit`` caps it).
+  A card type none of the team's patterns matches has quota 0 and unlimited borrowing.
+* **Pending.** A job within its team's unused quota that cannot start yet keeps that quota for
+  itself: it is not idle, so nobody borrows it while the job waits.
+* **Lending.** Borrowed GPUs must be covered by idle lendable quota: each bucket of another team
+  lends ``min(idle, lending_limit)`` to card types its pattern matches, and GPUs of the fleet that
+  no quota covers (fleet size minus the sum of the quotas) are lent to anyone. The cover is a
+  flow from card types to lenders (networkx' maximum flow); a borrow is allowed only while every
+  borrowed GPU is covered.
+* **Fair share** of a team: ``(GPUs borrowed now + decayed borrowed GPU-seconds · ln 2 / half-life)
+  / weight``, the decayed average of its usage above quota, per unit of weight. Among jobs that
+  borrow, the lowest value goes first.
+
+Pure data in, pure data out: :class:`Teams` (the applied file), the teams of running and queued
+jobs, the decayed history; :class:`QuotaBook` keeps one pass's accounts.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import networkx as nx
+
+from airflow_hetero_gpu.core.cardtype import card_type_matches
+from airflow_hetero_gpu.errors import HeteroGpuError
+
+DEFAULT_TEAM = "default"
+DEFAULT_USAGE_HALF_LIFE_S = 24 * 3600.0
+TEAM_KEYS = ("quota", "borrowing_limit", "lending_limit", "weight")
+FILE_KEYS = ("teams", "usage_half_life")
+_TEAM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
+_UNITS = {None: 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+class TeamsError(HeteroGpuError):
+    """A teams file (or mapping) is invalid; the message names the team and the key."""
+
+
+def specificity(pattern: str) -> tuple:
+    """Sort key, most specific first: an exact name, then globs by the length of their literal
+    part (longest first), ``"*"`` last; ties by the pattern."""
+    glob = any(ch in pattern for ch in "*?[")
+    literal = len(re.sub(r"[*?\[\]]", "", pattern))
+    return (pattern.strip() == "*", glob, -literal, pattern)
+
+
+def matches(card_type: str, pattern: str) -> bool:
+    return pattern.strip() == "*" or card_type_matches(card_type, pattern)
+
+
+@dataclass(frozen=True)
+class TeamQuota:
+    """One team's entitlement. Patterns of ``borrowing_limit``/``lending_limit`` are patterns of
+    ``quota``; a pattern absent there is unlimited (borrowing) or lends all of its idle quota."""
+
+    name: str
+    quota: Mapping[str, int]
+    borrowing_limit: Mapping[str, int] = field(default_factory=dict)
+    lending_limit: Mapping[str, int] = field(default_factory=dict)
+    weight: float = 1.0
+
+    @property
+    def patterns(self) -> tuple[str, ...]:
+        return tuple(sorted(self.quota, key=specificity))
+
+    def to_json(self) -> dict:
+        out: dict[str, Any] = {"quota": dict(self.quota)}
+        if self.borrowing_limit:
+            out["borrowing_limit"] = dict(self.borrowing_limit)
+        if self.lending_limit:
+            out["lending_limit"] = dict(self.lending_limit)
+        if self.weight != 1.0:
+            out["weight"] = self.weight
+        return out
+
+
+@dataclass(frozen=True)
+class Teams:
+    """Every team's quota (the applied teams file) and the fair-share half-life."""
+
+    teams: Mapping[str, TeamQuota]
+    usage_half_life_s: float = DEFAULT_USAGE_HALF_LIFE_S
+
+    def __bool__(self) -> bool:
+        return bool(self.teams)
+
+    def get(self, team: str) -> TeamQuota:
+        found = self.teams.get(team)
+        return found if found is not None else TeamQuota(team, {})
+
+    def to_json(self) -> dict:
+        return {"teams": {n: t.to_json() for n, t in sorted(self.teams.items())},
+                "usage_half_life": self.usage_half_life_s}
+
+    def check_fleet(self, card_types: Iterable[str], source: str = "teams") -> None:
+        """Every pattern must match some card type of the fleet (``"*"`` always does)."""
+        types = sorted(set(card_types))
+        for name, team in sorted(self.teams.items()):
+            for key in ("quota", "borrowing_limit", "lending_limit"):
+                for pattern in getattr(team, key):
+                    if not any(matches(c, pattern) for c in types):
+                        have = ", ".join(types) or "none"
+                        raise TeamsError(f"{source}: team {name}: {key}: pattern {pattern!r} matches no card "
+                                         f"of the fleet (card types: {have})")
+
+
+def parse_duration(value: Any, where: str) -> float:
+    if isinstance(value, bool):
+        raise TeamsError(f"{where}: expected seconds or a duration like 24h, got {value!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        m = _DURATION.match(str(value))
+        if m is None:
+            raise TeamsError(f"{where}: expected seconds or a duration like 24h, got {value!r}")
+        seconds = float(m.group(1)) * _UNITS[m.group(2)]
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise TeamsError(f"{where}: expected a positive duration, got {value!r}")
+    return seconds
+
+
+def _gpus_by_pattern(value: Any, where: str) -> dict[str, int]:
+    if not isinstance(value, Mapping):
+        raise TeamsError(f"{where}: expected a mapping of card-type pattern to GPUs, got {value!r}")
+    out: dict[str, int] = {}
+    for pattern, n in value.items():
+        if not isinstance(pattern, str) or not pattern.strip():
+            raise TeamsError(f"{where}: expected a card-type pattern, got {pattern!r}")
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TeamsError(f"{where}: {pattern!r}: expected a whole number of GPUs, got {n!r}")
+        if n < 0:
+            raise TeamsError(f"{where}: {pattern!r}: expected a number >= 0, got {n}")
+        out[pattern.strip()] = n
+    return out
+
+
+def teams_from_mapping(data: Any, source: str = "teams") -> Teams:
+    """Validate a teams file's content (``{teams: {name: {quota: ..., ...}}, usage_half_life: 24h}``).
+    Every mistake is one :class:`TeamsError` naming the source, the team and the key."""
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise TeamsError(f"{source}: expected a mapping with the key 'teams', got {type(data).__name__}")
+    for key in data:
+        if key not in FILE_KEYS:
+            raise TeamsError(f"{source}: unknown key {key!r} (expected one of: {', '.join(FILE_KEYS)})")
+    half_life = DEFAULT_USAGE_HALF_LIFE_S
+    if data.get("usage_half_life") is not None:
+        half_life = parse_duration(data["usage_half_life"], f"{source}: usage_half_life")
+    raw = data.get("teams") or {}
+    if not isinstance(raw, Mapping):
+        raise TeamsError(f"{source}: teams: expected a mapping of team name to its quota, got {raw!r}")
+    teams: dict[str, TeamQuota] = {}
+    for name, spec in raw.items():
+        if not isinstance(name, str) or not _TEAM_NAME.match(name):
+            raise TeamsError(f"{source}: team {name!r}: expected a name of letters, digits, '_', '.', '@', '-'")
+        where = f"{source}: team {name}"
+        if spec is None:
+            spec = {}
+        if not isinstance(spec, Mapping):
+            raise TeamsError(f"{where}: expected a mapping with the keys {', '.join(TEAM_KEYS)}, got {spec!r}")
+        for key in spec:
+            if key not in TEAM_KEYS:
+                raise TeamsError(f"{where}: unknown key {key!r} (expected one of: {', '.join(TEAM_KEYS)})")
+        quota = _gpus_by_pattern(spec.get("quota") or {}, f"{where}: quota")
+        limits = {}
+        for key in ("borrowing_limit", "lending_limit"):
+            limits[key] = _gpus_by_pattern(spec.get(key) or {}, f"{where}: {key}")
+            for pattern in limits[key]:
+                if pattern not in quota:
+                    raise TeamsError(f"{where}: {key}: pattern {pattern!r} is not a pattern of its quota "
+                                     f"(give it a quota, 0 if need be)")
+        weight = spec.get("weight", 1)
+        if (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight)
+                or weight <= 0):
+            if isinstance(weight, (int, float)) and not isinstance(weight, bool) and weight < 0:
+                raise TeamsError(f"{where}: weight: expected a number > 0, got {weight!r} (negative)")
+            raise TeamsError(f"{where}: weight: expected a number > 0, got {weight!r}")
+        teams[name] = TeamQuota(name, quota, limits["borrowing_limit"], limits["lending_limit"], float(weight))
+    return Teams(teams, half_life)
+
+
+def decay(value: float, elapsed_s: float, half_life_s: float) -> float:
+    """``value`` after ``elapsed_s`` seconds of halving every ``half_life_s``."""
+    return value * 0.5 ** (max(0.0, elapsed_s) / half_life_s)
+
+
+def share_value(borrowed_now: int, decayed_gpu_s: float, weight: float, half_life_s: float) -> float:
+    """The fair-share value (lower goes first): usage above quota, now plus decayed history
+    (as an average number of GPUs), per unit of weight."""
+    return (borrowed_now + decayed_gpu_s * math.log(2) / half_life_s) / weight
+
+
+# --- one pass's accounts -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class QuotaCheck:
+    """What a team's job of ``gpus`` GPUs on one card type would do: ``borrow`` of them above
+    quota (0: within quota); ``allowed`` False with ``why`` when quota forbids it now."""
+
+    card_type: str
+    gpus: int
+    borrow: int
+    allowed: bool
+    why: str = ""
+
+
+@dataclass
+class BucketStanding:
+    """One row of ``hetero-gpu teams``: a team's pattern (``""``: card types it has no quota for)."""
+
+    team: str
+    pattern: str
+    quota: int
+    in_use: int = 0
+    borrowed: int = 0
+    lent: int = 0
+    waiting: int = 0
+    borrowing_limit: int | None = None
+    lending_limit: int | None = None
+
+    def to_json(self) -> dict:
+        return {"team": self.team, "pattern": self.pattern or None, "quota": self.quota, "in_use": self.in_use,
+                "borrowed": self.borrowed, "lent": self.lent, "waiting": self.waiting,
+                "borrowing_limit": self.borrowing_limit, "lending_limit": self.lending_limit}
+
+
+class QuotaBook:
+    """The quota accounts of one admission pass: GPUs in use per team and card type, quota kept
+    for waiting jobs within quota, and the borrowed GPUs' cover by lenders."""
+
+    def __init__(self, teams: Teams, card_counts: Mapping[str, int],
+                 usage: Mapping[tuple[str, str], int], history: Mapping[str, float] | None = None) -> None:
+        """``card_counts``: GPUs of the fleet per card type; ``usage``: (team, card type) -> GPUs
+        its running jobs hold; ``history``: team -> decayed borrowed GPU-seconds."""
+        self.teams = teams
+        self.card_counts = dict(card_counts)
+        self.usage: dict[tuple[str, str], int] = {k: v for k, v in usage.items() if v}
+        self.pending: dict[tuple[str, str], int] = {}  # kept for waiting jobs within quota
+        self.history = dict(history or {})
+        self.uncovered = max(0, sum(self.card_counts.values()) - sum(
+            n for t in teams.teams.values() for n in t.quota.values()))
+        self._buckets: dict[tuple[str, str], tuple[str, ...]] = {}
+        self._fill_cache: dict[str, tuple[dict, dict]] | None = None
+
+    # --- per team ----------------------------------------------------------------------------
+    def buckets(self, team: str, card_type: str) -> tuple[str, ...]:
+        """The team's patterns matching ``card_type``, most specific first."""
+        key = (team, card_type)
+        hit = self._buckets.get(key)
+        if hit is None:
+            hit = self._buckets[key] = tuple(p for p in self.teams.get(team).patterns if matches(card_type, p))
+        return hit
+
+    def _fill(self, team: str) -> tuple[dict[str, int], dict[str, int]]:
+        """Team's bucket use (pattern -> GPUs within quota, pending included) and borrowed GPUs
+        per card type."""
+        if self._fill_cache is None:
+            self._fill_cache = {}
+        hit = self._fill_cache.get(team)
+        if hit is not None:
+            return hit
+        tq = self.teams.get(team)
+        used = {p: 0 for p in tq.quota}
+        borrowed: dict[str, int] = {}
+        types = sorted({c for (t, c) in (*self.usage, *self.pending) if t == team})
+        for c in types:
+            n = self.usage.get((team, c), 0) + self.pending.get((team, c), 0)
+            for p in self.buckets(team, c):
+                take = min(n, tq.quota[p] - used[p])
+                used[p] += take
+                n -= take
+            if n:
+                borrowed[c] = n
+        hit = self._fill_cache[team] = (used, borrowed)
+        return hit
+
+    def room(self, team: str, card_type: str) -> int:
+        """Unused quota of ``team`` for ``card_type`` (pending quota counts as used)."""
+        tq = self.teams.get(team)
+        used, _ = self._fill(team)
+        return sum(tq.quota[p] - used[p] for p in self.buckets(team, card_type))
+
+    def borrowed(self, team: str) -> int:
+        return sum(self._fill(team)[1].values())
+
+    def fair_share(self, team: str) -> float:
+        tq = self.teams.get(team)
+        return share_value(self.borrowed(team), self.history.get(team, 0.0), tq.weight,
+                           self.teams.usage_half_life_s)
+
+    def _home_borrowed(self, team: str, pattern: str | None) -> int:
+        _, borrowed = self._fill(team)
+        return sum(n for c, n in borrowed.items() if (self.buckets(team, c)[:1] or (None,))[0] == pattern)
+
+    # --- lending -----------------------------------------------------------------------------
+    def _lenders(self) -> dict[tuple[str, str], int]:
+        """(team, pattern) -> GPUs it lends now: min(idle quota, lending limit)."""
+        out = {}
+        for name, tq in self.teams.teams.items():
+            used, _ = self._fill(name)
+            for p, q in tq.quota.items():
+                idle = q - used[p]
+                limit = tq.lending_limit.get(p)
+                n = idle if limit is None else min(idle, limit)
+                if n > 0:
+                    out[(name, p)] = n
+        return out
+
+    def _demand(self, extra: tuple[str, str, int] | None = None) -> dict[str, int]:
+        """Borrowed GPUs per card type, every team (plus ``extra``: a job being considered)."""
+        out: dict[str, int] = {}
+        teams = {t for (t, _) in (*self.usage, *self.pending)}
+        for team in teams:
+            for c, n in self._fill(team)[1].items():
+                out[c] = out.get(c, 0) + n
+        if extra is not None:
+            out[extra[1]] = out.get(extra[1], 0) + extra[2]
+        return out
+
+    def cover(self, demand: Mapping[str, int]) -> tuple[int, dict[tuple[str, str], int]]:
+        """How many of the borrowed GPUs lenders can cover, and how many each lender covers."""
+        need = {c: n for c, n in demand.items() if n > 0}
+        if not need:
+            return 0, {}
+        lenders = self._lenders()
+        total = sum(need.values())
+        g = nx.DiGraph()
+        for c, n in need.items():
+            g.add_edge("src", ("type", c), capacity=n)
+            if self.uncovered:
+                g.add_edge(("type", c), "uncovered", capacity=n)
+            for (team, p), supply in lenders.items():
+                if matches(c, p):
+                    g.add_edge(("type", c), ("lender", team, p), capacity=n)
+        if self.uncovered:
+            g.add_edge("uncovered", "sink", capacity=self.uncovered)
+        for (team, p), supply in lenders.items():
+            g.add_edge(("lender", team, p), "sink", capacity=supply)
+        if "sink" not in g:
+            return 0, {}
+        value, flow = nx.maximum_flow(g, "src", "sink")
+        lent = {}
+        for (team, p) in lenders:
+            node = ("lender", team, p)
+            if node in flow:
+                got = flow[node].get("sink", 0)
+                if got:
+                    lent[(team, p)] = int(got)
+        return min(int(value), total), lent
+
+    # --- a job -------------------------------------------------------------------------------
+    def check(self, team: str, card_type: str, gpus: int) -> QuotaCheck:
+        """Whether ``team`` may take ``gpus`` GPUs of ``card_type`` now, and how many it borrows."""
+        room = max(0, self.room(team, card_type))
+        borrow = max(0, gpus - room)
+        if not borrow:
+            return QuotaCheck(card_type, gpus, 0, True)
+        tq = self.teams.get(team)
+        home = (self.buckets(team, card_type)[:1] or (None,))[0]
+        limit = tq.borrowing_limit.get(home) if home is not None else None
+        if limit is not None and self._home_borrowed(team, home) + borrow > limit:
+            return QuotaCheck(card_type, gpus, borrow, False, self.explain(team, card_type, gpus))
+        demand = self._demand((team, card_type, borrow))
+        covered, _ = self.cover(demand)
+        if covered < sum(demand.values()):
+            return QuotaCheck(card_type, gpus, borrow, False, self.explain(team, card_type, gpus))
+        return QuotaCheck(card_type, gpus, borrow, True)
+
+    def take(self, team: str, card_type: str, gpus: int) -> None:
+        """A job of ``team`` started on ``gpus`` GPUs of ``card_type``."""
+        key = (team, card_type)
+        self.usage[key] = self.usage.get(key, 0) + gpus
+        self._fill_cache = None
+
+    def keep(self, team: str, card_type: str, gpus: int) -> None:
+        """A job within quota waits: its quota is kept for it (not lent)."""
+        key = (team, card_type)
+        self.pending[key] = self.pending.get(key, 0) + gpus
+        self._fill_cache = None
+
+    def explain(self, team: str, card_type: str, gpus: int) -> str:
+        """``team intern: 4/4 of its quota in use, may borrow 4; borrowable now 0 (prod lends 0 of
+        its idle 8)``: where quota stands for a job of ``team`` on ``card_type``."""
+        tq = self.teams.get(team)
+        pats = self.buckets(team, card_type)
+        used, _ = self._fill(team)
+        quota = sum(tq.quota[p] for p in pats)
+        in_use = sum(used[p] for p in pats)
+        home = pats[0] if pats else None
+        limit = tq.borrowing_limit.get(home) if home is not None else None
+        may = "may borrow without limit" if limit is None else \
+            f"may borrow {max(0, limit - self._home_borrowed(team, home))}"
+        demand = self._demand()
+        covered, lent = self.cover(demand)
+        lenders = self._lenders()
+        supply = sum(n for (t, p), n in lenders.items() if t != team and matches(card_type, p))
+        spare_uncovered = self.uncovered - sum(0 for _ in ())
+        free_for_it = max(0, supply + self.uncovered - covered)
+        parts = []
+        for name, other in sorted(self.teams.teams.items()):
+            if name == team:
+                continue
+            o_used, _ = self._fill(name)
+            for p in other.patterns:
+                if not matches(card_type, p):
+                    continue
+                idle = max(0, other.quota[p] - o_used[p])
+                lend = lenders.get((name, p), 0) - lent.get((name, p), 0)
+                parts.append(f"{name} lends {max(0, lend)} of its idle {idle}")
+        if self.uncovered:
+            parts.append(f"{self.uncovered} GPUs outside every quota")
+        del spare_uncovered
+        where = f" ({'; '.join(parts)})" if parts else ""
+        return (f"team {team}: {in_use}/{quota} of its quota in use, {may}; "
+                f"borrowable now {free_for_it}{where}; needs {gpus}")
+
+    # --- the standing ------------------------------------------------------------------------
+    def standing(self, waiting: Sequence[tuple[str, str, int]] = ()) -> list[BucketStanding]:
+        """Per team and pattern: quota, in use, borrowed, lent, waiting GPUs (``waiting``: (team,
+        card type, GPUs) of the jobs that wait, counted against their home bucket)."""
+        demand = self._demand()
+        _, lent = self.cover(demand)
+        names = sorted(set(self.teams.teams) | {t for (t, _) in self.usage} | {t for (t, _, _) in waiting})
+        rows: list[BucketStanding] = []
+        for name in names:
+            tq = self.teams.get(name)
+            real = {k: v for k, v in self.usage.items() if k[0] == name}
+            saved, self.pending, self._fill_cache = self.pending, {}, None
+            orig_usage = self.usage
+            self.usage = real
+            used, borrowed = self._fill(name)
+            self.usage, self.pending, self._fill_cache = orig_usage, saved, None
+            by_pattern = {p: BucketStanding(name, p, tq.quota[p], used[p], 0, lent.get((name, p), 0), 0,
+                                            tq.borrowing_limit.get(p), tq.lending_limit.get(p))
+                          for p in tq.patterns}
+            other = BucketStanding(name, "", 0)
+            for c, n in borrowed.items():
+                home = self.buckets(name, c)[:1]
+                row = by_pattern[home[0]] if home else other
+                row.borrowed += n
+                row.in_use += n
+            for team, c, n in waiting:
+                if team == name:
+                    home = self.buckets(name, c)[:1]
+                    (by_pattern[home[0]] if home else other).waiting += n
+            rows.extend(by_pattern.values())
+            if other.in_use or other.waiting or not by_pattern:
+                rows.append(other)
+        return rows
+
+
+def card_counts(card_types: Iterable[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in card_types:
+        out[c] = out.get(c, 0) + 1
+    return out
+
+
+__all__ = ["DEFAULT_TEAM", "DEFAULT_USAGE_HALF_LIFE_S", "TeamsError", "TeamQuota", "Teams", "QuotaBook",
+           "QuotaCheck", "BucketStanding", "teams_from_mapping", "decay", "share_value", "specificity",
+           "matches", "card_counts", "parse_duration"]
