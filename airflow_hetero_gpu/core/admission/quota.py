@@ -276,7 +276,10 @@ class QuotaBook:
         tq = self.teams.get(team)
         used = {p: 0 for p in tq.quota}
         borrowed: dict[str, int] = {}
-        types = sorted({c for (t, c) in (*self.usage, *self.pending) if t == team})
+        # the card types others lend least are filled first: what is left over (borrowed) falls
+        # where other teams' quota can cover it
+        types = sorted({c for (t, c) in (*self.usage, *self.pending) if t == team},
+                       key=lambda c: (self._others_quota(team, c), c))
         for c in types:
             n = self.usage.get((team, c), 0) + self.pending.get((team, c), 0)
             for p in self.buckets(team, c):
@@ -287,6 +290,10 @@ class QuotaBook:
                 borrowed[c] = n
         hit = self._fill_cache[team] = (used, borrowed)
         return hit
+
+    def _others_quota(self, team: str, card_type: str) -> int:
+        return sum(n for name, tq in self.teams.teams.items() if name != team
+                   for p, n in tq.quota.items() if matches(card_type, p))
 
     def room(self, team: str, card_type: str) -> int:
         """Unused quota of ``team`` for ``card_type`` (pending quota counts as used)."""
@@ -408,7 +415,6 @@ class QuotaBook:
         covered, lent = self.cover(demand)
         lenders = self._lenders()
         supply = sum(n for (t, p), n in lenders.items() if t != team and matches(card_type, p))
-        spare_uncovered = self.uncovered - sum(0 for _ in ())
         free_for_it = max(0, supply + self.uncovered - covered)
         parts = []
         for name, other in sorted(self.teams.teams.items()):
@@ -423,7 +429,6 @@ class QuotaBook:
                 parts.append(f"{name} lends {max(0, lend)} of its idle {idle}")
         if self.uncovered:
             parts.append(f"{self.uncovered} GPUs outside every quota")
-        del spare_uncovered
         where = f" ({'; '.join(parts)})" if parts else ""
         return (f"team {team}: {in_use}/{quota} of its quota in use, {may}; "
                 f"borrowable now {free_for_it}{where}; needs {gpus}")
