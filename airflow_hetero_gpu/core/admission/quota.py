@@ -194,6 +194,20 @@ def teams_from_mapping(data: Any, source: str = "teams") -> Teams:
     return Teams(teams, half_life)
 
 
+def teams_from_text(text: str, source: str = "teams") -> Teams:
+    """A teams file's YAML text (see :func:`teams_from_mapping`)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        problem = getattr(err, "problem", None) or type(err).__name__
+        raise TeamsError(f"{source}: not valid YAML{where}: {problem}") from None
+    return teams_from_mapping(data, source)
+
+
 def decay(value: float, elapsed_s: float, half_life_s: float) -> float:
     """``value`` after ``elapsed_s`` seconds of halving every ``half_life_s``."""
     return value * 0.5 ** (max(0.0, elapsed_s) / half_life_s)
@@ -243,9 +257,12 @@ class QuotaBook:
     for waiting jobs within quota, and the borrowed GPUs' cover by lenders."""
 
     def __init__(self, teams: Teams, card_counts: Mapping[str, int],
-                 usage: Mapping[tuple[str, str], int], history: Mapping[str, float] | None = None) -> None:
+                 usage: Mapping[tuple[str, str], int], history: Mapping[str, float] | None = None,
+                 *, reasons: bool = True) -> None:
         """``card_counts``: GPUs of the fleet per card type; ``usage``: (team, card type) -> GPUs
-        its running jobs hold; ``history``: team -> decayed borrowed GPU-seconds."""
+        its running jobs hold; ``history``: team -> decayed borrowed GPU-seconds; ``reasons``
+        False: refusals carry no text (the simulator)."""
+        self.reasons = reasons
         self.teams = teams
         self.card_counts = dict(card_counts)
         self.usage: dict[tuple[str, str], int] = {k: v for k, v in usage.items() if v}
@@ -255,6 +272,7 @@ class QuotaBook:
             n for t in teams.teams.values() for n in t.quota.values()))
         self._buckets: dict[tuple[str, str], tuple[str, ...]] = {}
         self._fill_cache: dict[str, tuple[dict, dict]] | None = None
+        self._failed: dict[tuple[str, str], QuotaCheck] = {}  # smallest refused borrow per (team, card)
 
     # --- per team ----------------------------------------------------------------------------
     def buckets(self, team: str, card_type: str) -> tuple[str, ...]:
@@ -376,28 +394,42 @@ class QuotaBook:
         borrow = max(0, gpus - room)
         if not borrow:
             return QuotaCheck(card_type, gpus, 0, True)
+        refused = self._failed.get((team, card_type))
+        if refused is not None and refused.gpus <= gpus:  # a larger borrow is refused too
+            return QuotaCheck(card_type, gpus, borrow, False, self._why(team, card_type, gpus))
+        out = self._check_borrow(team, card_type, gpus, borrow)
+        if not out.allowed:
+            self._failed[(team, card_type)] = out
+        return out
+
+    def _check_borrow(self, team: str, card_type: str, gpus: int, borrow: int) -> QuotaCheck:
         tq = self.teams.get(team)
         home = (self.buckets(team, card_type)[:1] or (None,))[0]
         limit = tq.borrowing_limit.get(home) if home is not None else None
         if limit is not None and self._home_borrowed(team, home) + borrow > limit:
-            return QuotaCheck(card_type, gpus, borrow, False, self.explain(team, card_type, gpus))
+            return QuotaCheck(card_type, gpus, borrow, False, self._why(team, card_type, gpus))
         demand = self._demand((team, card_type, borrow))
         covered, _ = self.cover(demand)
         if covered < sum(demand.values()):
-            return QuotaCheck(card_type, gpus, borrow, False, self.explain(team, card_type, gpus))
+            return QuotaCheck(card_type, gpus, borrow, False, self._why(team, card_type, gpus))
         return QuotaCheck(card_type, gpus, borrow, True)
+
+    def _why(self, team: str, card_type: str, gpus: int) -> str:
+        return self.explain(team, card_type, gpus) if self.reasons else ""
 
     def take(self, team: str, card_type: str, gpus: int) -> None:
         """A job of ``team`` started on ``gpus`` GPUs of ``card_type``."""
         key = (team, card_type)
         self.usage[key] = self.usage.get(key, 0) + gpus
         self._fill_cache = None
+        self._failed.clear()
 
     def keep(self, team: str, card_type: str, gpus: int) -> None:
         """A job within quota waits: its quota is kept for it (not lent)."""
         key = (team, card_type)
         self.pending[key] = self.pending.get(key, 0) + gpus
         self._fill_cache = None
+        self._failed.clear()
 
     def explain(self, team: str, card_type: str, gpus: int) -> str:
         """``team intern: 4/4 of its quota in use, may borrow 4; borrowable now 0 (prod lends 0 of
@@ -477,4 +509,4 @@ def card_counts(card_types: Iterable[str]) -> dict[str, int]:
 
 __all__ = ["DEFAULT_TEAM", "DEFAULT_USAGE_HALF_LIFE_S", "TeamsError", "TeamQuota", "Teams", "QuotaBook",
            "QuotaCheck", "BucketStanding", "teams_from_mapping", "decay", "share_value", "specificity",
-           "matches", "card_counts", "parse_duration"]
+           "matches", "card_counts", "parse_duration", "teams_from_text"]

@@ -177,7 +177,8 @@ class Admission:
         walk = TeamWalk(self, p, quotas, reserved, explain)
         walk.walk(entries, shape_of)
         result = self._result(now, entries, walk.admitted, walk.waiting, p, explain)
-        result.teams = walk.book.standing(walk.waiting_gpus)
+        if explain:  # the simulator (explain=False) does not read the standing
+            result.teams = walk.book.standing(walk.waiting_gpus)
         return result
 
     def _result(self, now: float, entries, admitted, waiting, p: PassState, explain: bool) -> AdmissionResult:

@@ -60,7 +60,8 @@ class TeamWalk:
                 continue
             k = (quotas.team_of.get(job, quotas.default_team), gpu_card[pos])
             usage[k] = usage.get(k, 0) + 1
-        self.book = QuotaBook(quotas.teams, card_counts(gpu_card[adm.healthy].tolist()), usage, quotas.history)
+        self.book = QuotaBook(quotas.teams, card_counts(gpu_card[adm.healthy].tolist()), usage, quotas.history,
+                              reasons=explain)
         self.admitted: list[Admitted] = []
         self.waiting: list[tuple] = []
         self.waiting_gpus: list[tuple[str, str, int]] = []  # (team, card type, GPUs) for the standing
