@@ -58,7 +58,7 @@ def test_idle_quota_is_lent_and_the_admission_says_how_much_is_borrowed():
 def test_lending_limit_caps_what_others_borrow():
     teams = {**TEAMS, "prod": {"quota": {"A100*": 8}, "lending_limit": {"A100*": 2}}}
     result = _pass(teams, RESEARCH_AT_QUOTA, [_e("r-4", "research", 4, at=1), _e("r-2", "research", 2, at=2)])
-    assert "borrowable now 2 (prod lends 2 of its idle 8)" in result.get("r-4").reason
+    assert "borrowable now 2 (prod lends 2 of its idle 8 (lending limit 2))" in result.get("r-4").reason
     assert result.get("r-2").borrowed == 2
 
 

@@ -438,8 +438,9 @@ class QuotaBook:
         pats = self.buckets(team, card_type)
         used, _ = self._fill(team)
         quota = sum(tq.quota[p] for p in pats)
-        in_use = sum(used[p] for p in pats)
         home = pats[0] if pats else None
+        in_use = sum(used[p] for p in pats)
+        now_borrowed = self._home_borrowed(team, home)
         limit = tq.borrowing_limit.get(home) if home is not None else None
         may = "may borrow without limit" if limit is None else \
             f"may borrow {max(0, limit - self._home_borrowed(team, home))}"
@@ -456,13 +457,20 @@ class QuotaBook:
             for p in other.patterns:
                 if not matches(card_type, p):
                     continue
+                if not other.quota[p]:
+                    continue
                 idle = max(0, other.quota[p] - o_used[p])
                 lend = lenders.get((name, p), 0) - lent.get((name, p), 0)
-                parts.append(f"{name} lends {max(0, lend)} of its idle {idle}")
+                text = f"{name} lends {max(0, lend)} of its idle {idle}"
+                limit = other.lending_limit.get(p)
+                more = [f"{lent[(name, p)]} already lent"] if lent.get((name, p)) else []
+                more += [f"lending limit {limit}"] if limit is not None else []
+                parts.append(text + (f" ({', '.join(more)})" if more else ""))
         if self.uncovered:
             parts.append(f"{self.uncovered} GPUs outside every quota")
         where = f" ({'; '.join(parts)})" if parts else ""
-        return (f"team {team}: {in_use}/{quota} of its quota in use, {may}; "
+        borrowed_text = f", {now_borrowed} borrowed" if now_borrowed else ""
+        return (f"team {team}: {in_use}/{quota} of its quota in use{borrowed_text}, {may}; "
                 f"borrowable now {free_for_it}{where}; needs {gpus}")
 
     # --- the standing ------------------------------------------------------------------------
