@@ -290,33 +290,16 @@ reservations.append_column(Column("borrowed", Integer, nullable=True))
 def _v8_tables(m: MetaData) -> tuple[Table, ...]:
     """The teams' tables. Version 8 creates exactly these."""
     return (
-        Table(
-            "teams", m,
-            Column("name", String(NAME), primary_key=True),
-            Column("spec", JSON, nullable=False),  # TeamQuota.to_json(): quota, limits, weight
-            Column("applied_at", UtcDateTime, nullable=False),
-        ),
-        Table(
-            "team_settings", m,
-            Column("key", String(100), primary_key=True),
-            Column("value", JSON, nullable=False),
-        ),
-        Table(
-            "team_usage", m,
-            Column("team", String(NAME), primary_key=True),
-            Column("in_use", Integer, nullable=False),
-            Column("borrowed", Integer, nullable=False),
-            Column("decayed_borrowed_gpu_s", Float, nullable=False),
-            Column("updated_at", UtcDateTime, nullable=False),
-        ),
-        Table(
-            "team_samples", m,
-            Column("id", Integer, primary_key=True, autoincrement=True),
-            Column("at", UtcDateTime, nullable=False, index=True),
-            Column("team", String(NAME), nullable=False),
-            Column("in_use", Integer, nullable=False),
-            Column("borrowed", Integer, nullable=False),
-        ),
+        Table("teams", m, Column("name", String(NAME), primary_key=True),
+              Column("spec", JSON, nullable=False),  # TeamQuota.to_json(): quota, limits, weight
+              Column("applied_at", UtcDateTime, nullable=False)),
+        Table("team_settings", m, Column("key", String(100), primary_key=True), Column("value", JSON, nullable=False)),
+        Table("team_usage", m, Column("team", String(NAME), primary_key=True),
+              Column("in_use", Integer, nullable=False), Column("borrowed", Integer, nullable=False),
+              Column("decayed_borrowed_gpu_s", Float, nullable=False), Column("updated_at", UtcDateTime, nullable=False)),
+        Table("team_samples", m, Column("id", Integer, primary_key=True, autoincrement=True),
+              Column("at", UtcDateTime, nullable=False, index=True), Column("team", String(NAME), nullable=False),
+              Column("in_use", Integer, nullable=False), Column("borrowed", Integer, nullable=False)),
     )
 
 
