@@ -5,6 +5,7 @@ hours, at rates 1:1:4 (research, prod, intern); research alone offers 1.25 times
 GPUs, so every team offers more than its quota and the 32 GPUs stay saturated.
 lending.csv: the same for research and intern, while prod submits nothing for the first hour
 and then as the others do: prod's idle quota is lent for an hour and then comes back.
+skewed-1h.csv: like skewed.csv for one hour (tests/test_sim_teams.py).
 
     python scripts/make_teams_traces.py tests/data/teams
 """
@@ -44,6 +45,9 @@ def main(out: str) -> None:
     rng = random.Random(23)
     write(out_dir / "skewed.csv", [*jobs("research", RATE, 0, 7200, rng), *jobs("prod", RATE, 0, 7200, rng),
                                    *jobs("intern", 4 * RATE, 0, 7200, rng)])
+    rng = random.Random(25)
+    write(out_dir / "skewed-1h.csv", [*jobs("research", RATE, 0, 3600, rng), *jobs("prod", RATE, 0, 3600, rng),
+                                      *jobs("intern", 4 * RATE, 0, 3600, rng)])
     rng = random.Random(24)
     write(out_dir / "lending.csv", [*jobs("research", RATE, 0, 7200, rng), *jobs("prod", RATE, 3600, 7200, rng),
                                     *jobs("intern", 4 * RATE, 0, 7200, rng)])

@@ -289,9 +289,9 @@ class QuotaBook:
             for p in other.patterns:
                 if not matches(card_type, p):
                     continue
-                if not other.quota[p]:
-                    continue
                 idle = max(0, other.quota[p] - o_used[p])
+                if not idle:  # nothing idle: nothing it could lend
+                    continue
                 lend = lenders.get((name, p), 0) - lent.get((name, p), 0)
                 text = f"{name} lends {max(0, lend)} of its idle {idle}"
                 limit = other.lending_limit.get(p)
