@@ -290,12 +290,14 @@ class QuotaBook:
                 if not matches(card_type, p):
                     continue
                 idle = max(0, other.quota[p] - o_used[p])
-                if not idle:  # nothing idle: nothing it could lend
+                kept = sum(n for (t, c), n in self.pending.items() if t == name and matches(c, p))
+                if not idle and not kept:  # all in use: nothing it could lend
                     continue
                 lend = lenders.get((name, p), 0) - lent.get((name, p), 0)
                 text = f"{name} lends {max(0, lend)} of its idle {idle}"
                 limit = other.lending_limit.get(p)
                 more = [f"{lent[(name, p)]} already lent"] if lent.get((name, p)) else []
+                more += [f"{kept} kept for its waiting jobs"] if kept else []
                 more += [f"lending limit {limit}"] if limit is not None else []
                 parts.append(text + (f" ({', '.join(more)})" if more else ""))
         if self.uncovered:
