@@ -86,16 +86,28 @@ def test_a_team_is_never_above_quota_plus_borrowing_limit(led, clock):
     got = [_take(led, f"i{i}", PlanRequest(1), "intern", clock).admitted for i in range(6)]
     assert got == [True] * 4 + [False] * 2
     assert "may borrow 0" in led.queue_entry("i5").reason
-    assert led.get("i0").team == "intern" if hasattr(led.get("i0"), "team") else True
+    # every running job says whether it runs on borrowed quota, and on how many GPUs of it
+    assert [(led.get(f"i{i}").team, led.get(f"i{i}").borrowed) for i in range(4)] == [("intern", 1)] * 4
+    assert led.get("i0").to_json()["borrowed"] == 1
 
 
 def test_direct_reservations_count_against_the_quota(led, clock):
     led.apply_teams(_teams())
     cluster = FreshInventory(led.inventory(), float("inf")).cluster()
     assert led.reserve("d1", cluster, PlanRequest(4), team="intern").decision is not None
+    assert (led.get("d1").team, led.get("d1").borrowed) == ("intern", 4)
     with pytest.raises(QuotaRefused, match="team intern: 0/0 of its quota in use, 4 borrowed, may borrow 0"):
         led.reserve("d2", cluster, PlanRequest(1), team="intern")
     assert led.get("d2") is None
+
+
+def test_readers_of_a_missing_ledger_create_nothing(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'none.db'}"
+    f = tmp_path / "teams.yaml"
+    f.write_text(TEAMS_YAML)
+    assert main(["teams", "--ledger", url]) == 2
+    assert main(["teams", "apply", str(f), "--ledger", url]) == 2
+    assert capsys.readouterr().err.count("\n") == 2 and not (tmp_path / "none.db").exists()
 
 
 def test_no_teams_configured_changes_nothing(led, clock):

@@ -5,11 +5,12 @@ intern (quota 4) holds all 8 GPUs, 4 of them borrowed from prod's idle quota. in
 task enqueues first and waits, blocked by quota; prod's 2-GPU task (its team templated) enqueues
 after it, is within its quota, heads the queue and claims 2 GPUs. As intern's jobs end, prod's
 task is admitted first; intern's only once intern is back within what it may borrow.
-`hetero-gpu teams` shows it all. Every wait is on a log line or a ledger row."""
+`hetero-gpu teams`, `hetero-gpu queue` and the cluster page show it. Every wait is on a log line or a ledger row."""
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 
@@ -20,6 +21,14 @@ from airflow_hetero_gpu.testing.demo import small_hosts
 from cluster_fixtures import emulated_cluster  # noqa: F401
 from dag_run_helpers import DAGS, airflow_home, finish, start_dag  # noqa: F401
 from test_queue_e2e import WAIT_S, _cli, _until
+
+def _page(url: str) -> str:
+    from airflow_hetero_gpu.plugins import model, render, sources
+
+    inputs = sources.read_inputs(None, sources.PageSettings(ledger_url=url))
+    return render.render_page(model.build(inputs.cluster, inputs.reservations, inputs.evictions, queue=inputs.queue,
+                                          now=inputs.now, teams=inputs.teams, team_samples=inputs.team_samples))
+
 
 TEAMS = """\
 teams:
@@ -82,6 +91,9 @@ def test_the_team_within_its_quota_is_admitted_first(airflow_home, emulated_clus
         r = _cli("queue", "--ledger", url)
         line = next(x for x in r.stdout.splitlines() if " prod-2 " in x)
         assert line.split()[:4] == ["1", "prod-2", "prod", "head"], r.stdout
+        html = _page(url)  # the cluster page's Teams section: prod lends 4 and waits for 2
+        assert re.search(r"<td>prod</td><td>\*</td><td class=\"hg-n\">4</td><td class=\"hg-n\">0</td>\s*"
+                         r"<td class=\"hg-n\">0</td><td class=\"hg-n\">4</td><td class=\"hg-n\">2</td>", html), html
 
         with Ledger.from_url(url) as led:
             claimed = set(led.queue_entry("prod-2").claimed_gpus)

@@ -142,10 +142,10 @@ def cmd_queue(args: argparse.Namespace) -> int:
     with Ledger.open_existing(args.ledger) as ledger:
         now = ledger.now()
         entries = ledger.queue()
+        teams = ledger.teams() is not None  # the TEAM column once teams are configured (docs/teams.md)
     if args.json:
         print(json.dumps({"now": now.isoformat(), "entries": [e.to_json(now) for e in entries]}, indent=2))
         return EXIT_OK
-    teams = any(e.team for e in entries)  # the TEAM column once some job names its team
     rows = [(e.position or "-", e.job_id, *((e.team or "default",) if teams else ()),
              "admitted" if e.admitted else (e.standing or "waiting"), e.priority,
              _asks(e.request), _waited(e.waited_s(now)), _claim(e), "" if e.admitted else e.where())

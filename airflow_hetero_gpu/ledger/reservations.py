@@ -303,6 +303,7 @@ def _reservation(rows: Sequence[Any]) -> Reservation:
         renewed_at=first.renewed_at, expires_at=first.expires_at, gpu_count=first.gpu_count,
         request=first.request, mean_distance=first.mean_distance,
         identity=TaskIdentity(*(getattr(first, f) for f in fields)) if has_identity else None,
+        team=first.team, borrowed=first.borrowed,
     )
 
 
