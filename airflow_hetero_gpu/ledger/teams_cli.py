@@ -66,6 +66,8 @@ def register(subparsers) -> None:
     sub = p.add_subparsers(dest="teams_command", required=False, metavar="COMMAND", parser_class=type(p))
     q = sub.add_parser("apply", help="replace every team's quota by FILE's, in one transaction")
     q.add_argument("file", metavar="FILE", help="the teams file (YAML; docs/teams.md)")
-    _ledger_arg(q)
+    # given before or after `apply`: the sub-command's default must not overwrite the parent's value
+    q.add_argument("--ledger", metavar="URL", default=argparse.SUPPRESS,
+                   help="ledger database URL (default: sqlite file $AIRFLOW_HOME/hetero_gpu_ledger.db)")
     q.set_defaults(func=cmd_teams)
     p.set_defaults(func=cmd_teams)
