@@ -171,3 +171,19 @@ def _cli_story(led, tmp_path, capsys, ledger_db_url):  # noqa: F811
 def test_teams_file_errors_in_the_core_name_the_source():
     with pytest.raises(TeamsError, match="^teams.yaml: team x: weight"):
         _teams("teams:\n  x: {quota: {'*': 1}, weight: 0}\n")
+
+
+def test_team_samples_are_pruned_with_the_history(led, clock):
+    from airflow_hetero_gpu.ledger.inventory import HostRecord
+    from airflow_hetero_gpu.testing.captures import host_files
+    from airflow_hetero_gpu.testing.demo import small_hosts
+
+    led.apply_teams(_teams())
+    _take(led, "r0", PlanRequest(1), "research", clock)
+    assert any(s["team"] == "research" and s["in_use"] == 1 for s in led.team_samples())
+    clock.tick(3600)
+    led.release("r0")
+    led.store_collection([HostRecord(s.name, True, host_files(s)) for s in small_hosts(2, gpus=8)],
+                         collector="test", history_retention=1800)  # keeps only the last half hour
+    samples = led.team_samples()
+    assert samples and all(s["in_use"] == 0 for s in samples if s["team"] == "research")
