@@ -119,6 +119,8 @@ def cmd_plan(args) -> int:
         raise HeteroGpuError("plan --reserve needs --job-id ID and --ledger URL")
     if args.job_id and not args.reserve:
         raise HeteroGpuError("--job-id is only used with --reserve")
+    if args.team is not None and not args.reserve:
+        raise HeteroGpuError("--team is only used with --reserve")
     gpu_type = args.gpu_type[0] if args.gpu_type and len(args.gpu_type) == 1 else (tuple(args.gpu_type) if args.gpu_type else None)
     request = PlanRequest(args.gpus, gpu_type, args.task_type, args.gpu_memory)
     cluster = _load(args)
@@ -130,8 +132,14 @@ def cmd_plan(args) -> int:
     if args.reserve:
         from airflow_hetero_gpu.ledger.cli import reserve_for_cli
 
-        result = reserve_for_cli(args.ledger, args.job_id, cluster, request, cluster.config,
-                                 lease_seconds=args.lease)
+        from airflow_hetero_gpu.ledger.errors import QuotaRefused
+
+        try:
+            result = reserve_for_cli(args.ledger, args.job_id, cluster, request, cluster.config,
+                                     lease_seconds=args.lease, team=args.team)
+        except QuotaRefused as err:  # not a mistake: no room in the team's quota now, as no capacity
+            print(f"hetero-gpu plan: job {args.job_id!r}: {err}", file=sys.stderr)
+            return EXIT_NO_CAPACITY
     else:
         reserved, evicted = _ledger_state(args)
         result = plan(cluster, request, reserved=reserved, evicted=evicted)
@@ -194,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory", type=mib, metavar="MIB", help="free memory needed on each GPU")
     p.add_argument("--reserve", action="store_true", help="claim the chosen GPUs in the ledger")
     p.add_argument("--job-id", metavar="ID", help="job id of the reservation (with --reserve)")
+    p.add_argument("--team", metavar="NAME", help="the job's team for the quotas (with --reserve; default: the "
+                                                  "default team; docs/teams.md)")
     p.add_argument("--lease", type=positive_int, default=600, metavar="SECONDS",
                    help="lease of the reservation (with --reserve; default 600): it is freed when the "
                         "lease runs out unless renewed, or at once with `hetero-gpu release`")
@@ -210,9 +220,10 @@ def _extra_commands():
     from airflow_hetero_gpu.collect.cli import register as collect_register
     from airflow_hetero_gpu.healthcheck.cli import register as check_register
     from airflow_hetero_gpu.ledger.cli import register as ledger_register
+    from airflow_hetero_gpu.ledger.teams_cli import register as teams_register
     from airflow_hetero_gpu.sim.cli import register as simulate_register
 
-    return [collect_register, check_register, ledger_register, simulate_register]
+    return [collect_register, check_register, ledger_register, teams_register, simulate_register]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -142,6 +142,14 @@ PROVIDER_INFO: dict = {
                     "example": "86400",
                     "default": "604800",
                 },
+                "default_team": {
+                    "description": ("The team a training job counts against when its operator's team argument "
+                                    "is not given (the teams' GPU quotas: hetero-gpu teams apply)."),
+                    "version_added": "0.2.0",
+                    "type": "string",
+                    "example": "research",
+                    "default": "default",
+                },
                 "refresh_seconds": {
                     "description": "How often the cluster page reloads itself, in seconds; 0 never.",
                     "version_added": "0.1.0",

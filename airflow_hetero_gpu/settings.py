@@ -20,6 +20,7 @@ OPTIONS = {
     "inventory_max_age": "seconds a host's inventory in the ledger may be old before a task collects it again",
     "history_interval": "seconds between two history samples of an unchanged host",
     "history_retention": "seconds the ledger keeps history samples and GPU events",
+    "default_team": "the team of a job whose operator names none (docs/teams.md)",
 }
 
 

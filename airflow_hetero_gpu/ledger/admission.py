@@ -34,6 +34,7 @@ from airflow_hetero_gpu.errors import HeteroGpuError
 from airflow_hetero_gpu.ledger import inventory
 from airflow_hetero_gpu.ledger.records import TaskIdentity
 from airflow_hetero_gpu.ledger.schema import queue_entries as q_t
+from airflow_hetero_gpu.ledger.schema import reservations as r_t
 
 log = logging.getLogger(__name__)
 
@@ -99,14 +100,17 @@ def waiting_rows(conn: Connection) -> list[Any]:
 def entry_of(row: Any) -> QueueEntry:
     claim = tuple(GpuKey(*k) for k in ((row.claim or {}).get("gpus") or ()))
     return QueueEntry(row.job_id, PlanRequest(**dict(row.request)), int(row.priority),
-                      row.enqueued_at.timestamp(), claim)
+                      row.enqueued_at.timestamp(), claim, row.team or None)
 
 
 def run_pass(ledger: Any, conn: Connection, now: datetime) -> AdmissionResult | None:
     """One admission pass over the waiting entries (see the module docstring). None when nobody
     waits or the pass could not run (the reason is then on every waiting entry)."""
+    from airflow_hetero_gpu.ledger.teams import quota_input, record_usage
+
     rows = waiting_rows(conn)
     if not rows:
+        record_usage(conn, now)
         return None
     ledger._expire_reservations(conn, now)  # nothing expired may block a GPU or a job id
     reserved = ledger._reserved_map(conn, now)
@@ -117,6 +121,7 @@ def run_pass(ledger: Any, conn: Connection, now: datetime) -> AdmissionResult | 
             reason="admitted: the job holds a reservation of its own", admission=None))
     rows = [r for r in rows if r.job_id not in held]
     if not rows:
+        record_usage(conn, now)
         return None
     try:
         cluster = ledger._queue_clusters.get(conn, now)
@@ -124,7 +129,8 @@ def run_pass(ledger: Any, conn: Connection, now: datetime) -> AdmissionResult | 
             _note_all(conn, now, rows, NO_INVENTORY)
             return None
         adm = Admission(cluster, evicted=ledger._evicted_map(conn), aging_interval_s=ledger.queue_aging_interval_s)
-        result = adm.run([entry_of(r) for r in rows], now=now.timestamp(), reserved=reserved)
+        result = adm.run([entry_of(r) for r in rows], now=now.timestamp(), reserved=reserved,
+                         quotas=quota_input(conn, now))
     except HeteroGpuError as err:  # a stored file that no longer parses: the queue waits, the write goes on
         _note_all(conn, now, rows, f"admission could not run: {err}")
         return None
@@ -140,6 +146,9 @@ def run_pass(ledger: Any, conn: Connection, now: datetime) -> AdmissionResult | 
         lease = timedelta(seconds=float(row.lease_seconds))
         ident = _identity(row)
         ledger._insert(conn, now, a.job_id, a.decision, PlanRequest(**dict(row.request)), lease, ident)
+        if a.team is not None or row.team:
+            conn.execute(update(r_t).where(r_t.c.job_id == a.job_id).values(
+                team=a.team or row.team, borrowed=a.borrowed))
         conn.execute(update(q_t).where(q_t.c.job_id == a.job_id).values(
             state=ADMITTED, admitted_at=now, admission=a.to_json(), checked_at=now, position=None,
             standing=None, reason=f"admitted: {a.pool} on {_gpus(a)}", claim=None,
@@ -148,6 +157,7 @@ def run_pass(ledger: Any, conn: Connection, now: datetime) -> AdmissionResult | 
         conn.execute(_STANDING, [{"b_job": w.job_id, "b_now": now, "b_position": w.position, "b_standing": w.state,
                                   "b_reason": w.reason, "b_claim": w.claim.to_json() if w.claim else None}
                                  for w in result.waiting])
+    record_usage(conn, now)
     return result
 
 

@@ -42,10 +42,11 @@ def reserve_for_cli(
     config: ClusterConfig | None = None,
     *,
     lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    team: str | None = None,
 ) -> PlanResult:
     """``plan --reserve``: plan and claim in one ledger transaction; decision None means exit 3."""
     with Ledger.from_url(ledger_url) as ledger:
-        return ledger.reserve(job_id, cluster, request, lease_seconds=lease_seconds, config=config)
+        return ledger.reserve(job_id, cluster, request, lease_seconds=lease_seconds, config=config, team=team)
 
 
 def cmd_release(args: argparse.Namespace) -> int:
@@ -141,13 +142,16 @@ def cmd_queue(args: argparse.Namespace) -> int:
     with Ledger.open_existing(args.ledger) as ledger:
         now = ledger.now()
         entries = ledger.queue()
+        teams = ledger.teams() is not None  # the TEAM column once teams are configured (docs/teams.md)
     if args.json:
         print(json.dumps({"now": now.isoformat(), "entries": [e.to_json(now) for e in entries]}, indent=2))
         return EXIT_OK
-    rows = [(e.position or "-", e.job_id, "admitted" if e.admitted else (e.standing or "waiting"), e.priority,
+    rows = [(e.position or "-", e.job_id, *((e.team or "default",) if teams else ()),
+             "admitted" if e.admitted else (e.standing or "waiting"), e.priority,
              _asks(e.request), _waited(e.waited_s(now)), _claim(e), "" if e.admitted else e.where())
             for e in entries]
-    print(table(["POS", "JOB", "STATE", "PRIO", "ASKS", "WAITED", "CLAIM", "REASON"], rows))
+    print(table(["POS", "JOB", *(("TEAM",) if teams else ()), "STATE", "PRIO", "ASKS", "WAITED", "CLAIM", "REASON"],
+                rows))
     if not entries:
         print("(nobody waits)")
     return EXIT_OK

@@ -29,3 +29,8 @@ class NoLiveReservation(LedgerError):
 
 class ReservationConflict(LedgerError):
     """A live reservation under this job id exists for a different request."""
+
+
+class QuotaRefused(LedgerError):
+    """A direct reservation the team's quota does not allow now (docs/teams.md); not a mistake in
+    the request: the CLI prints the quota's standing and exits 3, as for no capacity."""

@@ -22,6 +22,7 @@ from airflow_hetero_gpu.core.model import GpuKey
 from airflow_hetero_gpu.ledger.schema import collections as coll_t
 from airflow_hetero_gpu.ledger.schema import gpu_events as events_t
 from airflow_hetero_gpu.ledger.schema import host_samples as samples_t
+from airflow_hetero_gpu.ledger.schema import team_samples as team_samples_t
 
 DEFAULT_HISTORY_INTERVAL_S = 300.0
 DEFAULT_HISTORY_RETENTION_S = 7 * 24 * 3600.0
@@ -111,8 +112,10 @@ def store_samples(conn: Connection, now: datetime, samples: Mapping[str, tuple[b
 
 
 def prune(conn: Connection, now: datetime, retention: float) -> None:
-    """Delete samples, events and collection records older than ``retention`` seconds."""
+    """Delete samples (of hosts and of teams), events and collection records older than
+    ``retention`` seconds."""
     cutoff = now - timedelta(seconds=retention)
+    conn.execute(delete(team_samples_t).where(team_samples_t.c.at < cutoff))
     conn.execute(delete(samples_t).where(samples_t.c.collected_at < cutoff))
     conn.execute(delete(events_t).where(events_t.c.at < cutoff))
     conn.execute(delete(coll_t).where(coll_t.c.finished_at < cutoff))

@@ -67,6 +67,7 @@ class QueueRecord:
     claim: dict | None = None
     admitted_at: datetime | None = None
     admission: dict | None = None
+    team: str | None = None
 
     @property
     def admitted(self) -> bool:
@@ -94,7 +95,7 @@ class QueueRecord:
                "identity": self.identity.to_json() if self.identity else None,
                "enqueued_at": iso(self.enqueued_at), "renewed_at": iso(self.renewed_at),
                "expires_at": iso(self.expires_at), "checked_at": iso(self.checked_at),
-               "admitted_at": iso(self.admitted_at)}
+               "admitted_at": iso(self.admitted_at), "team": self.team}
         if now is not None:
             out["waited_s"] = round(self.waited_s(now), 3)
         return out
@@ -122,7 +123,7 @@ class QueueMixin:
     # --- writing -------------------------------------------------------------------------------
     def enqueue(self, job_id: str, request: PlanRequest, *, priority: int = 0,
                 lease_seconds: float = DEFAULT_QUEUE_LEASE_SECONDS,
-                identity: TaskIdentity | Mapping[str, Any] | None = None) -> QueueRecord:
+                identity: TaskIdentity | Mapping[str, Any] | None = None, team: str | None = None) -> QueueRecord:
         """Put ``job_id`` in the queue (or refresh its entry) and run an admission pass.
 
         The answer is the entry after the pass: ``admitted`` when the job may start now (its
@@ -130,7 +131,8 @@ class QueueMixin:
         position and reason. Enqueueing a job id again keeps its place in the queue (a retried
         or resumed task) and takes the new request, priority, identity and lease. A job id that
         already holds a live reservation for the same request is admitted to it at once (a
-        different request is a :class:`ReservationConflict`).
+        different request is a :class:`ReservationConflict`). ``team``: the job's team for the
+        quotas (docs/teams.md; None: the default team).
         """
         job_id = check_job_id(job_id)
         lease = check_lease(lease_seconds)
@@ -139,7 +141,9 @@ class QueueMixin:
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise LedgerError(f"enqueue job {job_id!r}: priority: expected an integer, got {priority!r}")
         ident = TaskIdentity.coerce(identity)
-        values: dict[str, Any] = {"request": request.to_json(), "priority": priority,
+        if team is not None and (not isinstance(team, str) or not team.strip()):
+            raise LedgerError(f"enqueue job {job_id!r}: team: expected a non-empty team name, got {team!r}")
+        values: dict[str, Any] = {"request": request.to_json(), "priority": priority, "team": team,
                                   "lease_seconds": lease.total_seconds(), **(ident.to_json() if ident else {})}
         self._warm_admission()
         with self._write(f"enqueue job {job_id!r}") as (conn, now):
@@ -267,7 +271,7 @@ def _record(row: Any) -> QueueRecord:
         renewed_at=row.renewed_at, expires_at=row.expires_at, lease_seconds=float(row.lease_seconds),
         identity=TaskIdentity(*fields) if any(f is not None for f in fields) else None, state=row.state,
         checked_at=row.checked_at, position=row.position, standing=row.standing, reason=row.reason,
-        claim=row.claim, admitted_at=row.admitted_at, admission=row.admission)
+        claim=row.claim, admitted_at=row.admitted_at, admission=row.admission, team=row.team)
 
 
 __all__ = ["DEFAULT_QUEUE_LEASE_SECONDS", "NoQueueEntry", "QueueMixin", "QueueRecord"]

@@ -86,6 +86,8 @@ class Reservation:
     request: dict | None = None
     mean_distance: float | None = None
     identity: TaskIdentity | None = None
+    team: str | None = None  # with teams (docs/teams.md): its team, and how many of its GPUs
+    borrowed: int | None = None  # were above the team's quota when it was admitted
 
     @property
     def keys(self) -> list[GpuKey]:
@@ -107,6 +109,7 @@ class Reservation:
             "created_at": self.created_at.isoformat(),
             "renewed_at": self.renewed_at.isoformat(),
             "expires_at": self.expires_at.isoformat(),
+            **({"team": self.team, "borrowed": self.borrowed or 0} if self.team is not None else {}),
         }
 
 

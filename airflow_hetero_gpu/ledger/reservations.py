@@ -43,6 +43,7 @@ class ReservationsMixin:
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         identity: TaskIdentity | Mapping[str, Any] | None = None,
         config: ClusterConfig | None = None,
+        team: str | None = None,
     ) -> PlanResult:
         """Plan ``request`` on ``cluster`` against the ledger's live state and claim the decision.
 
@@ -50,7 +51,10 @@ class ReservationsMixin:
         ``decision`` is None (the CLI exits 3). Reserving a job id that already holds a live
         reservation for the same request returns that reservation (its lease renewed, its
         identity updated), so a retried task gets its GPUs back; for a different request it
-        raises :class:`ReservationConflict`.
+        raises :class:`ReservationConflict`. With teams configured (docs/teams.md) the job
+        counts for ``team`` (None: the default team) and a decision its quota does not allow now
+        (beyond quota + borrowing limit, or no idle lendable quota to borrow) raises
+        :class:`QuotaRefused` with the quota's standing; nothing is written.
         """
         job_id = check_job_id(job_id)
         lease = check_lease(lease_seconds)
@@ -75,7 +79,10 @@ class ReservationsMixin:
             result = core_plan(cluster, request, reserved=reserved, evicted=self._evicted_map(conn), config=config)
             if result.decision is None:
                 return result
+            borrowed = _quota_check(conn, now, cluster, reserved, result, team)
             self._insert(conn, now, job_id, result.decision, request, lease, ident)
+            if team is not None or borrowed is not None:
+                conn.execute(update(res_t).where(res_t.c.job_id == job_id).values(team=team, borrowed=borrowed))
             self._hook("reserve", job_id)
         return result
 
@@ -296,6 +303,7 @@ def _reservation(rows: Sequence[Any]) -> Reservation:
         renewed_at=first.renewed_at, expires_at=first.expires_at, gpu_count=first.gpu_count,
         request=first.request, mean_distance=first.mean_distance,
         identity=TaskIdentity(*(getattr(first, f) for f in fields)) if has_identity else None,
+        team=first.team, borrowed=first.borrowed,
     )
 
 
@@ -313,3 +321,34 @@ def existing_result(res: Reservation, cluster: Cluster, request: PlanRequest) ->
     score = Score(terms, float(res.score.get("total", 0.0)))
     distance = res.mean_distance if res.mean_distance is not None else float("nan")
     return PlanResult(request, Decision(res.pool, [gpu(g) for g in res.gpus], score, distance), [])
+
+
+def _quota_check(conn: Connection, now: datetime, cluster: Cluster, reserved: Mapping[GpuKey, str],
+                 result: PlanResult, team: str | None) -> int | None:
+    """How many GPUs of a direct reservation's decision are borrowed (None: no teams configured);
+    :class:`QuotaRefused` when its team's quota does not allow it now."""
+    from airflow_hetero_gpu.core.admission.quota import QuotaBook
+    from airflow_hetero_gpu.ledger.errors import QuotaRefused
+    from airflow_hetero_gpu.ledger.teams import quota_input
+
+    quotas = quota_input(conn, now)
+    if quotas is None:
+        return None
+    card_of = {pool.id: pool.card_type for pool in cluster.pools}
+    fleet: dict[str, int] = {}
+    for pool in cluster.pools:
+        fleet[pool.card_type] = fleet.get(pool.card_type, 0) + len(pool.positions)
+    usage: dict[tuple[str, str], int] = {}
+    for key, job in reserved.items():
+        pos = cluster.position.get(GpuKey(*key))
+        if pos is None or str(job).startswith("claimed for "):
+            continue
+        k = (quotas.team_of.get(job, quotas.default_team), cluster.pools[int(cluster.pool_of[pos])].card_type)
+        usage[k] = usage.get(k, 0) + 1
+    name = team or quotas.default_team
+    book = QuotaBook(quotas.teams, fleet, usage, quotas.history)
+    decision = result.decision
+    check = book.check(name, card_of.get(decision.pool, decision.pool), len(decision.gpus))
+    if not check.allowed:
+        raise QuotaRefused(f"not reserved: the quota does not allow it now: {check.why}")
+    return check.borrow

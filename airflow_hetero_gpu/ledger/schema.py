@@ -28,6 +28,12 @@ Version history
   7. ``inventory_hosts.facts``: the host's ``query.csv`` as the collector parsed it when it stored
      the text (:mod:`airflow_hetero_gpu.capture.facts`), so readers of a large fleet rebuild it
      instead of parsing every text again; NULL (rows stored before) means "parse the text".
+  8. Teams (docs/teams.md): ``teams`` (one row per team: its quota, borrowing and lending limits
+     and weight, as the applied teams file set them), ``team_settings`` (``usage_half_life_s``),
+     ``team_usage`` (per team: GPUs in use and borrowed at the last pass, borrowed GPU-seconds
+     decayed by the half-life: the fair-share history), ``team_samples`` (GPUs in use and
+     borrowed per team over time, for the cluster page's chart), and a ``team`` column on
+     ``queue_entries`` and ``reservations`` (with ``borrowed``: GPUs above the team's quota).
 
 To add a version: append a step to :data:`STEPS` (never edit a released one) and update the
 table definitions below to the result.
@@ -275,6 +281,29 @@ def _v6_tables(m: MetaData) -> tuple[Table, ...]:
 
 
 (queue_entries,) = _v6_tables(metadata)
+# version 8: teams
+queue_entries.append_column(Column("team", String(NAME), nullable=True))
+reservations.append_column(Column("team", String(NAME), nullable=True))
+reservations.append_column(Column("borrowed", Integer, nullable=True))
+
+
+def _v8_tables(m: MetaData) -> tuple[Table, ...]:
+    """The teams' tables. Version 8 creates exactly these."""
+    return (
+        Table("teams", m, Column("name", String(NAME), primary_key=True),
+              Column("spec", JSON, nullable=False),  # TeamQuota.to_json(): quota, limits, weight
+              Column("applied_at", UtcDateTime, nullable=False)),
+        Table("team_settings", m, Column("key", String(100), primary_key=True), Column("value", JSON, nullable=False)),
+        Table("team_usage", m, Column("team", String(NAME), primary_key=True),
+              Column("in_use", Integer, nullable=False), Column("borrowed", Integer, nullable=False),
+              Column("decayed_borrowed_gpu_s", Float, nullable=False), Column("updated_at", UtcDateTime, nullable=False)),
+        Table("team_samples", m, Column("id", Integer, primary_key=True, autoincrement=True),
+              Column("at", UtcDateTime, nullable=False, index=True), Column("team", String(NAME), nullable=False),
+              Column("in_use", Integer, nullable=False), Column("borrowed", Integer, nullable=False)),
+    )
+
+
+teams, team_settings, team_usage, team_samples = _v8_tables(metadata)
 
 
 # --- migration steps ---------------------------------------------------------------------------
@@ -408,6 +437,15 @@ def _v7(conn: Connection) -> None:
     conn.execute(AddColumn("inventory_hosts", Column("facts", JSON, nullable=True)))
 
 
+def _v8(conn: Connection) -> None:
+    conn.execute(AddColumn("queue_entries", Column("team", String(NAME), nullable=True)))
+    conn.execute(AddColumn("reservations", Column("team", String(NAME), nullable=True)))
+    conn.execute(AddColumn("reservations", Column("borrowed", Integer, nullable=True)))
+    m = MetaData()
+    _v8_tables(m)
+    m.create_all(conn)
+
+
 @dataclass(frozen=True)
 class Step:
     version: int
@@ -424,6 +462,7 @@ STEPS: tuple[Step, ...] = (
     Step(5, "MIG instances: reservation GPUs keyed by (host, index, MIG instance)", _v5),
     Step(6, "the queue: waiting jobs with priority, lease, task identity, claim and admission", _v6),
     Step(7, "the inventory's parsed query.csv beside its text, for readers of large fleets", _v7),
+    Step(8, "teams: quotas, fair-share usage history, team of queue entries and reservations", _v8),
 )
 LATEST = STEPS[-1].version
 

@@ -12,7 +12,9 @@ together from one part per concern:
   history, health sensors' records between pokes;
 * :mod:`~airflow_hetero_gpu.ledger.queue` — the queue of waiting jobs, and the admission pass
   (:mod:`~airflow_hetero_gpu.ledger.admission`) that every write freeing or changing GPUs runs
-  before it commits.
+  before it commits;
+* :mod:`~airflow_hetero_gpu.ledger.teams` — the teams' quotas, their fair-share history and
+  standing (docs/teams.md).
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from airflow_hetero_gpu.ledger.fleet import FleetMixin
 from airflow_hetero_gpu.ledger.health import HealthMixin
 from airflow_hetero_gpu.ledger.queue import QueueMixin
 from airflow_hetero_gpu.ledger.reservations import DEFAULT_LEASE_SECONDS, ReservationsMixin
+from airflow_hetero_gpu.ledger.teams import TeamsMixin
 
 
-class Ledger(QueueMixin, FleetMixin, HealthMixin, ReservationsMixin, LedgerBase):
+class Ledger(QueueMixin, TeamsMixin, FleetMixin, HealthMixin, ReservationsMixin, LedgerBase):
     """GPU reservations, leases, evictions and the fleet's inventory in their own SQL database
     (SPEC §8, §9).
 

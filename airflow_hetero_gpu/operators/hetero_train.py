@@ -90,6 +90,8 @@ class HeteroTrainOperator(BaseOperator):
     :param wait_for_capacity: when no pool fits now, wait in the ledger's queue instead of failing.
     :param priority: the job's place in that queue (integer, default 0; higher first, with aging:
         docs/queue.md). Airflow's ``priority_weight`` orders worker slots, not GPUs.
+    :param team: the team whose quota the job counts against (docs/teams.md); default
+        ``[hetero_gpu] default_team``, else ``default``.
     :param capacity_timeout: seconds to wait for capacity.
     :param capacity_poll_interval: seconds between two looks at the job's queue entry.
     :param deferrable: wait for capacity in the triggerer instead of holding a worker slot
@@ -121,7 +123,7 @@ class HeteroTrainOperator(BaseOperator):
 
     template_fields: Sequence[str] = (
         "gpu_count", "gpu_type", "training_task_type", "gpu_memory_mib", "script", "script_args", "command",
-        "env", "workdir", "captures_dir", "checkpoint_dir", "weights", "job_id", "rdzv_host",
+        "env", "workdir", "captures_dir", "checkpoint_dir", "weights", "job_id", "rdzv_host", "team",
     )
     template_fields_renderers = {"env": "json", "script_args": "json", "command": "json", "weights": "json"}
     ui_color = "#d9ead3"
@@ -147,6 +149,7 @@ class HeteroTrainOperator(BaseOperator):
         weights: Mapping[str, float] | None = None,
         wait_for_capacity: bool = False,
         priority: int = 0,
+        team: str | None = None,
         capacity_timeout: float = 3600.0,
         capacity_poll_interval: float = 30.0,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
@@ -182,6 +185,7 @@ class HeteroTrainOperator(BaseOperator):
         self.weights = weights
         self.wait_for_capacity = wait_for_capacity
         self.priority = priority
+        self.team = team
         self.capacity_timeout = capacity_timeout
         self.capacity_poll_interval = capacity_poll_interval
         self.deferrable = deferrable

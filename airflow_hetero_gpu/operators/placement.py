@@ -77,9 +77,10 @@ class Placement:
     # --- the plan and the reservation ----------------------------------------------------------
     def reserve(self) -> PlanResult:
         from airflow_hetero_gpu.cli_output import render_plan
-        from airflow_hetero_gpu.ledger import LedgerError, LedgerUrlError, ReservationConflict
-
+        from airflow_hetero_gpu.core.model import PlanResult
         from airflow_hetero_gpu.core.request_check import never_satisfiable
+        from airflow_hetero_gpu.ledger import LedgerError, LedgerUrlError, ReservationConflict
+        from airflow_hetero_gpu.ledger.errors import QuotaRefused
 
         op = self.op
         cluster = self.fresh_cluster()
@@ -90,7 +91,12 @@ class Placement:
             # the lease surely lasts lease_seconds from here (time taken before the call)
             op._lease_from = time.monotonic()
             result = op.ledger.reserve(self.job_id, cluster, self.request, lease_seconds=op.lease_seconds,
-                                       identity=op._identity(self.context), config=self._config(cluster))
+                                       identity=op._identity(self.context), config=self._config(cluster),
+                                       team=self.team)
+        except QuotaRefused as err:  # no room in the team's quota now: the queue waits, or the task fails
+            self.log.info("job %s: %s", self.job_id, err)
+            self.quota_refused = str(err)
+            return PlanResult(self.request, None, [])
         except (ReservationConflict, LedgerUrlError) as err:  # a mistake: retrying cannot help
             raise self._fail(str(err)) from None
         except LedgerError as err:
@@ -101,6 +107,18 @@ class Placement:
             decision["inventory"] = self.inventory.summary() if self.inventory else None
             self.context["ti"].xcom_push(key="decision", value=decision)
         return result
+
+    @property
+    def team(self) -> str:
+        """The job's team (docs/teams.md): the ``team`` argument, else ``[hetero_gpu]
+        default_team``, else ``default``; a malformed name fails the task."""
+        from airflow_hetero_gpu.core.admission.quota import DEFAULT_TEAM, valid_team_name
+        from airflow_hetero_gpu.settings import setting
+
+        team = self.op.team if self.op.team not in (None, "") else (setting("default_team") or DEFAULT_TEAM)
+        if not valid_team_name(team):
+            raise self._fail(f"team: expected a team name (letters, digits, '_', '.', '@', '-'), got {team!r}")
+        return team
 
     def _config(self, cluster: Cluster):
         if not self.op.weights:
@@ -115,4 +133,6 @@ class Placement:
         """No pool fits now and the task does not wait (``wait_for_capacity=False``): fail with
         every pool's reason. Waiting goes through the ledger's queue
         (:mod:`~airflow_hetero_gpu.operators.queue_wait`)."""
+        if getattr(self, "quota_refused", None):
+            raise AirflowException(f"job {self.job_id}: {self.quota_refused}")
         raise AirflowException(f"no pool can host {self.request.gpus} GPU(s) now: {pool_reasons(result)}")

@@ -79,10 +79,12 @@ class QueueWait:
 
     def enqueue(self) -> QueueRecord:
         op = self.op
+        team = self.placement.team  # a malformed name fails here, before anything is enqueued
         op._waiting_job = self.job_id
         try:
             entry = self._ledger_call(op.ledger.enqueue, self.job_id, self.placement.request, priority=op.priority,
-                                      lease_seconds=op.lease_seconds, identity=op._identity(self.placement.context))
+                                      lease_seconds=op.lease_seconds, identity=op._identity(self.placement.context),
+                                      team=team)
         except BaseException:
             op._waiting_job = None
             raise

@@ -176,6 +176,8 @@ class PageInputs:
     sources: Mapping[str, Any] = field(default_factory=dict)
     visible_dag_ids: set[str] | None = None  # the DAGs the viewer may read (None: all)
     now: datetime | None = None
+    teams: Mapping[str, Any] | None = None  # Ledger.team_standing() (None: no team configured)
+    team_samples: Sequence[Mapping[str, Any]] = ()  # Ledger.team_samples() of the chart's window
 
 
 @dataclass
@@ -231,6 +233,8 @@ class PageModel:
     cluster: "Cluster | None" = None
     samples: Sequence[Any] = ()
     events: Sequence[Any] = ()
+    teams: Mapping[str, Any] | None = None  # per team and pattern: quota, in use, borrowed, lent, waiting
+    team_samples: Sequence[Mapping[str, Any]] = ()
     _statuses: dict[tuple[str, int], GpuStatus] | None = field(default=None, repr=False)
 
     @property
@@ -278,6 +282,7 @@ class PageModel:
             "evictions": self.evictions,
             "queue": self.queue,
             "job_labels": self.labels,
+            **({"teams": dict(self.teams)} if self.teams is not None else {}),
         }
 
 
@@ -307,6 +312,8 @@ def build(
     sources: Mapping[str, Any] | None = None,
     visible_dag_ids: set[str] | None = None,
     now: datetime | None = None,
+    teams: Mapping[str, Any] | None = None,
+    team_samples: Sequence[Mapping[str, Any]] = (),
 ) -> PageModel:
     """The page's model from the inventory (``cluster``, None when there is none yet) and the ledger.
 
@@ -327,7 +334,7 @@ def build(
         generated_at=now, sources=dict(sources or {}), thresholds=None, pools=[], gpus=[], hosts=[],
         switches=[], reservations=res_facts, evictions=[e.to_json() for e in evictions],
         queue=None if queue is None else [q.to_json(now) for q in sorted(queue, key=lambda q: q.position)],
-        labels=labels, cluster=cluster, samples=samples, events=events,
+        labels=labels, cluster=cluster, samples=samples, events=events, teams=teams, team_samples=team_samples,
     )
     if cluster is None:
         return model

@@ -25,6 +25,7 @@ from markupsafe import Markup
 from airflow_hetero_gpu.plugins import charts, labels, overview, tables, topology_svg
 from airflow_hetero_gpu.plugins.model import FILTER_STATES, TILE_TEXT, PageModel
 from airflow_hetero_gpu.plugins.security import asset
+from airflow_hetero_gpu.plugins.team_chart import team_chart
 
 #: Up to this many hosts the cluster page draws every host's wiring under the overview.
 WIRING_INLINE_HOSTS = 12
@@ -92,6 +93,7 @@ def render_page(model: PageModel, q: tables.Query | None = None, *, base: str = 
         wiring_legend=Markup(topology_svg.legend_svg()) if wiring else "",
         gpus=tables.gpu_table(model, q), reservations=tables.reservation_table(model, q),
         extra_evictions=extra,
+        team_chart=team_chart(model.team_samples, model.generated_at) if model.teams is not None else None,
     )
     return environment().get_template("cluster.html").render(ctx)
 

@@ -290,6 +290,28 @@ def read_queue(ledger: Any) -> tuple[list | None, dict]:
     return out, {"status": "ok", "message": None}
 
 
+def read_teams(ledger: Any, since: datetime) -> tuple[dict | None, list, dict]:
+    """The teams' standing (None: no ledger, or no team configured) and the samples since ``since``
+    (with the last one before it, so a line starts at the window's edge), and the source."""
+    if ledger is None:
+        return None, [], {"status": "ok", "message": None}
+    try:
+        standing = ledger.team_standing()
+        samples = ledger.team_samples() if standing["rows"] else []
+    except Exception as err:  # noqa: BLE001 - shown on the page, never raised
+        return None, [], {"status": "error", "message": f"teams: {err}"}
+    if not standing["rows"]:
+        return None, [], {"status": "ok", "message": None}
+    last_before: dict[str, dict] = {}
+    recent = []
+    for s in samples:
+        if datetime.fromisoformat(s["at"]) < since:
+            last_before[s["team"]] = s
+        else:
+            recent.append(s)
+    return standing, [*last_before.values(), *recent], {"status": "ok", "message": None}
+
+
 def visible_dags(reservations: list, user: Any) -> set[str] | None:
     """The DAG ids among ``reservations`` that ``user`` may read (fails closed: none)."""
     dag_ids = {r.identity.dag_id for r in reservations if r.identity is not None and r.identity.dag_id}
@@ -326,6 +348,7 @@ def read_inputs(user: Any, settings: PageSettings | None = None, *, history_hour
             ledger, now - timedelta(hours=history_hours), now, history_hosts,
             lead=timedelta(seconds=2 * settings.history_interval))
     queue, sources["queue"] = read_queue(ledger)
+    teams, team_samples, sources["teams"] = read_teams(ledger, now - timedelta(hours=24))
     return PageInputs(cluster=cluster, reservations=reservations, evictions=evictions, queue=queue,
-                      samples=samples, events=events, sources=sources,
+                      samples=samples, events=events, sources=sources, teams=teams, team_samples=team_samples,
                       visible_dag_ids=visible_dags(reservations, user), now=now)

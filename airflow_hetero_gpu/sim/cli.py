@@ -21,6 +21,7 @@ from airflow_hetero_gpu.cli_types import non_negative_float, non_negative_int, p
 from airflow_hetero_gpu.core.admission.order import DEFAULT_AGING_INTERVAL_S
 from airflow_hetero_gpu.errors import HeteroGpuError
 from airflow_hetero_gpu.sim.disciplines import QUEUES
+from airflow_hetero_gpu.sim.experiment import JOBS_OUT_COLUMNS
 
 DEFAULT_POLICIES = "seed,random,first-fit,best-fit,topology-only,fgd"
 DEFAULT_LOAD = 1.25
@@ -93,7 +94,37 @@ def register(subparsers) -> None:
     p.add_argument("--workers", type=positive_int, metavar="N", help="worker processes (default: CPU count)")
     p.add_argument("--out", metavar="DIR", help="write report.json and PNG plots into DIR")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of tables")
+    p.add_argument("--teams", metavar="FILE",
+                   help="team quotas (the file `hetero-gpu teams apply` takes; docs/teams.md); admission queue only")
+    p.add_argument("--jobs-out", metavar="FILE",
+                   help="write one CSV line per job of the first policy: " + ",".join(JOBS_OUT_COLUMNS))
     p.set_defaults(func=cmd_simulate)
+
+
+def _read_teams(path: str, cluster):
+    """The teams file, checked against the simulated fleet's card types (one-line errors)."""
+    from airflow_hetero_gpu.core.admission.quota import teams_from_text
+
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise HeteroGpuError(f"--teams {path}: cannot read: {err.strerror or err}") from None
+    teams = teams_from_text(text, path)
+    teams.check_fleet([g.name for g in cluster.gpus], path)
+    return teams
+
+
+def _write_jobs(path: str, rows) -> None:
+    import csv
+
+    try:
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(JOBS_OUT_COLUMNS)
+            for job_id, team, prio, gpus, arrival, start, end, pre, lost in rows:
+                w.writerow([job_id, team, prio, gpus, f"{arrival:.3f}", f"{start:.3f}", f"{end:.3f}", pre, f"{lost:g}"])
+    except OSError as err:
+        raise HeteroGpuError(f"--jobs-out {path}: cannot write: {err.strerror or err}") from None
 
 
 def cmd_simulate(args) -> int:
@@ -120,6 +151,8 @@ def cmd_simulate(args) -> int:
         raise HeteroGpuError(f"--backfill {args.backfill}: only with --queue fifo (the admission and greedy "
                              f"queues try every waiting job), got --queue {args.queue}")
     aging = args.aging or None
+    if args.teams and args.queue != "admission":
+        raise HeteroGpuError(f"--teams {args.teams}: only the admission queue applies quotas, got --queue {args.queue}")
 
     trace = load_trace(args.trace, fractional=args.fractional, seed=args.seed, directory=args.alibaba_dir)
     nodes_path = resolve_nodes(args.nodes, args.trace, args.alibaba_dir)
@@ -127,6 +160,7 @@ def cmd_simulate(args) -> int:
     fleet = build_fleet(nodes, hosts_per_leaf=args.hosts_per_leaf, leaves_per_spine=args.leaves_per_spine,
                         source=str(nodes_path))
     total = fleet.total_gpus
+    teams = _read_teams(args.teams, fleet.cluster) if args.teams else None
     scale = args.time_scale if args.time_scale else time_scale_for_load(trace.jobs, total, args.load)
     trace = compress(trace, scale).limited(args.limit)
     last_arrival = trace.jobs[-1].arrival if trace.jobs else 0.0
@@ -137,7 +171,7 @@ def cmd_simulate(args) -> int:
                   leaves_per_spine=args.leaves_per_spine, queue=args.queue, aging_interval_s=aging,
                   backfill=args.backfill, comm_cost=args.comm_cost,
                   span=args.span, seed=args.seed, series_since=since,
-                  series_until=2.0 * last_arrival if last_arrival > 0 else None)
+                  series_until=2.0 * last_arrival if last_arrival > 0 else None, teams=teams)
     specs = [RunSpec(p, args.weights if p.startswith("seed") else None) for p in policies]
     sweep_runs, sweep_index, points = [], [], []
     if grid is not None:
@@ -165,7 +199,8 @@ def cmd_simulate(args) -> int:
     settings = {"policies": policies, "seed_weights": args.weights, "queue": args.queue,
                 "aging_interval_s": aging if args.queue == "admission" else None, "backfill": args.backfill,
                 "comm_cost": args.comm_cost, "span": args.span, "fractional": args.fractional,
-                "limit": args.limit, "seed": args.seed, "load": None if args.time_scale else args.load}
+                "limit": args.limit, "seed": args.seed, "load": None if args.time_scale else args.load,
+                **({"teams": teams.to_json()} if teams else {})}
     argv = sys.argv[1:] if sys.argv and Path(sys.argv[0]).name.startswith("hetero-gpu") else None
     command = "hetero-gpu " + (shlex.join(argv) if argv else f"simulate --trace {args.trace}")
     report = build_report(command=command, trace=trace_info, cluster=fleet.describe(), settings=settings,
@@ -183,6 +218,8 @@ def cmd_simulate(args) -> int:
             (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
         except OSError as err:
             raise HeteroGpuError(f"--out {args.out}: cannot write: {err}") from None
+    if args.jobs_out:
+        _write_jobs(args.jobs_out, runs[0].jobs)
     if args.json:
         print(json.dumps(report, indent=1))
     else:

@@ -17,7 +17,8 @@ from typing import Mapping, Protocol, Sequence
 
 import numpy as np
 
-from airflow_hetero_gpu.core.admission import Admission, Placement, QueueEntry, rank_key
+from airflow_hetero_gpu.core.admission import Admission, Placement, QueueEntry, QuotaInput, Teams, rank_key
+from airflow_hetero_gpu.core.admission.quota import DEFAULT_TEAM, decay
 from airflow_hetero_gpu.core.cluster import Cluster
 from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
 from airflow_hetero_gpu.sim.state import ClusterView
@@ -29,6 +30,7 @@ QUEUES = ("admission", "fifo", "greedy")
 class Replay(Protocol):
     """What a discipline needs of the simulator's run (``engine.Run``)."""
 
+    records: dict
     cluster: Cluster
     jobs: Sequence[Job]
     view: ClusterView
@@ -95,11 +97,21 @@ class PolicyPlacer:
 
 
 class AdmissionQueue:
-    """The product's queue: one admission pass per event instant, claims kept between passes."""
+    """The product's queue: one admission pass per event instant, claims kept between passes.
 
-    def __init__(self, run: Replay, aging_interval_s: float | None) -> None:
+    With ``teams`` (docs/teams.md) the pass applies their quotas; the queue keeps what the ledger
+    keeps: the team of every running job, how many of its GPUs are borrowed, and each team's
+    borrowed GPU-seconds decayed by the half-life (the fair-share history).
+    """
+
+    def __init__(self, run: Replay, aging_interval_s: float | None, teams: Teams | None = None) -> None:
         self.run = run
         self.aging = aging_interval_s
+        self.teams = teams if teams else None
+        self.team_of: dict[str, str] = {}  # running job -> team
+        self.borrowed: dict[str, tuple[str, int]] = {}  # running job -> (team, GPUs borrowed)
+        self.history: dict[str, float] = {}  # team -> decayed borrowed GPU-seconds
+        self.last = 0.0
         self.admission = Admission(run.cluster, placer=PolicyPlacer(run), aging_interval_s=aging_interval_s)
         self.entries: list[QueueEntry] = []  # in queue order
         self.keys: list[tuple] = []  # their rank keys, for bisect
@@ -120,7 +132,8 @@ class AdmissionQueue:
 
     def add(self, i: int) -> None:
         job = self.run.jobs[i]
-        entry = QueueEntry(job.id, self._request(job), job.priority, job.arrival)
+        entry = QueueEntry(job.id, self._request(job), job.priority, job.arrival, (),
+                           (job.team or DEFAULT_TEAM) if self.teams else None)
         key = rank_key(entry, self.aging)
         at = bisect.bisect(self.keys, key)
         self.keys.insert(at, key)
@@ -130,13 +143,32 @@ class AdmissionQueue:
     def _at(self, entry: QueueEntry) -> int:
         return bisect.bisect_left(self.keys, rank_key(entry, self.aging))
 
+    def _age(self, now: float) -> None:
+        """Bring the decayed borrowed GPU-seconds up to ``now`` (b GPUs borrowed over dt add
+        b * h / ln 2 * (1 - 2^(-dt/h)), the integral of the decayed usage)."""
+        dt = now - self.last
+        if dt <= 0 or self.teams is None:
+            return
+        h = self.teams.usage_half_life_s
+        for team in list(self.history):
+            self.history[team] = decay(self.history[team], dt, h)
+        gain = h / math.log(2) * (1 - 0.5 ** (dt / h))
+        for job, (team, n) in self.borrowed.items():
+            if job in self.run.view.holding:
+                self.history[team] = self.history.get(team, 0.0) + n * gain
+        self.borrowed = {j: v for j, v in self.borrowed.items() if j in self.run.view.holding}
+        self.team_of = {j: t for j, t in self.team_of.items() if j in self.run.view.holding}
+        self.last = now
+
     def serve(self, now: float) -> None:
+        self._age(now)
         if not self.entries:
             return
         run = self.run
         view = run.view
+        quotas = QuotaInput(self.teams, self.team_of, self.history) if self.teams else None
         result = self.admission.run(self.entries, now=now, reserved=view.reserved, reserved_mask=~view.free,
-                                    explain=False, in_order=True)
+                                    explain=False, in_order=True, quotas=quotas)
         claims = result.claims
         if not (result.admitted or self.claimed or claims):
             return
@@ -144,6 +176,11 @@ class AdmissionQueue:
         for a in result.admitted:
             i = run.index[a.job_id]
             run.start(i, a.gpus, now, run.one_host_seen.pop(i, False))
+            if a.team is not None:
+                self.team_of[a.job_id] = a.team
+                if a.borrowed:
+                    self.borrowed[a.job_id] = (a.team, a.borrowed)
+                    run.records[i].borrowed = a.borrowed
             at = self._at(by_id.pop(a.job_id))
             del self.entries[at], self.keys[at]
         for job_id in self.claimed | set(claims):
@@ -156,9 +193,12 @@ class AdmissionQueue:
         self.claimed = set(claims)
 
 
-def make_queue(name: str, run: Replay, *, backfill: int = 0, aging_interval_s: float | None = None):
+def make_queue(name: str, run: Replay, *, backfill: int = 0, aging_interval_s: float | None = None,
+               teams: Teams | None = None):
+    if teams and name != "admission":
+        raise ValueError(f"teams: only the admission queue applies quotas, got queue {name!r}")
     if name == "admission":
-        return AdmissionQueue(run, aging_interval_s)
+        return AdmissionQueue(run, aging_interval_s, teams)
     if name == "fifo":
         return FifoQueue(run, backfill)
     if name == "greedy":

@@ -59,6 +59,9 @@ class JobRecord:
     attempts: int
     duration: float = 0.0  # the trace's run time (end - start is it times the slowdown)
     card_type: str = ""
+    team: str = ""
+    priority: int = 0
+    borrowed: int = 0  # GPUs above its team's quota when it started (with teams; docs/teams.md)
 
     @property
     def wait(self) -> float:
@@ -172,7 +175,7 @@ class Run:
         self.records[i] = JobRecord(
             job.id, job.gpus, job.arrival, now, end, tuple(keys), len({k.host for k in keys}),
             distance, one_host or job.gpus == 1, self.spent[i], self.attempts[i], job.duration,
-            self.cluster.gpu(keys[0]).name,
+            self.cluster.gpu(keys[0]).name, job.team, job.priority,
         )
 
     def try_start(self, i: int, now: float) -> bool:
@@ -190,10 +193,11 @@ class Run:
 
 def simulate(cluster: Cluster, jobs: Sequence[Job], policy: Policy, *, queue: str = "admission",
              backfill: int = 0, aging_interval_s: float | None = DEFAULT_AGING_INTERVAL_S,
-             comm_cost: float = 0.0, span: str = "as-needed", check: bool = True) -> SimResult:
+             comm_cost: float = 0.0, span: str = "as-needed", check: bool = True, teams=None) -> SimResult:
     """Replay ``jobs`` on ``cluster`` with ``policy``; deterministic for a deterministic policy.
 
-    ``backfill`` applies to ``queue="fifo"`` only; ``aging_interval_s`` to ``"admission"`` only.
+    ``backfill`` applies to ``queue="fifo"`` only; ``aging_interval_s`` and ``teams`` (the quotas
+    of :mod:`~airflow_hetero_gpu.core.admission.quota`, docs/teams.md) to ``"admission"`` only.
     """
     if queue not in QUEUES:
         raise ValueError(f"queue: expected one of {', '.join(QUEUES)}, got {queue!r}")
@@ -212,7 +216,7 @@ def simulate(cluster: Cluster, jobs: Sequence[Job], policy: Policy, *, queue: st
             rejected.append((job.id, f"asks for {job.gpus} GPUs of {types}; the largest allowed card type has {cap}"))
             continue
         heapq.heappush(run.heap, (job.arrival, _ARRIVAL, i, i))
-    waiting = make_queue(queue, run, backfill=backfill, aging_interval_s=aging_interval_s)
+    waiting = make_queue(queue, run, backfill=backfill, aging_interval_s=aging_interval_s, teams=teams)
     times: list[float] = []
     allocated: list[int] = []
     queued: list[int] = []
@@ -236,5 +240,5 @@ def simulate(cluster: Cluster, jobs: Sequence[Job], policy: Policy, *, queue: st
         policy=policy.name, total_gpus=view.total_gpus, records=ordered, rejected=rejected,
         times=np.array(times), allocated=np.array(allocated), queued=np.array(queued),
         decision_s=np.array(run.calls), wall_s=time.perf_counter() - started, backfill=backfill,
-        comm_cost=comm_cost, queue=queue,
+        comm_cost=comm_cost, queue=queue, extra={"teams": bool(teams)} if teams else {},
     )

@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from airflow_hetero_gpu.core.admission.order import DEFAULT_AGING_INTERVAL_S
+from airflow_hetero_gpu.core.admission.quota import DEFAULT_TEAM
 from airflow_hetero_gpu.errors import HeteroGpuError
 from airflow_hetero_gpu.sim.engine import simulate
 from airflow_hetero_gpu.sim.fleet import Node, SimCluster, build_fleet
@@ -24,6 +25,8 @@ from airflow_hetero_gpu.sim.metrics import allocation_series, summarize
 from airflow_hetero_gpu.sim.policies import make_policy
 from airflow_hetero_gpu.sim.trace import Job
 
+JOBS_OUT_COLUMNS = ("job_id", "team", "priority", "gpus", "arrival_s", "start_s", "end_s", "preemptions",
+                    "lost_gpu_s")
 WEIGHT_NAMES = ("load_balance", "fragmentation", "topology", "free_blocks")
 WEIGHT_ALIASES = {"w1": "load_balance", "w2": "fragmentation", "w3": "topology", "w4": "free_blocks"}
 DEFAULT_GRID = {
@@ -50,6 +53,7 @@ class Setup:
     seed: int = 0
     series_since: float | None = None  # plot window (None: the whole run)
     series_until: float | None = None
+    teams: Any = None  # core.admission.Teams: the quotas the admission queue applies (docs/teams.md)
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ class RunOutcome:
     waits: list[float] = field(default_factory=list)
     distances: list[float] = field(default_factory=list)  # d(S) of multi-GPU jobs
     rejected: list[tuple[str, str]] = field(default_factory=list)
+    jobs: list[tuple] = field(default_factory=list)  # JOBS_OUT_COLUMNS per job that ran
 
 
 _FLEET: dict[int, SimCluster] = {}
@@ -90,7 +95,8 @@ def run_one(setup: Setup, spec: RunSpec) -> RunOutcome:
     fleet = _fleet(setup)
     policy = make_policy(spec.policy, seed=setup.seed, weights=spec.weights)
     result = simulate(fleet.cluster, setup.jobs, policy, queue=setup.queue, backfill=setup.backfill,
-                      aging_interval_s=setup.aging_interval_s, comm_cost=setup.comm_cost, span=setup.span)
+                      aging_interval_s=setup.aging_interval_s, comm_cost=setup.comm_cost, span=setup.span,
+                      teams=setup.teams)
     result.policy = spec.name
     return RunOutcome(
         spec=spec,
@@ -99,6 +105,8 @@ def run_one(setup: Setup, spec: RunSpec) -> RunOutcome:
         waits=[r.wait for r in result.records],
         distances=[r.distance for r in result.records if r.gpus > 1],
         rejected=result.rejected,
+        jobs=[(r.id, r.team or DEFAULT_TEAM, r.priority, r.gpus, r.arrival, r.start, r.end, 0, 0.0)
+              for r in result.records],
     )
 
 

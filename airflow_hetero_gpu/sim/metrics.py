@@ -23,6 +23,9 @@
 ``decision_ms_mean``, ``decision_ms_p95``  wall time of one ``policy.place`` call
 ``distance_by_gpus``           mean d(S) per job size (GPUs)
 ``jobs_by_card_type``          share of jobs, and of 1-GPU jobs, placed on each card type
+``by_team``                    (with teams: ``--teams`` or a ``team`` column) per team: jobs,
+                               GPU-seconds held in the busy window (``allocation_mean``'s),
+                               share of the GPU-seconds used there, wait mean / p95 / max
 =============================  =================================================================
 """
 
@@ -97,7 +100,30 @@ def summarize(result: SimResult) -> dict[str, Any]:
                              for k in sorted({r.gpus for r in multi})},
         "jobs_by_card_type": _by_card_type(recs),
         "wait_by_gpus": _wait_by_gpus(recs),
+        **({"by_team": by_team(recs, busy_from, last_arrival)}
+           if result.extra.get("teams") or any(r.team for r in recs) else {}),
     }
+
+
+def by_team(recs, since: float, until: float) -> dict[str, dict[str, float]]:
+    """Per team: jobs, GPU-seconds held between ``since`` and ``until``, their share of all the
+    GPU-seconds used there, and the wait mean / p95 / max (every job of the team)."""
+    from airflow_hetero_gpu.core.admission.quota import DEFAULT_TEAM
+
+    held: dict[str, float] = {}
+    waits: dict[str, list[float]] = {}
+    for r in recs:
+        team = r.team or DEFAULT_TEAM
+        held[team] = held.get(team, 0.0) + r.gpus * max(0.0, min(r.end, until) - max(r.start, since))
+        waits.setdefault(team, []).append(r.wait)
+    total = sum(held.values())
+    out = {}
+    for team in sorted(waits):
+        w = np.array(waits[team])
+        out[team] = {"jobs": int(len(w)), "gpu_s": round(held[team], 3),
+                     "share": held[team] / total if total > 0 else 0.0, "wait_mean_s": float(w.mean()),
+                     "wait_p95_s": float(np.quantile(w, 0.95)), "wait_max_s": float(w.max())}
+    return out
 
 
 def _wait_by_gpus(recs) -> dict[str, dict[str, float]]:

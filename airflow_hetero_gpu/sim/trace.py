@@ -11,8 +11,8 @@ Two inputs are read:
   also appear in the default list (same name) take its times; the others, and pods that were
   never scheduled, get times drawn (seeded) from the timed pods, see :func:`fill_missing_times`.
 * **A plain CSV** (:func:`read_jobs_csv`) with the columns ``job_id, arrival_s, duration_s, gpus``
-  and the optional ``gpu_type`` (``|``-separated allowed card types, empty: any) and ``priority``
-  (an integer, empty: 0; the admission queue's priority).
+  and the optional ``gpu_type`` (``|``-separated allowed card types, empty: any), ``priority``
+  (an integer, empty: 0; the admission queue's priority) and ``team`` (empty: the default team).
 
 Every reading error is a :class:`~airflow_hetero_gpu.errors.HeteroGpuError` naming the file,
 line, column and value.
@@ -46,6 +46,7 @@ class Job:
     gpu_milli: int = 1000  # the source's per-GPU share (fractional pods were rounded up)
     timed: bool = True  # False when arrival/duration were drawn, not read
     priority: int = 0  # the admission queue's priority (higher first; docs/queue.md)
+    team: str = ""  # its team (docs/teams.md); empty: the default team
 
 
 @dataclass
@@ -85,7 +86,7 @@ def _types(text: str) -> tuple[str, ...]:
 
 # --- the user CSV ---------------------------------------------------------------------------
 def read_jobs_csv(path: str | Path) -> Trace:
-    """Read ``job_id, arrival_s, duration_s, gpus[, gpu_type][, priority]`` (one job a line)."""
+    """Read ``job_id, arrival_s, duration_s, gpus[, gpu_type][, priority][, team]`` (one job a line)."""
     path = Path(path)
     _, rows = open_csv(path, USER_COLUMNS)
     jobs: list[Job] = []
@@ -104,6 +105,7 @@ def read_jobs_csv(path: str | Path) -> Trace:
             gpus=number(path, n, "gpus", row["gpus"], integer=True, minimum=1),
             gpu_types=_types(row.get("gpu_type", "")),
             priority=number(path, n, "priority", row.get("priority", ""), integer=True, allow_empty=True) or 0,
+            team=(row.get("team") or "").strip(),
         ))
     if not jobs:
         raise HeteroGpuError(f"{path}: no jobs (only a header)")

@@ -43,6 +43,7 @@ def _train(task_id: str, **overrides) -> HeteroTrainOperator:
         job_id=cfg.get("job_id"),
         inventory_max_age=cfg.get("inventory_max_age"),
         rdzv_host=cfg.get("rdzv_host"),
+        **({"team": cfg["team"]} if "team" in cfg else {}),
         retries=0,
     )
     args.update(overrides)

@@ -16,9 +16,15 @@ from airflow_hetero_gpu.core.admission.order import (
     DEFAULT_AGING_INTERVAL_S, effective_priority, ordered, passing_window_s, rank_key,
 )
 from airflow_hetero_gpu.core.admission.placer import Placement, Placer, PlannerPlacer
+from airflow_hetero_gpu.core.admission.quota import BucketStanding, QuotaBook
+from airflow_hetero_gpu.core.admission.teams import (
+    DEFAULT_TEAM, DEFAULT_USAGE_HALF_LIFE_S, TeamQuota, Teams, TeamsError, teams_from_mapping, teams_from_text,
+)
+from airflow_hetero_gpu.core.admission.teampass import QuotaInput
 
 __all__ = [
     "Admission", "admit", "STATES", "AdmissionResult", "Admitted", "Claim", "QueueEntry", "Waiting",
     "describe_gpus", "DEFAULT_AGING_INTERVAL_S", "effective_priority", "ordered", "passing_window_s",
-    "rank_key", "Placement", "Placer", "PlannerPlacer",
+    "rank_key", "Placement", "Placer", "PlannerPlacer", "DEFAULT_TEAM", "DEFAULT_USAGE_HALF_LIFE_S",
+    "BucketStanding", "QuotaBook", "QuotaInput", "TeamQuota", "Teams", "TeamsError", "teams_from_mapping", "teams_from_text",
 ]

@@ -62,6 +62,7 @@ class QueueEntry:
     priority: int = 0
     enqueued_at: float = 0.0
     claim: tuple[GpuKey, ...] = ()
+    team: str | None = None  # None: the default team (matters only when teams are configured)
 
     def __post_init__(self) -> None:
         if not isinstance(self.job_id, str) or not self.job_id.strip():
@@ -73,17 +74,23 @@ class QueueEntry:
         if (isinstance(self.enqueued_at, bool) or not isinstance(self.enqueued_at, (int, float))
                 or not math.isfinite(self.enqueued_at)):
             raise RequestError(f"queue entry {self.job_id}: enqueued_at: expected seconds, got {self.enqueued_at!r}")
+        if self.team is not None and (not isinstance(self.team, str) or not self.team.strip()):
+            raise RequestError(f"queue entry {self.job_id}: team: expected a non-empty string, got {self.team!r}")
         object.__setattr__(self, "claim", tuple(GpuKey(*k) for k in self.claim))
 
     def to_json(self) -> dict:
-        return {"job_id": self.job_id, "request": self.request.to_json(), "priority": self.priority,
-                "enqueued_at": self.enqueued_at, "claim": [list(k) for k in self.claim]}
+        out = {"job_id": self.job_id, "request": self.request.to_json(), "priority": self.priority,
+               "enqueued_at": self.enqueued_at, "claim": [list(k) for k in self.claim]}
+        if self.team is not None:
+            out["team"] = self.team
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "QueueEntry":
         req = dict(data["request"])
         return cls(str(data["job_id"]), PlanRequest(**req), int(data.get("priority", 0)),
-                   float(data.get("enqueued_at", 0.0)), tuple(GpuKey(h, int(i)) for h, i in data.get("claim") or ()))
+                   float(data.get("enqueued_at", 0.0)), tuple(GpuKey(h, int(i)) for h, i in data.get("claim") or ()),
+                   data.get("team"))
 
 
 @dataclass(frozen=True)
@@ -137,18 +144,28 @@ class Claim:
 
 @dataclass(frozen=True)
 class Admitted:
-    """A job that starts now on ``gpus``; ``decision`` is plan()'s (None for another placer)."""
+    """A job that starts now on ``gpus``; ``decision`` is plan()'s (None for another placer).
+
+    With teams configured (docs/teams.md), ``team`` is its team and ``borrowed`` how many of its
+    GPUs are above its team's quota, on other teams' idle quota (0: all within quota); a reclaim
+    of borrowed quota starts from these.
+    """
 
     job_id: str
     position: int  # its place in the queue at this pass, 1 = first
     gpus: tuple[GpuKey, ...]
     pool: str
     decision: Decision | None = None
+    team: str | None = None
+    borrowed: int = 0
 
     def to_json(self) -> dict:
-        return {"job_id": self.job_id, "position": self.position, "pool": self.pool,
-                "gpus": [list(k) for k in self.gpus],
-                "decision": self.decision.to_json() if self.decision else None}
+        out = {"job_id": self.job_id, "position": self.position, "pool": self.pool,
+               "gpus": [list(k) for k in self.gpus],
+               "decision": self.decision.to_json() if self.decision else None}
+        if self.team is not None:
+            out.update(team=self.team, borrowed=self.borrowed)
+        return out
 
 
 @dataclass(frozen=True)
@@ -187,6 +204,7 @@ class AdmissionResult:
     admitted: list[Admitted]
     waiting: list[Waiting]
     entries: Sequence[QueueEntry] = field(default=(), repr=False)  # the queue, in order
+    teams: list | None = None  # with teams configured: quota.BucketStanding per team and pattern
 
     @property
     def order(self) -> tuple[str, ...]:
@@ -203,5 +221,8 @@ class AdmissionResult:
         return None
 
     def to_json(self) -> dict:
-        return {"now": self.now, "order": list(self.order), "admitted": [a.to_json() for a in self.admitted],
-                "waiting": [w.to_json() for w in self.waiting]}
+        out = {"now": self.now, "order": list(self.order), "admitted": [a.to_json() for a in self.admitted],
+               "waiting": [w.to_json() for w in self.waiting]}
+        if self.teams is not None:
+            out["teams"] = [row.to_json() for row in self.teams]
+        return out

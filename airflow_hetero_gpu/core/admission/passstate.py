@@ -115,7 +115,9 @@ class PassState:
         return np.where(inside, self.host_cap, 0), np.where(inside, self.host_held, 0)
 
     # --- starting now -----------------------------------------------------------------------------
-    def try_start(self, entry: QueueEntry, shape: Shape) -> Placement | None:
+    def try_start(self, entry: QueueEntry, shape: Shape, outside: np.ndarray | None = None) -> Placement | None:
+        """Start ``entry`` now on GPUs neither held nor claimed (nor in ``outside``, a mask of
+        GPUs it may not use: pools its team's quota rules out), or None."""
         req = entry.request
         if shape.start_failed:
             return None
@@ -125,7 +127,8 @@ class PassState:
             gpus = f"{req.gpus} free GPU{'s' if req.gpus > 1 else ''}"
             shape.why_not = f"needs {gpus} in one pool, has at most {most} outside reservations and claims"
             return None
-        placement = self.adm.placer(entry, self.blocked, self.holders)
+        placement = self.adm.placer(entry, self.blocked if outside is None else self.blocked | outside,
+                                    self.holders)
         if placement.placed:
             if len({k[0] for k in placement.gpus}) > 1 and len({k.host for k in entry.claim}) == 1:
                 # a head whose claim is on one host waits for one host (its claim, or any other

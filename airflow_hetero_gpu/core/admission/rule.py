@@ -34,6 +34,7 @@ from airflow_hetero_gpu.core.admission.order import (
 )
 from airflow_hetero_gpu.core.admission.passstate import PassState, Shape
 from airflow_hetero_gpu.core.admission.placer import Placer, PlannerPlacer
+from airflow_hetero_gpu.core.admission.teampass import QuotaInput, TeamWalk, quota_reason
 from airflow_hetero_gpu.core.cluster import Cluster
 from airflow_hetero_gpu.core.config import ClusterConfig
 from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
@@ -92,19 +93,23 @@ class Admission:
         return hit
 
     def run(self, queue: Sequence[QueueEntry], *, now: float, reserved: Mapping[GpuKey, str] | None = None,
-            reserved_mask: np.ndarray | None = None, explain: bool = True, in_order: bool = False) -> AdmissionResult:
+            reserved_mask: np.ndarray | None = None, explain: bool = True, in_order: bool = False,
+            quotas: QuotaInput | None = None) -> AdmissionResult:
         """Decide who starts now and what is claimed for the heads.
 
         ``reserved`` maps GPUs held by live reservations to their job id; ``reserved_mask``
         (optional) is the same as a boolean mask over ``cluster.gpus`` (then ``reserved`` only
         names holders). ``explain=False`` skips the reasons and lists only heads and impossible
         entries in ``waiting`` (the simulator). ``in_order=True``: the caller passes the queue
-        already in queue order (the simulator keeps it sorted; nothing checks it).
+        already in queue order (the simulator keeps it sorted; nothing checks it). ``quotas``:
+        the teams' quotas (docs/teams.md); None or no team configured: the pass without quotas.
         """
         if isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now):
             raise RequestError(f"now: expected seconds, got {now!r}")
         entries = list(queue) if in_order else ordered(queue, self.aging)
         p = PassState(self, reserved, reserved_mask)
+        if quotas is not None and quotas.teams:
+            return self._run_teams(now, entries, p, reserved, quotas, explain)
         shapes: dict[int, Shape] = {}  # id(request) -> what this pass learnt about it
         by_value: dict[PlanRequest, Shape] = {}
         admitted: list[Admitted] = []
@@ -158,13 +163,34 @@ class Admission:
                 waiting.append((position, entry, "waiting", None, shape, p.heads_for(shape.ok)))
         return self._result(now, entries, admitted, waiting, p, explain)
 
+    def _run_teams(self, now: float, entries, p: PassState, reserved, quotas: QuotaInput,
+                   explain: bool) -> AdmissionResult:
+        """The pass with quotas (:mod:`~airflow_hetero_gpu.core.admission.teampass`)."""
+        by_value: dict[PlanRequest, Shape] = {}
+
+        def shape_of(entry: QueueEntry) -> Shape:
+            shape = by_value.get(entry.request)
+            if shape is None:
+                shape = by_value[entry.request] = Shape(entry.request, *self.accepts(entry.request))
+            return shape
+
+        walk = TeamWalk(self, p, quotas, reserved, explain)
+        walk.walk(entries, shape_of)
+        result = self._result(now, entries, walk.admitted, walk.waiting, p, explain)
+        if explain:  # the simulator (explain=False) does not read the standing
+            result.teams = walk.book.standing(walk.waiting_gpus)
+        return result
+
     def _result(self, now: float, entries, admitted, waiting, p: PassState, explain: bool) -> AdmissionResult:
         out: list[Waiting] = []
         pool_ids = [pool.id for pool in self.cluster.pools]
         ahead = np.zeros(len(pool_ids), dtype=np.int64)  # waiting jobs so far that accept each pool
-        for position, entry, state, claim, shape, heads in waiting:
+        for position, entry, state, claim, shape, heads, *note in waiting:
+            kind, extra = note[0] if note else ("note", "")
             text = ""
-            if explain:
+            if explain and kind == "quota":
+                text = quota_reason(position, extra)
+            elif explain:
                 if state == "impossible":
                     text = reasons.impossible(entry.request, shape.rejected)
                 elif state == "head":
@@ -173,8 +199,10 @@ class Admission:
                     single = pool_ids[int(np.flatnonzero(shape.ok)[0])] if int(shape.ok.sum()) == 1 else None
                     pool_pos = int(ahead[shape.ok].max()) + 1 if single else None
                     text = reasons.waiting(position, heads, single, pool_pos, shape.why_not, shape.no_target)
-                if state != "impossible":
-                    ahead[shape.ok] += 1
+                if extra:
+                    text += f"; {extra}"
+            if explain and state != "impossible":
+                ahead[shape.ok] += 1
             out.append(Waiting(entry.job_id, position, state, text, effective_priority(entry, now, self.aging),
                                claim, tuple(h.job_id for h in heads)))
         return AdmissionResult(now, admitted, out, entries)
@@ -183,7 +211,8 @@ class Admission:
 def admit(cluster: Cluster, queue: Sequence[QueueEntry], *, now: float,
           reserved: Mapping[GpuKey, str] | None = None, evicted: Mapping[GpuKey, Sequence[str]] | None = None,
           config: ClusterConfig | None = None, weights: Mapping[str, float] | None = None,
-          aging_interval_s: float | None = DEFAULT_AGING_INTERVAL_S, explain: bool = True) -> AdmissionResult:
+          aging_interval_s: float | None = DEFAULT_AGING_INTERVAL_S, explain: bool = True,
+          quotas: QuotaInput | None = None) -> AdmissionResult:
     """One admission pass with the planner (the product's call): see :class:`Admission`."""
     adm = Admission(cluster, evicted=evicted, config=config, weights=weights, aging_interval_s=aging_interval_s)
-    return adm.run(queue, now=now, reserved=reserved, explain=explain)
+    return adm.run(queue, now=now, reserved=reserved, explain=explain, quotas=quotas)

@@ -1,0 +1,196 @@
+"""Teams and their GPU quotas as an admin writes them (the teams file, docs/teams.md): parsing and
+checking, one-line errors naming the team and the key.
+
+    teams:
+      research: {quota: {"*": 16}, weight: 2}
+      prod:     {quota: {"A100*": 8}, lending_limit: {"A100*": 4}}
+      intern:   {quota: {"*": 4}, borrowing_limit: {"*": 4}}
+    usage_half_life: 24h
+
+The arithmetic the admission pass applies to them is :mod:`~airflow_hetero_gpu.core.admission.quota`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from airflow_hetero_gpu.core.cardtype import card_type_matches
+from airflow_hetero_gpu.errors import HeteroGpuError
+
+DEFAULT_TEAM = "default"
+DEFAULT_USAGE_HALF_LIFE_S = 24 * 3600.0
+TEAM_KEYS = ("quota", "borrowing_limit", "lending_limit", "weight")
+FILE_KEYS = ("teams", "usage_half_life")
+_TEAM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
+_UNITS = {None: 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+class TeamsError(HeteroGpuError):
+    """A teams file (or mapping) is invalid; the message names the team and the key."""
+
+
+def valid_team_name(name: object) -> bool:
+    """A team name: letters, digits, ``_ . @ -``, at most 64, starting with a letter or digit."""
+    return isinstance(name, str) and _TEAM_NAME.match(name) is not None
+
+
+def specificity(pattern: str) -> tuple:
+    """Sort key, most specific first: an exact name, then globs by the length of their literal
+    part (longest first), ``"*"`` last; ties by the pattern."""
+    glob = any(ch in pattern for ch in "*?[")
+    literal = len(re.sub(r"[*?\[\]]", "", pattern))
+    return (pattern.strip() == "*", glob, -literal, pattern)
+
+
+def matches(card_type: str, pattern: str) -> bool:
+    return pattern.strip() == "*" or card_type_matches(card_type, pattern)
+
+
+@dataclass(frozen=True)
+class TeamQuota:
+    """One team's entitlement. Patterns of ``borrowing_limit``/``lending_limit`` are patterns of
+    ``quota``; a pattern absent there is unlimited (borrowing) or lends all of its idle quota."""
+
+    name: str
+    quota: Mapping[str, int]
+    borrowing_limit: Mapping[str, int] = field(default_factory=dict)
+    lending_limit: Mapping[str, int] = field(default_factory=dict)
+    weight: float = 1.0
+
+    @property
+    def patterns(self) -> tuple[str, ...]:
+        return tuple(sorted(self.quota, key=specificity))
+
+    def to_json(self) -> dict:
+        out: dict[str, Any] = {"quota": dict(self.quota)}
+        if self.borrowing_limit:
+            out["borrowing_limit"] = dict(self.borrowing_limit)
+        if self.lending_limit:
+            out["lending_limit"] = dict(self.lending_limit)
+        if self.weight != 1.0:
+            out["weight"] = self.weight
+        return out
+
+
+@dataclass(frozen=True)
+class Teams:
+    """Every team's quota (the applied teams file) and the fair-share half-life."""
+
+    teams: Mapping[str, TeamQuota]
+    usage_half_life_s: float = DEFAULT_USAGE_HALF_LIFE_S
+
+    def __bool__(self) -> bool:
+        return bool(self.teams)
+
+    def get(self, team: str) -> TeamQuota:
+        found = self.teams.get(team)
+        return found if found is not None else TeamQuota(team, {})
+
+    def to_json(self) -> dict:
+        return {"teams": {n: t.to_json() for n, t in sorted(self.teams.items())},
+                "usage_half_life": self.usage_half_life_s}
+
+    def check_fleet(self, card_types: Iterable[str], source: str = "teams") -> None:
+        """Every pattern must match some card type of the fleet (``"*"`` always does)."""
+        types = sorted(set(card_types))
+        for name, team in sorted(self.teams.items()):
+            for key in ("quota", "borrowing_limit", "lending_limit"):
+                for pattern in getattr(team, key):
+                    if not any(matches(c, pattern) for c in types):
+                        have = ", ".join(types) or "none"
+                        raise TeamsError(f"{source}: team {name}: {key}: pattern {pattern!r} matches no card "
+                                         f"of the fleet (card types: {have})")
+
+
+def parse_duration(value: Any, where: str) -> float:
+    if isinstance(value, bool):
+        raise TeamsError(f"{where}: expected seconds or a duration like 24h, got {value!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        m = _DURATION.match(str(value))
+        if m is None:
+            raise TeamsError(f"{where}: expected seconds or a duration like 24h, got {value!r}")
+        seconds = float(m.group(1)) * _UNITS[m.group(2)]
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise TeamsError(f"{where}: expected a positive duration, got {value!r}")
+    return seconds
+
+
+def _gpus_by_pattern(value: Any, where: str) -> dict[str, int]:
+    if not isinstance(value, Mapping):
+        raise TeamsError(f"{where}: expected a mapping of card-type pattern to GPUs, got {value!r}")
+    out: dict[str, int] = {}
+    for pattern, n in value.items():
+        if not isinstance(pattern, str) or not pattern.strip():
+            raise TeamsError(f"{where}: expected a card-type pattern, got {pattern!r}")
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TeamsError(f"{where}: {pattern!r}: expected a whole number of GPUs, got {n!r}")
+        if n < 0:
+            raise TeamsError(f"{where}: {pattern!r}: expected a number >= 0, got {n}")
+        out[pattern.strip()] = n
+    return out
+
+
+def teams_from_mapping(data: Any, source: str = "teams") -> Teams:
+    """Validate a teams file's content (``{teams: {name: {quota: ..., ...}}, usage_half_life: 24h}``).
+    Every mistake is one :class:`TeamsError` naming the source, the team and the key."""
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise TeamsError(f"{source}: expected a mapping with the key 'teams', got {type(data).__name__}")
+    for key in data:
+        if key not in FILE_KEYS:
+            raise TeamsError(f"{source}: unknown key {key!r} (expected one of: {', '.join(FILE_KEYS)})")
+    half_life = DEFAULT_USAGE_HALF_LIFE_S
+    if data.get("usage_half_life") is not None:
+        half_life = parse_duration(data["usage_half_life"], f"{source}: usage_half_life")
+    raw = data.get("teams") or {}
+    if not isinstance(raw, Mapping):
+        raise TeamsError(f"{source}: teams: expected a mapping of team name to its quota, got {raw!r}")
+    teams: dict[str, TeamQuota] = {}
+    for name, spec in raw.items():
+        if not isinstance(name, str) or not _TEAM_NAME.match(name):
+            raise TeamsError(f"{source}: team {name!r}: expected a name of letters, digits, '_', '.', '@', '-'")
+        where = f"{source}: team {name}"
+        if spec is None:
+            spec = {}
+        if not isinstance(spec, Mapping):
+            raise TeamsError(f"{where}: expected a mapping with the keys {', '.join(TEAM_KEYS)}, got {spec!r}")
+        for key in spec:
+            if key not in TEAM_KEYS:
+                raise TeamsError(f"{where}: unknown key {key!r} (expected one of: {', '.join(TEAM_KEYS)})")
+        quota = _gpus_by_pattern(spec.get("quota") or {}, f"{where}: quota")
+        limits = {}
+        for key in ("borrowing_limit", "lending_limit"):
+            limits[key] = _gpus_by_pattern(spec.get(key) or {}, f"{where}: {key}")
+            for pattern in limits[key]:
+                if pattern not in quota:
+                    raise TeamsError(f"{where}: {key}: pattern {pattern!r} is not a pattern of its quota "
+                                     f"(give it a quota, 0 if need be)")
+        weight = spec.get("weight", 1)
+        if (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight)
+                or weight <= 0):
+            if isinstance(weight, (int, float)) and not isinstance(weight, bool) and weight < 0:
+                raise TeamsError(f"{where}: weight: expected a number > 0, got {weight!r} (negative)")
+            raise TeamsError(f"{where}: weight: expected a number > 0, got {weight!r}")
+        teams[name] = TeamQuota(name, quota, limits["borrowing_limit"], limits["lending_limit"], float(weight))
+    return Teams(teams, half_life)
+
+
+def teams_from_text(text: str, source: str = "teams") -> Teams:
+    """A teams file's YAML text (see :func:`teams_from_mapping`)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        problem = getattr(err, "problem", None) or type(err).__name__
+        raise TeamsError(f"{source}: not valid YAML{where}: {problem}") from None
+    return teams_from_mapping(data, source)

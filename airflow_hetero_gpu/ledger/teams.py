@@ -1,0 +1,186 @@
+"""Teams in the ledger (part of ``Ledger``; docs/teams.md): the applied quotas, the fair-share
+history, and each team's standing.
+
+* :meth:`TeamsMixin.apply_teams` replaces every team's quota in one transaction (atomic; applying
+  the same file again changes nothing) after checking every pattern against the fleet's card
+  types, and runs an admission pass (quotas changed what may start).
+* Inside every admission pass (:mod:`airflow_hetero_gpu.ledger.admission`) :func:`quota_input`
+  reads the quotas, the team of every reservation and the decayed history, and
+  :func:`record_usage` brings ``team_usage`` up to now (the borrowed GPUs held since the last
+  pass, decayed by the half-life) and adds a ``team_samples`` row per team whose use changed.
+* :meth:`TeamsMixin.team_standing` reads, per team and pattern: quota, in use, borrowed, lent,
+  waiting, and each team's fair-share value.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete, insert, select, update
+from sqlalchemy.engine import Connection
+
+from airflow_hetero_gpu.core.admission.quota import (
+    DEFAULT_TEAM, QuotaBook, TeamQuota, Teams, decay, matches, share_value,
+)
+from airflow_hetero_gpu.core.admission.teampass import QuotaInput
+from airflow_hetero_gpu.ledger.schema import queue_entries as q_t
+from airflow_hetero_gpu.ledger.schema import reservation_gpus as gpu_t
+from airflow_hetero_gpu.ledger.schema import reservations as res_t
+from airflow_hetero_gpu.ledger.schema import team_samples, team_settings, team_usage
+from airflow_hetero_gpu.ledger.schema import teams as teams_t
+
+HALF_LIFE_KEY = "usage_half_life_s"
+
+
+def read_teams(conn: Connection) -> Teams | None:
+    """The applied teams, or None when none is configured."""
+    rows = list(conn.execute(select(teams_t.c.name, teams_t.c.spec)))
+    if not rows:
+        return None
+    half = conn.execute(select(team_settings.c.value).where(team_settings.c.key == HALF_LIFE_KEY)).scalar()
+    out = {}
+    for name, spec in rows:
+        out[name] = TeamQuota(name, dict(spec.get("quota") or {}), dict(spec.get("borrowing_limit") or {}),
+                              dict(spec.get("lending_limit") or {}), float(spec.get("weight", 1.0)))
+    return Teams(out, float(half)) if half else Teams(out)
+
+
+def _held(conn: Connection, now: datetime) -> list[Any]:
+    """Live reservations: job, team, borrowed, GPUs."""
+    return list(conn.execute(select(res_t.c.job_id, res_t.c.team, res_t.c.borrowed, res_t.c.gpu_count)
+                             .where(res_t.c.expires_at > now)))
+
+
+def _history(conn: Connection, now: datetime, teams: Teams) -> dict[str, float]:
+    out = {}
+    for row in conn.execute(select(team_usage)):
+        elapsed = (now - row.updated_at).total_seconds()
+        h = teams.usage_half_life_s
+        gain = row.borrowed * h / math.log(2) * (1 - 0.5 ** (max(0.0, elapsed) / h))
+        out[row.team] = decay(row.decayed_borrowed_gpu_s, elapsed, h) + gain
+    return out
+
+
+def quota_input(conn: Connection, now: datetime) -> QuotaInput | None:
+    """What the admission pass needs about teams, or None when no team is configured."""
+    teams = read_teams(conn)
+    if teams is None:
+        return None
+    team_of = {r.job_id: r.team or DEFAULT_TEAM for r in _held(conn, now)}
+    return QuotaInput(teams, team_of, _history(conn, now, teams))
+
+
+def record_usage(conn: Connection, now: datetime) -> None:
+    """Bring ``team_usage`` up to now and sample each team whose GPUs in use changed."""
+    teams = read_teams(conn)
+    if teams is None:
+        return
+    history = _history(conn, now, teams)
+    in_use: dict[str, int] = {}
+    borrowed: dict[str, int] = {}
+    for r in _held(conn, now):
+        team = r.team or DEFAULT_TEAM
+        in_use[team] = in_use.get(team, 0) + int(r.gpu_count)
+        borrowed[team] = borrowed.get(team, 0) + int(r.borrowed or 0)
+    old = {r.team: r for r in conn.execute(select(team_usage))}
+    for team in sorted(set(in_use) | set(old) | set(teams.teams)):
+        values = dict(in_use=in_use.get(team, 0), borrowed=borrowed.get(team, 0),
+                      decayed_borrowed_gpu_s=history.get(team, 0.0), updated_at=now)
+        prev = old.get(team)
+        if prev is None:
+            conn.execute(insert(team_usage).values(team=team, **values))
+        else:
+            conn.execute(update(team_usage).where(team_usage.c.team == team).values(**values))
+        if prev is None or (prev.in_use, prev.borrowed) != (values["in_use"], values["borrowed"]):
+            conn.execute(insert(team_samples).values(at=now, team=team, in_use=values["in_use"],
+                                                     borrowed=values["borrowed"]))
+
+
+class TeamsMixin:
+    """Apply and read the teams' quotas."""
+
+    def apply_teams(self, teams: Teams, source: str = "teams") -> bool:
+        """Replace every team's quota by ``teams`` in one transaction; True when something changed.
+        A pattern that matches no card type of the stored inventory is a TeamsError (nothing
+        is applied). Runs an admission pass."""
+        self._warm_admission()
+        with self._write("apply the teams") as (conn, now):
+            cluster = self._queue_clusters.get(conn, now)
+            if cluster is not None:
+                teams.check_fleet([p.card_type for p in cluster.pools], source)
+            old = read_teams(conn)
+            if old is not None and old.to_json() == teams.to_json():
+                return False
+            conn.execute(delete(teams_t))
+            if teams.teams:
+                conn.execute(insert(teams_t), [{"name": n, "spec": t.to_json(), "applied_at": now}
+                                               for n, t in sorted(teams.teams.items())])
+            conn.execute(delete(team_settings).where(team_settings.c.key == HALF_LIFE_KEY))
+            conn.execute(insert(team_settings).values(key=HALF_LIFE_KEY, value=teams.usage_half_life_s))
+            self._expire(conn, now, admit=False)
+            self._admit(conn, now)
+            return True
+
+    def teams(self) -> Teams | None:
+        with self._read("read the teams") as (conn, _):
+            return read_teams(conn)
+
+    def team_standing(self) -> dict[str, Any]:
+        """``{"now", "usage_half_life_s", "rows": [per team and pattern], "teams": {team: {...}}}``
+        (empty rows when no team is configured)."""
+        with self._read("read the teams") as (conn, now):
+            teams = read_teams(conn)
+            if teams is None:
+                return {"now": now.isoformat(), "usage_half_life_s": None, "rows": [], "teams": {}}
+            cluster = self._queue_clusters.get(conn, now)
+            cards = [p.card_type for p in cluster.pools] if cluster is not None else []
+            fleet: dict[str, int] = {}
+            if cluster is not None:
+                for pool in cluster.pools:
+                    fleet[pool.card_type] = fleet.get(pool.card_type, 0) + len(pool.positions)
+            usage: dict[tuple[str, str], int] = {}
+            stmt = (select(res_t.c.job_id, res_t.c.team, res_t.c.pool, gpu_t.c.host, gpu_t.c.gpu_index)
+                    .join(gpu_t, gpu_t.c.job_id == res_t.c.job_id).where(res_t.c.expires_at > now))
+            for row in conn.execute(stmt):
+                card = _card_of(cluster, row.host, row.gpu_index) or row.pool
+                key = (row.team or DEFAULT_TEAM, card)
+                usage[key] = usage.get(key, 0) + 1
+            history = _history(conn, now, teams)
+            waiting = []
+            for row in conn.execute(select(q_t.c.team, q_t.c.request).where(q_t.c.state == "waiting",
+                                                                            q_t.c.expires_at > now)):
+                want = (row.request or {}).get("gpu_type")
+                wants = [want] if isinstance(want, str) else list(want or [])
+                card = next((c for c in cards if not wants or any(matches(c, w) for w in wants)), "")
+                waiting.append((row.team or DEFAULT_TEAM, card, int((row.request or {}).get("gpus", 0))))
+        book = QuotaBook(teams, fleet, usage, history)
+        rows = book.standing(waiting)
+        names = sorted({r.team for r in rows})
+        per_team = {n: {"fair_share": round(share_value(book.borrowed(n), history.get(n, 0.0), teams.get(n).weight,
+                                                        teams.usage_half_life_s), 4),
+                        "weight": teams.get(n).weight, "decayed_borrowed_gpu_s": round(history.get(n, 0.0), 1)}
+                    for n in names}
+        return {"now": now.isoformat(), "usage_half_life_s": teams.usage_half_life_s,
+                "rows": [r.to_json() for r in rows], "teams": per_team}
+
+    def team_samples(self, since: datetime | None = None) -> list[dict[str, Any]]:
+        """The share-over-time history: ``[{at, team, in_use, borrowed}]``, oldest first."""
+        with self._read("read the team samples") as (conn, _):
+            stmt = select(team_samples).order_by(team_samples.c.at, team_samples.c.id)
+            if since is not None:
+                stmt = stmt.where(team_samples.c.at >= since)
+            return [{"at": r.at.isoformat(), "team": r.team, "in_use": r.in_use, "borrowed": r.borrowed}
+                    for r in conn.execute(stmt)]
+
+
+def _card_of(cluster, host: str, index: int) -> str | None:
+    if cluster is None:
+        return None
+    from airflow_hetero_gpu.core.model import GpuKey
+
+    pos = cluster.position.get(GpuKey(host, index))
+    if pos is None:
+        return None
+    return cluster.pools[int(cluster.pool_of[pos])].card_type

@@ -1,0 +1,73 @@
+"""``hetero-gpu teams``: apply a teams file to the ledger, show each team's standing (docs/teams.md).
+
+    hetero-gpu teams apply FILE --ledger URL     # atomic, idempotent; a bad file changes nothing
+    hetero-gpu teams --ledger URL [--json]       # quota, in use, borrowed, lent, waiting, fair share
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from airflow_hetero_gpu.cli_output import EXIT_OK, table
+from airflow_hetero_gpu.core.admission.quota import TeamsError, teams_from_text
+from airflow_hetero_gpu.ledger.store import Ledger
+
+
+def read_teams_file(path: str):
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise TeamsError(f"{path}: cannot read: {err.strerror or err}") from None
+    return teams_from_text(text, path)
+
+
+def cmd_teams_apply(args: argparse.Namespace) -> int:
+    teams = read_teams_file(args.file)
+    with Ledger.from_url(args.ledger, create=False) as ledger:
+        changed = ledger.apply_teams(teams, args.file)
+    names = ", ".join(sorted(teams.teams)) or "none (quotas off)"
+    print(f"teams {'applied' if changed else 'unchanged (already applied)'}: {names}")
+    return EXIT_OK
+
+
+def _n(v) -> str:
+    return "-" if v is None else str(v)
+
+
+def cmd_teams(args: argparse.Namespace) -> int:
+    if getattr(args, "teams_command", None) == "apply":
+        return cmd_teams_apply(args)
+    with Ledger.open_existing(args.ledger) as ledger:
+        standing = ledger.team_standing()
+    if args.json:
+        print(json.dumps(standing, indent=2))
+        return EXIT_OK
+    if not standing["rows"]:
+        print("(no teams configured: `hetero-gpu teams apply FILE --ledger URL`)")
+        return EXIT_OK
+    shares = standing["teams"]
+    rows = [(r["team"], r["pattern"] or "(no quota)", r["quota"], r["in_use"], r["borrowed"], r["lent"], r["waiting"],
+             "unlimited" if r["borrowing_limit"] is None else r["borrowing_limit"],
+             "all" if r["lending_limit"] is None else r["lending_limit"], shares[r["team"]]["fair_share"])
+            for r in standing["rows"]]
+    print(table(["TEAM", "CARDS", "QUOTA", "IN USE", "BORROWED", "LENT", "WAITING", "MAY BORROW", "LENDS",
+                 "FAIR SHARE"], rows))
+    return EXIT_OK
+
+
+def register(subparsers) -> None:
+    from airflow_hetero_gpu.ledger.cli import _ledger_arg
+
+    p = subparsers.add_parser("teams", help="teams' GPU quotas: apply a teams file, or show where each team stands")
+    _ledger_arg(p)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    sub = p.add_subparsers(dest="teams_command", required=False, metavar="COMMAND", parser_class=type(p))
+    q = sub.add_parser("apply", help="replace every team's quota by FILE's, in one transaction")
+    q.add_argument("file", metavar="FILE", help="the teams file (YAML; docs/teams.md)")
+    # given before or after `apply`: the sub-command's default must not overwrite the parent's value
+    q.add_argument("--ledger", metavar="URL", default=argparse.SUPPRESS,
+                   help="ledger database URL (default: sqlite file $AIRFLOW_HOME/hetero_gpu_ledger.db)")
+    q.set_defaults(func=cmd_teams)
+    p.set_defaults(func=cmd_teams)

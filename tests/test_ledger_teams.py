@@ -1,0 +1,189 @@
+"""Teams in the ledger on real SQLite and PostgreSQL (docs/teams.md): applying a teams file
+(atomic, idempotent, bad files change nothing), the quota inside the admission pass of every
+enqueue and release, direct reservations, the standing, and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from airflow_hetero_gpu.cli import main
+from airflow_hetero_gpu.collect.freshness import FreshInventory
+from airflow_hetero_gpu.core.admission import TeamsError, teams_from_mapping
+from airflow_hetero_gpu.core.model import PlanRequest
+from airflow_hetero_gpu.ledger import Ledger
+from airflow_hetero_gpu.ledger.errors import QuotaRefused
+from ledger_clock import Clock
+from postgres_fixtures import ledger_db_url  # noqa: F401  (fixture)
+from test_ledger_queue import fill
+
+TEAMS_YAML = """\
+teams:
+  research: {quota: {"*": 8}, weight: 2}
+  prod:     {quota: {"A100*": 8}, lending_limit: {"A100*": 4}}
+  intern:   {quota: {"*": 0}, borrowing_limit: {"*": 4}}
+"""
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def led(ledger_db_url, clock):  # noqa: F811
+    with Ledger.from_url(ledger_db_url, clock=clock) as ledger:
+        fill(ledger)  # node01, node02: 8 × A100 each
+        yield ledger
+
+
+def _teams(text=TEAMS_YAML):
+    import yaml
+
+    return teams_from_mapping(yaml.safe_load(text), "teams.yaml")
+
+
+def _take(led, job, request, team, clock):
+    entry = led.enqueue(job, request, team=team)
+    if entry.admitted:
+        led.take_admission(job)
+    clock.tick(1)
+    return entry
+
+
+def test_apply_is_idempotent_and_the_pass_keeps_quota_for_the_team_within_it(led, clock):
+    assert led.apply_teams(_teams()) is True
+    assert led.apply_teams(_teams()) is False  # the same file again changes nothing
+    assert sorted(led.teams().teams) == ["intern", "prod", "research"]
+    for i in range(8):  # research fills its quota
+        assert _take(led, f"r{i}", PlanRequest(1), "research", clock).admitted
+    # research may borrow only what prod lends (4 of its idle 8)
+    r8 = _take(led, "r8", PlanRequest(4), "research", clock)
+    assert r8.admitted and led.get("r8") is not None
+    r9 = led.enqueue("r9", PlanRequest(1), team="research")
+    assert r9.state == "waiting" and "blocked by quota" in r9.reason
+    assert "team research: 8/8 of its quota in use, 4 borrowed, may borrow without limit; borrowable now 0 " \
+           "(prod lends 0 of its idle 8 (4 already lent, lending limit 4))" in r9.reason
+    # prod comes back: within its quota it goes first and its job waits only for research's borrowers
+    clock.tick(1)
+    p = led.enqueue("p8", PlanRequest(8), team="prod")
+    assert p.state == "waiting" and p.standing == "head" and "within its quota" in p.reason
+    standing = led.team_standing()
+    rows = {(r["team"], r["pattern"]): r for r in standing["rows"]}
+    assert rows[("research", "*")]["in_use"] == 12 and rows[("research", "*")]["borrowed"] == 4
+    assert rows[("prod", "A100*")]["lent"] == 4 and rows[("prod", "A100*")]["waiting"] == 8
+    assert standing["teams"]["research"]["fair_share"] == pytest.approx(2.0, abs=0.01)  # 4 borrowed / weight 2
+    assert led.release("r8")  # the borrowed 4 come back: prod's head takes its quota
+    assert led.queue_entry("p8").admitted
+    res = led.get("p8")
+    assert res is not None and len(res.keys) == 8
+    assert led.queue_entry("r9").state == "waiting"  # still no idle lendable quota
+
+
+def test_a_team_is_never_above_quota_plus_borrowing_limit(led, clock):
+    led.apply_teams(_teams())
+    got = [_take(led, f"i{i}", PlanRequest(1), "intern", clock).admitted for i in range(6)]
+    assert got == [True] * 4 + [False] * 2
+    assert "may borrow 0" in led.queue_entry("i5").reason
+    # every running job says whether it runs on borrowed quota, and on how many GPUs of it
+    assert [(led.get(f"i{i}").team, led.get(f"i{i}").borrowed) for i in range(4)] == [("intern", 1)] * 4
+    assert led.get("i0").to_json()["borrowed"] == 1
+
+
+def test_direct_reservations_count_against_the_quota(led, clock):
+    led.apply_teams(_teams())
+    cluster = FreshInventory(led.inventory(), float("inf")).cluster()
+    assert led.reserve("d1", cluster, PlanRequest(4), team="intern").decision is not None
+    assert (led.get("d1").team, led.get("d1").borrowed) == ("intern", 4)
+    with pytest.raises(QuotaRefused, match="team intern: 0/0 of its quota in use, 4 borrowed, may borrow 0"):
+        led.reserve("d2", cluster, PlanRequest(1), team="intern")
+    assert led.get("d2") is None
+
+
+def test_readers_of_a_missing_ledger_create_nothing(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'none.db'}"
+    f = tmp_path / "teams.yaml"
+    f.write_text(TEAMS_YAML)
+    assert main(["teams", "--ledger", url]) == 2
+    assert main(["teams", "apply", str(f), "--ledger", url]) == 2
+    assert capsys.readouterr().err.count("\n") == 2 and not (tmp_path / "none.db").exists()
+
+
+def test_no_teams_configured_changes_nothing(led, clock):
+    assert led.team_standing()["rows"] == []
+    assert _take(led, "a", PlanRequest(16), None, clock).admitted
+
+
+BAD = [
+    ("teams:\n  prod: {quota: {'A100*': 8}, gpus: 2}\n", "team prod: unknown key 'gpus'"),
+    ("teams:\n  prod: {quota: {'A100*': -8}}\n", "team prod: quota: 'A100*': expected a number >= 0, got -8"),
+    ("teams:\n  prod: {quota: {'H100*': 8}}\n", "team prod: quota: pattern 'H100*' matches no card of the fleet"),
+    ("teams:\n  prod: {quota: {'A100*': 8}, borrowing_limit: {'A100*': -1}}\n",
+     "team prod: borrowing_limit: 'A100*': expected a number >= 0, got -1"),
+    ("teams: [prod\n", "not valid YAML"),
+]
+
+
+@pytest.mark.parametrize("text, message", BAD)
+def test_a_bad_teams_file_is_one_line_and_changes_nothing(led, tmp_path, capsys, text, message, ledger_db_url):  # noqa: F811
+    good = tmp_path / "good.yaml"
+    good.write_text(TEAMS_YAML)
+    assert main(["teams", "apply", str(good), "--ledger", ledger_db_url]) == 0
+    before = led.teams().to_json()
+    capsys.readouterr()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    assert main(["teams", "apply", str(bad), "--ledger", ledger_db_url]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and str(bad) in err and "Traceback" not in err
+    assert led.teams().to_json() == before
+
+
+def test_cli_shows_the_teams_and_the_queue_shows_the_team(tmp_path, capsys, ledger_db_url):  # noqa: F811
+    with Ledger.from_url(ledger_db_url) as led:  # the wall clock, as the CLI reads it
+        fill(led)
+        _cli_story(led, tmp_path, capsys, ledger_db_url)
+
+
+def _cli_story(led, tmp_path, capsys, ledger_db_url):  # noqa: F811
+    f = tmp_path / "teams.yaml"
+    f.write_text(TEAMS_YAML)
+    assert main(["teams", "apply", str(f), "--ledger", ledger_db_url]) == 0
+    assert "teams applied: intern, prod, research" in capsys.readouterr().out
+    assert main(["teams", "apply", str(f), "--ledger", ledger_db_url]) == 0
+    assert "unchanged" in capsys.readouterr().out
+    for i in range(5):
+        if led.enqueue(f"i{i}", PlanRequest(1), team="intern", lease_seconds=600).admitted:
+            led.take_admission(f"i{i}")
+    assert main(["teams", "--ledger", ledger_db_url]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("intern"))
+    assert line.split()[:7] == ["intern", "*", "0", "4", "4", "0", "1"]
+    assert main(["teams", "--ledger", ledger_db_url, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {r["team"] for r in data["rows"]} == {"intern", "prod", "research"}
+    assert main(["queue", "--ledger", ledger_db_url]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split()[:3] == ["POS", "JOB", "TEAM"] and "intern" in out
+
+
+def test_teams_file_errors_in_the_core_name_the_source():
+    with pytest.raises(TeamsError, match="^teams.yaml: team x: weight"):
+        _teams("teams:\n  x: {quota: {'*': 1}, weight: 0}\n")
+
+
+def test_team_samples_are_pruned_with_the_history(led, clock):
+    from airflow_hetero_gpu.ledger.inventory import HostRecord
+    from airflow_hetero_gpu.testing.captures import host_files
+    from airflow_hetero_gpu.testing.demo import small_hosts
+
+    led.apply_teams(_teams())
+    _take(led, "r0", PlanRequest(1), "research", clock)
+    assert any(s["team"] == "research" and s["in_use"] == 1 for s in led.team_samples())
+    clock.tick(3600)
+    led.release("r0")
+    led.store_collection([HostRecord(s.name, True, host_files(s)) for s in small_hosts(2, gpus=8)],
+                         collector="test", history_retention=1800)  # keeps only the last half hour
+    samples = led.team_samples()
+    assert samples and all(s["in_use"] == 0 for s in samples if s["team"] == "research")

@@ -1,0 +1,60 @@
+"""The operator's team (docs/teams.md) against a real SQLite ledger: the argument, else the
+deployment setting `[hetero_gpu] default_team`, else `default`; templated (and on
+`@task.hetero_train`); a malformed name fails the task before anything is enqueued; the entry it
+enqueues carries the team."""
+
+from __future__ import annotations
+
+import pytest
+from airflow.sdk.exceptions import AirflowFailException
+
+from airflow_hetero_gpu.core.model import PlanRequest
+from airflow_hetero_gpu.decorators.hetero_train import HeteroTrainDecoratedOperator
+from airflow_hetero_gpu.ledger import Ledger
+from airflow_hetero_gpu.operators.hetero_train import HeteroTrainOperator
+from airflow_hetero_gpu.operators.placement import Placement
+from airflow_hetero_gpu.operators.queue_wait import QueueWait
+from test_ledger_queue import fill
+
+
+@pytest.fixture
+def url(tmp_path):
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    with Ledger.from_url(url) as led:
+        fill(led)
+        assert led.enqueue("hold", PlanRequest(16), lease_seconds=3600).admitted
+        led.take_admission("hold")
+    return url
+
+
+def _op(url, **kwargs) -> HeteroTrainOperator:
+    return HeteroTrainOperator(task_id="t", gpu_count=2, script="train.py", ssh_conn_ids=["node01", "node02"],
+                               ledger_url=url, wait_for_capacity=True, **kwargs)
+
+
+@pytest.mark.parametrize("argument, setting, expected", [
+    ("prod", "research", "prod"), (None, "research", "research"), (None, None, "default"), ("", None, "default"),
+])
+def test_the_team_is_the_argument_else_the_setting_else_default(url, monkeypatch, argument, setting, expected):
+    if setting is not None:
+        monkeypatch.setenv("AIRFLOW__HETERO_GPU__DEFAULT_TEAM", setting)
+    else:
+        monkeypatch.delenv("AIRFLOW__HETERO_GPU__DEFAULT_TEAM", raising=False)
+    op = _op(url, team=argument)
+    placement = Placement(op, {}, "j", PlanRequest(2))
+    entry = op.ledger.enqueue("j", PlanRequest(2), team=placement.team)  # as QueueWait.enqueue passes it
+    assert entry.team == expected and entry.state == "waiting"
+    op.ledger.leave_queue("j")
+
+
+def test_a_malformed_team_fails_before_anything_is_enqueued(url):
+    op = _op(url, team="research team")
+    with pytest.raises(AirflowFailException, match=r"team: expected a team name .* got 'research team'"):
+        QueueWait(Placement(op, {"ti": None}, "j", PlanRequest(2))).enqueue()
+    with Ledger.open_existing(url) as led:
+        assert [e.job_id for e in led.queue()] == []
+
+
+def test_team_is_templated_on_the_operator_and_the_decorator():
+    assert "team" in HeteroTrainOperator.template_fields
+    assert "team" in HeteroTrainDecoratedOperator.template_fields
