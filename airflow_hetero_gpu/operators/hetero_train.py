@@ -39,6 +39,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_hetero_gpu.errors import HeteroGpuError
 from airflow_hetero_gpu.ledger.errors import LedgerError
+from airflow_hetero_gpu.operators import arguments
 from airflow_hetero_gpu.operators.messages import key_json
 
 if TYPE_CHECKING:
@@ -47,7 +48,6 @@ if TYPE_CHECKING:
     from airflow_hetero_gpu.core.model import PlanRequest, PlanResult
     from airflow_hetero_gpu.ledger import Ledger
 
-ON_NO_REPLACEMENT = ("fail", "wait")
 
 
 def default_job_id(dag_id: str, task_id: str, run_id: str, map_index: int | None = None) -> str:
@@ -210,47 +210,10 @@ class HeteroTrainOperator(BaseOperator):
         return AirflowFailException(" ".join(message.split()))
 
     def _request(self) -> PlanRequest:
-        from airflow_hetero_gpu.core.model import PlanRequest
-
-        count = _as_int(self.gpu_count, "gpu_count")
-        memory = None
-        if self.gpu_memory_mib not in (None, ""):
-            try:
-                memory = float(self.gpu_memory_mib)
-            except (TypeError, ValueError):
-                raise self._fail(f"gpu_memory_mib: expected a number of MiB, got {self.gpu_memory_mib!r}") from None
-            memory = int(memory) if memory.is_integer() else memory
-        gpu_type = self.gpu_type
-        if isinstance(gpu_type, (list, tuple)):
-            gpu_type = tuple(gpu_type) if len(gpu_type) != 1 else gpu_type[0]
-        if gpu_type == "":
-            gpu_type = None
-        try:
-            return PlanRequest(count, gpu_type, self.training_task_type or None, memory)
-        except HeteroGpuError as err:
-            raise self._fail(str(err).replace("gpus:", "gpu_count:", 1)) from None
+        return arguments.request_of(self)
 
     def _validate(self) -> None:
-        if self.on_no_replacement not in ON_NO_REPLACEMENT:
-            raise self._fail(f"on_no_replacement: expected 'fail' or 'wait', got {self.on_no_replacement!r}")
-        if bool(self.script) == bool(self.command):
-            raise self._fail("give either script (run under torchrun) or command (a full argv), not both or neither")
-        for name in ("script_args", "command"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, str) or not all(isinstance(v, str) for v in value)):
-                raise self._fail(f"{name}: expected a list of strings, got {value!r}")
-        if self.env is not None and not isinstance(self.env, Mapping):
-            raise self._fail(f"env: expected a mapping of names to strings, got {self.env!r}")
-        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
-            raise self._fail(f"max_restarts: expected a non-negative integer, got {self.max_restarts!r}")
-        for name, least in (("lease_seconds", 3.0), ("host_timeout", 2.0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= least:
-                raise self._fail(f"{name}: expected a number of seconds >= {least:g}, got {value!r}")
-        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
-            raise self._fail(f"priority: expected an integer (higher first), got {self.priority!r}")
-        if self.weights is not None and not isinstance(self.weights, Mapping):
-            raise self._fail(f"weights: expected a mapping like {{'topology': 0.6}}, got {self.weights!r}")
+        arguments.validate(self)
 
     # --- collaborators ------------------------------------------------------------------------
     @cached_property
@@ -487,15 +450,3 @@ class HeteroTrainOperator(BaseOperator):
             self.log.info("task killed: stopping job %s on every host", job.job_id)
             job.kill()
             self._release(job.job_id, patience=5.0)
-
-
-def _as_int(value: Any, name: str) -> int:
-    if isinstance(value, bool):
-        raise AirflowFailException(f"{name}: expected a positive integer, got {value!r}")
-    try:
-        number = int(str(value).strip()) if isinstance(value, str) else value
-    except ValueError:
-        raise AirflowFailException(f"{name}: expected a positive integer, got {value!r}") from None
-    if not isinstance(number, int):
-        raise AirflowFailException(f"{name}: expected a positive integer, got {value!r}")
-    return number
