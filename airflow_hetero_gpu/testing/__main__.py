@@ -87,7 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         print(describe(cluster), flush=True)
         recipe = write_recipe(cluster, cluster.root, demo=args.hosts == "demo")
-        print(f"\nfor Airflow (. {recipe}):\n{recipe.read_text()}", flush=True)
+        shown = recipe.read_text() if len(cluster.hosts) <= 20 else f"({len(cluster.hosts)} connections)\n"
+        print(f"\nfor Airflow (. {recipe}):\n{shown}", flush=True)
         while not stop.wait(0.5):
             pass
     finally:
