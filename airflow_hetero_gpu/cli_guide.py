@@ -24,6 +24,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("plan", f"hetero-gpu plan --captures {SAMPLE} --gpus 4 --task-type finetune"),
     ("reservations", f"hetero-gpu reservations --ledger {LEDGER}"),
     ("queue", f"hetero-gpu queue --ledger {LEDGER}"),
+    ("teams", f"hetero-gpu teams apply teams.yaml --ledger {LEDGER}"),
     ("release", f"hetero-gpu release --ledger {LEDGER} --job-id retrain.train.3f2a9c1d0b7e"),
     ("evictions", f"hetero-gpu evictions --ledger {LEDGER}"),
     ("uncordon", f"hetero-gpu uncordon dgx-a1:3 --ledger {LEDGER}"),
