@@ -17,6 +17,7 @@ import json
 from datetime import datetime, timezone
 
 from airflow_hetero_gpu.cli_output import EXIT_OK, table
+from airflow_hetero_gpu.durations import duration
 from airflow_hetero_gpu.core.cluster import Cluster
 from airflow_hetero_gpu.core.config import ClusterConfig
 from airflow_hetero_gpu.core.model import PlanRequest, PlanResult
@@ -106,15 +107,6 @@ def cmd_evictions(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _waited(seconds: float) -> str:
-    seconds = int(seconds)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-
-
 def _asks(request: dict) -> str:
     text = f"{request.get('gpus')}"
     kind = request.get("gpu_type")
@@ -145,7 +137,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
         print(json.dumps({"now": now.isoformat(), "entries": [e.to_json(now) for e in entries]}, indent=2))
         return EXIT_OK
     rows = [(e.position or "-", e.job_id, "admitted" if e.admitted else (e.standing or "waiting"), e.priority,
-             _asks(e.request), _waited(e.waited_s(now)), _claim(e), "" if e.admitted else e.where())
+             _asks(e.request), duration(e.waited_s(now)), _claim(e), "" if e.admitted else e.where())
             for e in entries]
     print(table(["POS", "JOB", "STATE", "PRIO", "ASKS", "WAITED", "CLAIM", "REASON"], rows))
     if not entries:
