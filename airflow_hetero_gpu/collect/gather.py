@@ -18,12 +18,14 @@ import re
 
 import paramiko
 
+from airflow_hetero_gpu.capture.apps import parse_apps_csv
 from airflow_hetero_gpu.capture.directory import QUERY_FIELDS
 from airflow_hetero_gpu.capture.query import EXTRA_HEALTH_FIELDS, OPTIONAL_FIELDS, field_group
 from airflow_hetero_gpu.collect.command import CommandResult, run_command, run_together
 from airflow_hetero_gpu.collect.mig import mig_enabled, mig_files
 from airflow_hetero_gpu.collect.nvml import AgentReply, agent_command, agent_script, parse_agent_reply
 from airflow_hetero_gpu.collect.reasons import HostFailure, first_line
+from airflow_hetero_gpu.errors import CaptureError
 
 #: Constant remote command lines: nothing from the user is ever interpolated into them.
 QUERY_COMMAND = f"nvidia-smi --query-gpu={QUERY_FIELDS} --format=csv"
@@ -40,7 +42,21 @@ _KERNEL_LOG_DENIED = re.compile(
     re.IGNORECASE,
 )
 
-CAPTURE_FILES = ("query.csv", "topo.txt", "xid.log", "mig.txt", "mig-usage.txt")
+CAPTURE_FILES = ("query.csv", "topo.txt", "xid.log", "mig.txt", "mig-usage.txt", "apps.csv", "procs.txt")
+
+#: The GPUs' compute processes (``apps.csv``), and the owners and process groups of those
+#: processes (``procs.txt``). In the one-session read the listing is kept in a shell variable so
+#: that ``ps`` asks about exactly the pids it holds; run one by one (a host whose shell is not
+#: POSIX), ``ps`` gets the pids parsed from the listing.
+APPS_COMMAND = "nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory,process_name --format=csv"
+_APPS_TOGETHER = f"hgpu_apps=$({APPS_COMMAND}); hgpu_rc=$?; printf '%s\\n' \"$hgpu_apps\"; (exit $hgpu_rc)"
+_PROCS_TOGETHER = ("hgpu_pids=$(printf '%s\\n' \"$hgpu_apps\" | sed 1d | cut -d, -f2 | tr -d ' ' | paste -sd, -); "
+                   "if [ -n \"$hgpu_pids\" ]; then ps -o pid=,pgid=,user:32= -p \"$hgpu_pids\"; else true; fi")
+
+
+def procs_command(pids) -> str:
+    """``ps`` for the given pids (integers parsed from ``apps.csv``: nothing else is interpolated)."""
+    return "ps -o pid=,pgid=,user:32= -p " + ",".join(str(int(p)) for p in pids)
 
 
 def _nvidia_smi_failure(result: CommandResult) -> HostFailure:
@@ -143,10 +159,40 @@ def _read_together(client: paramiko.SSHClient, command_timeout: float, read_kern
         commands = [(smi_query_command(",".join([QUERY_FIELDS, *OPTIONAL_FIELDS])), "nvidia-smi --query-gpu")]
         stdin = None
     commands.append((TOPO_COMMAND, TOPO_COMMAND))
+    names = ["query", "topo"]
     if read_kernel_log:
         commands.append((XID_COMMAND, "kernel log read"))
+        names.append("xid")
+    commands += [(_APPS_TOGETHER, "nvidia-smi --query-compute-apps"), (_PROCS_TOGETHER, "ps")]
+    names += ["apps", "procs"]
     results = run_together(client, commands, command_timeout, stdin=stdin, open_timeout=open_timeout)
-    return {} if results is None else dict(zip(("query", "topo", "xid"), results))
+    return {} if results is None else dict(zip(names, results))
+
+
+def _processes(client: paramiko.SSHClient, command_timeout: float, first: dict[str, CommandResult],
+               warnings: list[str]) -> dict[str, str]:
+    """``apps.csv`` and ``procs.txt`` (none when the listing failed: a warning says why)."""
+    apps = first.get("apps") or run_command(client, APPS_COMMAND, command_timeout, "nvidia-smi --query-compute-apps")
+    if apps.returncode != 0 or not apps.stdout.strip():
+        warnings.append(f"GPU processes not read: nvidia-smi --query-compute-apps exit {apps.returncode}: "
+                        f"{first_line(apps.stdout, apps.stderr)}")
+        return {}
+    files = {"apps.csv": apps.stdout}
+    procs = first.get("procs")
+    if procs is None:
+        try:
+            listed = parse_apps_csv(apps.stdout, "apps.csv")
+        except CaptureError:
+            listed = []  # the readers report the unreadable listing
+        pids = sorted({a.pid for a in listed})
+        procs = run_command(client, procs_command(pids), command_timeout, "ps") if pids else CommandResult(0, "", "")
+    # ps exits 1 when a listed process ended meanwhile; it still prints the others
+    if procs.returncode in (0, 1):
+        files["procs.txt"] = procs.stdout
+    else:
+        warnings.append(f"GPU processes' owners not read: ps exit {procs.returncode}: "
+                        f"{first_line(procs.stderr, procs.stdout)}")
+    return files
 
 
 def gather(client: paramiko.SSHClient, command_timeout: float, read_kernel_log: bool,
@@ -170,6 +216,7 @@ def gather(client: paramiko.SSHClient, command_timeout: float, read_kernel_log: 
             return r.returncode, r.stdout, r.stderr
 
         files.update(mig_files(run, warnings))
+    files.update(_processes(client, command_timeout, first, warnings))
     if read_kernel_log:
         xid = first.get("xid") or run_command(client, XID_COMMAND, command_timeout, "kernel log read")
         lines = [line for line in xid.stdout.splitlines() if "NVRM: Xid" in line]
@@ -182,4 +229,4 @@ def gather(client: paramiko.SSHClient, command_timeout: float, read_kernel_log: 
     return files, warnings, source
 
 
-__all__ = ["CAPTURE_FILES", "QUERY_COMMAND", "TOPO_COMMAND", "XID_COMMAND", "gather", "smi_query_command"]
+__all__ = ["APPS_COMMAND", "CAPTURE_FILES", "QUERY_COMMAND", "TOPO_COMMAND", "XID_COMMAND", "gather", "smi_query_command"]

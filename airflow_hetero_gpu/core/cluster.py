@@ -86,6 +86,8 @@ class Cluster:
         # never handed out although healthy: a MIG-enabled GPU (its instances are), a pending
         # MIG mode change (Gpu.unschedulable says why)
         self.schedulable = np.fromiter((not g.unschedulable for g in self.gpus), dtype=bool, count=n)
+        # holds a compute process (core/foreign.py): "in use outside the scheduler" unless reserved
+        self.has_processes = np.fromiter((bool(g.outside) for g in self.gpus), dtype=bool, count=n)
         self.instances_of: dict[GpuKey, list[GpuKey]] = {}
         for g in self.gpus:
             if g.instance is not None:

@@ -10,7 +10,8 @@ A GPU has exactly one state, the first that holds:
 * ``unhealthy``: the last collection found a fault (``Gpu.reasons``);
 * ``evicted``: the ledger keeps it out of every pool (the health watch's eviction);
 * ``reserved``: a live reservation holds it;
-* ``busy``: its load (SPEC §4) is above ``busy_utilization``;
+* ``busy``: its load (SPEC §4) is above ``busy_utilization``, or it is in use outside the
+  scheduler (a compute process of someone else, :mod:`.foreign`);
 * ``available``: none of the above.
 
 The pool counts are not exclusive: an evicted GPU that is also unhealthy counts in both
@@ -47,7 +48,7 @@ def gpu_states(state: ClusterState) -> np.ndarray:
     if pos:
         evicted[pos] = True
     return np.select(
-        [~cluster.healthy, evicted, state.reserved, state.busy],
+        [~cluster.healthy, evicted, state.reserved, state.busy | state.outside],
         list(STATES[:4]),
         default=STATES[4],
     ).astype(object)
@@ -67,7 +68,7 @@ class PoolCounts:
     reserved: int     # held by a live reservation
     evicted: int      # kept out by the ledger
     unhealthy: int    # a fault in the last collection
-    busy: int         # healthy, not reserved, loaded above busy_utilization
+    busy: int         # healthy, not reserved, loaded above busy_utilization or in use outside
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -91,7 +92,7 @@ def pool_counts(cluster: Cluster, reserved: Mapping[GpuKey, str] | None = None,
     if pos:
         evicted_mask[pos] = True
     unhealthy = ~cluster.healthy
-    busy = state.healthy & ~state.reserved & state.busy
+    busy = state.healthy & ~state.reserved & (state.busy | state.outside)
     out = []
     for pool in cluster.pools:
         p = pool.positions

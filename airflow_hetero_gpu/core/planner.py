@@ -89,9 +89,11 @@ def cluster_state(
             memory_ok = cluster.memory_free >= request.gpu_memory_mib  # unknown (nan) is not enough
     else:
         memory_ok = np.ones(len(cluster.gpus), dtype=bool)
-    available = healthy & cluster.schedulable & ~reserved_mask & ~busy & memory_ok
+    outside = cluster.has_processes & ~reserved_mask if th.foreign_processes == "block" \
+        else np.zeros(len(cluster.gpus), dtype=bool)
+    available = healthy & cluster.schedulable & ~reserved_mask & ~busy & memory_ok & ~outside
     return ClusterState(cluster, request, th, reserved, evicted, reserved_mask, healthy, load, busy,
-                        memory_ok, available)
+                        memory_ok, available, outside)
 
 
 def _host_avail(view: PoolView, k: int) -> list[HostAvail]:

@@ -33,6 +33,7 @@ class ClusterState:
     busy: np.ndarray
     memory_ok: np.ndarray
     available: np.ndarray
+    outside: np.ndarray  # in use outside the scheduler (core/foreign.py), not reserved
 
 
 @dataclass

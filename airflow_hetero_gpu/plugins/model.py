@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 from urllib.parse import quote
 
+from airflow_hetero_gpu.core.foreign import outside_reason
 from airflow_hetero_gpu.core import occupancy
 from airflow_hetero_gpu.plugins.labels import job_labels
 
@@ -343,13 +344,15 @@ def build(
     names = occupancy.gpu_states(state).tolist()
     load = state.load.tolist()
     avail = state.available.tolist()
+    outside = state.outside.tolist()
     by_host: dict[str, list[dict[str, Any]]] = {}
     for i, gpu in enumerate(cluster.gpus):
         job = reserved.get(gpu.key)  # a MIG instance is reserved by its own key (host, GPU, instance)
         ev = evicted.get((gpu.host, gpu.index))  # an instance's fault evicts its whole GPU
         row = gpu.to_json()
         row.update(pool=pool_ids[pool_of[i]], load=round(load[i], 4), state=names[i], available=avail[i],
-                   unit=gpu_unit(gpu.index, gpu.instance), held=list(gpu.unschedulable),
+                   unit=gpu_unit(gpu.index, gpu.instance),
+                   held=list(gpu.unschedulable) + ([outside_reason(gpu)] if outside[i] else []),
                    reserved_by=job, job_label=labels.get(job) if job else None,
                    evicted=list(ev) if ev is not None else None)
         model.gpus.append(row)
