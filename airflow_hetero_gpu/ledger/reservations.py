@@ -22,6 +22,7 @@ from airflow_hetero_gpu.core.planner import plan as core_plan
 from airflow_hetero_gpu.core.planner import replacement as core_replacement
 from airflow_hetero_gpu.ledger import history
 from airflow_hetero_gpu.ledger.checks import check_job_id, check_key, check_lease, check_reasons, instance_column, instance_of
+from airflow_hetero_gpu.ledger.drains import drained_map, end_past_deadline
 from airflow_hetero_gpu.ledger.errors import LedgerError, NoLiveReservation, ReservationConflict
 from airflow_hetero_gpu.ledger.records import Reservation, ReservedGpu, TaskIdentity
 from airflow_hetero_gpu.ledger.schema import job_hosts as job_hosts_t
@@ -72,7 +73,8 @@ class ReservationsMixin:
                 return existing_result(res, cluster, request)
             # GPUs claimed for the queue's heads are not given out past the queue
             reserved = {**self._claimed_map(conn, but=job_id), **self._reserved_map(conn, now)}
-            result = core_plan(cluster, request, reserved=reserved, evicted=self._evicted_map(conn), config=config)
+            result = core_plan(cluster, request, reserved=reserved, evicted=self._evicted_map(conn), config=config,
+                               drained=drained_map(conn))
             if result.decision is None:
                 return result
             self._insert(conn, now, job_id, result.decision, request, lease, ident)
@@ -144,7 +146,7 @@ class ReservationsMixin:
         if ids:
             conn.execute(delete(gpu_t).where(gpu_t.c.job_id.in_(ids)))
             conn.execute(delete(res_t).where(res_t.c.job_id.in_(ids)))
-        return sorted(ids)
+        return sorted(set(ids) | set(end_past_deadline(conn, now)))  # drained hosts past their deadline
 
     def get(self, job_id: str) -> Reservation | None:
         """The job's live reservation, or None."""
@@ -163,10 +165,10 @@ class ReservationsMixin:
             return self._reserved_map(conn, now)
 
     def plan(self, cluster: Cluster, request: PlanRequest, *, config: ClusterConfig | None = None) -> PlanResult:
-        """Plan against the ledger's live reservations and evictions without reserving anything."""
+        """Plan against the ledger's live reservations, evictions and drains without reserving anything."""
         with self._read("read the ledger state") as (conn, now):
-            reserved, evicted = self._reserved_map(conn, now), self._evicted_map(conn)
-        return core_plan(cluster, request, reserved=reserved, evicted=evicted, config=config)
+            reserved, evicted, drained = self._reserved_map(conn, now), self._evicted_map(conn), drained_map(conn)
+        return core_plan(cluster, request, reserved=reserved, evicted=evicted, config=config, drained=drained)
 
     def _load(self, conn: Connection, now: datetime, job_id: str | None = None) -> list[Reservation]:
         stmt = (
@@ -227,7 +229,7 @@ class ReservationsMixin:
             evicted.setdefault(bad.gpu, why)  # not a sibling instance of a faulty GPU either
             new = core_replacement(
                 cluster, res.keys, bad, reserved=self._reserved_map(conn, now), evicted=evicted, config=config,
-                gpu_memory_mib=(res.request or {}).get("gpu_memory_mib"),
+                gpu_memory_mib=(res.request or {}).get("gpu_memory_mib"), drained=drained_map(conn),
             )
             if new is None:
                 return None
