@@ -8,11 +8,13 @@ as an input (``drained``: host -> reason), like the evictions.
 
 from __future__ import annotations
 
-from typing import Mapping
+from datetime import datetime
+from typing import Any, Mapping
 
 import numpy as np
 
 from airflow_hetero_gpu.core.cluster import Cluster
+from airflow_hetero_gpu.durations import duration
 
 DRAINED = "drained"
 
@@ -32,4 +34,16 @@ def drain_reason(host: str, reason: str) -> str:
     return f"{host} {DRAINED}: {reason}"
 
 
-__all__ = ["DRAINED", "drain_reason", "drained_mask"]
+def drain_line(d: Any, now: datetime) -> str:
+    """``node01 drained: driver upgrade (since 3m05s, by ops; running jobs end in 1h00m)``."""
+    when = f"since {duration((now - d.drained_at).total_seconds())}, by {d.drained_by}"
+    if d.deadline is None:
+        ends = "running jobs finish"
+    elif d.deadline > now:
+        ends = f"running jobs end in {duration((d.deadline - now).total_seconds())}"
+    else:
+        ends = "deadline passed" + (f": ended {', '.join(d.ended)}" if d.ended else "")
+    return f"{d.host} drained: {d.reason} ({when}; {ends})"
+
+
+__all__ = ["DRAINED", "drain_line", "drain_reason", "drained_mask"]

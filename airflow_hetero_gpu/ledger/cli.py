@@ -18,6 +18,8 @@ from datetime import datetime, timezone
 
 from airflow_hetero_gpu.cli_output import EXIT_OK, table
 from airflow_hetero_gpu.durations import duration
+from airflow_hetero_gpu.ledger.drain_cli import print_drains
+from airflow_hetero_gpu.ledger.drain_cli import register as drain_register
 from airflow_hetero_gpu.core.cluster import Cluster
 from airflow_hetero_gpu.core.config import ClusterConfig
 from airflow_hetero_gpu.core.model import PlanRequest, PlanResult
@@ -133,8 +135,10 @@ def cmd_queue(args: argparse.Namespace) -> int:
     with Ledger.open_existing(args.ledger) as ledger:
         now = ledger.now()
         entries = ledger.queue()
+        drains = ledger.drains()
     if args.json:
-        print(json.dumps({"now": now.isoformat(), "entries": [e.to_json(now) for e in entries]}, indent=2))
+        print(json.dumps({"now": now.isoformat(), "entries": [e.to_json(now) for e in entries],
+                          "drained": [d.to_json() for d in drains]}, indent=2))
         return EXIT_OK
     rows = [(e.position or "-", e.job_id, "admitted" if e.admitted else (e.standing or "waiting"), e.priority,
              _asks(e.request), duration(e.waited_s(now)), _claim(e), "" if e.admitted else e.where())
@@ -142,6 +146,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
     print(table(["POS", "JOB", "STATE", "PRIO", "ASKS", "WAITED", "CLAIM", "REASON"], rows))
     if not entries:
         print("(nobody waits)")
+    print_drains(drains, now)
     return EXIT_OK
 
 
@@ -202,6 +207,8 @@ def register(subparsers) -> None:
     _ledger_arg(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_queue)
+
+    drain_register(subparsers, _ledger_arg)
 
     p = subparsers.add_parser("ledger", help="the ledger database itself")
     sub = p.add_subparsers(dest="ledger_command", required=True, metavar="COMMAND", parser_class=type(p))

@@ -156,6 +156,11 @@ class DrainsMixin:
     def _drained_map(self, conn: Connection) -> dict[str, str]:
         return drained_map(conn)
 
+    def jobs_on(self, host: str) -> list[str]:
+        """The jobs whose live reservations hold a GPU of ``host``."""
+        with self._read("read the jobs of a host") as (conn, now):
+            return holders(conn, now, host)
+
     def remove_host(self, host: str) -> None:
         """Drop ``host`` from the inventory (its drain and the watch's memory of it go too).
         Refused while a job holds one of its GPUs."""

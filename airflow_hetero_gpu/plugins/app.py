@@ -45,6 +45,7 @@ def snapshot(user: Any, settings: sources.PageSettings | None = None, **kwargs: 
     return page_model.build(
         inputs.cluster, inputs.reservations, inputs.evictions, queue=inputs.queue, samples=inputs.samples,
         events=inputs.events, sources=inputs.sources, visible_dag_ids=inputs.visible_dag_ids, now=inputs.now,
+        drains=inputs.drains,
     )
 
 

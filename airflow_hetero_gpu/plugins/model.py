@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 from urllib.parse import quote
 
 from airflow_hetero_gpu.core.foreign import outside_reason
+from airflow_hetero_gpu.core.drain import drain_line
 from airflow_hetero_gpu.core import occupancy
 from airflow_hetero_gpu.plugins.labels import job_labels
 
@@ -177,6 +178,7 @@ class PageInputs:
     sources: Mapping[str, Any] = field(default_factory=dict)
     visible_dag_ids: set[str] | None = None  # the DAGs the viewer may read (None: all)
     now: datetime | None = None
+    drains: Sequence[Any] = ()  # ledger Drain: host, reason, deadline, drained_at, drained_by
 
 
 @dataclass
@@ -308,6 +310,7 @@ def build(
     sources: Mapping[str, Any] | None = None,
     visible_dag_ids: set[str] | None = None,
     now: datetime | None = None,
+    drains: Sequence[Any] = (),
 ) -> PageModel:
     """The page's model from the inventory (``cluster``, None when there is none yet) and the ledger.
 
@@ -334,7 +337,8 @@ def build(
         return model
     reserved = {g.key: r.job_id for r in reservations for g in r.gpus}
     evicted = {e.key: tuple(e.reasons) for e in evictions}
-    state = occupancy.fleet_state(cluster, reserved, evicted)
+    drained = {d.host: d.reason for d in drains}
+    state = occupancy.fleet_state(cluster, reserved, evicted, drained)
     model.pools = occupancy.pool_counts(cluster, state=state)
     th = cluster.config.thresholds
     model.thresholds = {"busy_utilization": th.busy_utilization, "full_utilization": th.full_utilization,
@@ -352,15 +356,18 @@ def build(
         row = gpu.to_json()
         row.update(pool=pool_ids[pool_of[i]], load=round(load[i], 4), state=names[i], available=avail[i],
                    unit=gpu_unit(gpu.index, gpu.instance),
-                   held=list(gpu.unschedulable) + ([outside_reason(gpu)] if outside[i] else []),
+                   held=list(gpu.unschedulable) + ([outside_reason(gpu)] if outside[i] else [])
+                   + ([f"drained: {drained[gpu.host]}"] if gpu.host in drained and not job else []),
                    reserved_by=job, job_label=labels.get(job) if job else None,
                    evicted=list(ev) if ev is not None else None)
         model.gpus.append(row)
         by_host.setdefault(gpu.host, []).append(row)
     errors, notes, net = cluster.host_errors, cluster.host_notes, cluster.net
+    drain_notes = {d.host: drain_line(d, now) for d in drains}
     for host in cluster.hosts:
         domain = net.domain_of.get(host)
-        model.hosts.append(HostView(host, errors.get(host), list(notes.get(host, ())), by_host.get(host, []),
+        host_notes = ([drain_notes[host]] if host in drain_notes else []) + list(notes.get(host, ()))
+        model.hosts.append(HostView(host, errors.get(host), host_notes, by_host.get(host, []),
                                     net.groups_of(host), cluster.wiring.get(host), domain,
                                     len(net.domains.get(domain, ())) if domain else 0))
     model.switches = _switch_tree(cluster)
