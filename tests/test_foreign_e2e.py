@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from airflow_hetero_gpu.testing.demo import small_hosts
 from cluster_fixtures import emulated_cluster  # noqa: F401
+from people_fixtures import other_users_process  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,22 +22,6 @@ def hetero_gpu(*argv: str) -> subprocess.CompletedProcess[str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     return subprocess.run([sys.executable, "-m", "airflow_hetero_gpu.cli", *argv], capture_output=True,
                           text=True, env=env, timeout=120)
-
-
-@pytest.fixture
-def other_users_process():
-    """A real process of another user (``nobody``) when this runs as root, else of this user:
-    (its pid, the owner ``ps`` will name)."""
-    if os.geteuid() == 0:
-        argv, user = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "sleep", "600"], "nobody"
-    else:
-        argv, user = ["sleep", "600"], pwd.getpwuid(os.geteuid()).pw_name
-    proc = subprocess.Popen(argv, start_new_session=True)
-    try:
-        yield proc.pid, user
-    finally:
-        proc.kill()
-        proc.wait(timeout=30)
 
 
 def test_a_process_of_another_user_keeps_its_gpu_out_of_the_plan(emulated_cluster, other_users_process, tmp_path):
