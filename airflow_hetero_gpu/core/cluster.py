@@ -59,6 +59,7 @@ class Cluster:
     config: ClusterConfig
     host_errors: dict[str, str] = field(default_factory=dict)
     host_notes: dict[str, list[str]] = field(default_factory=dict)
+    duplicates: dict[str, str] = field(default_factory=dict)  # a second name of a machine -> its first
 
     def __post_init__(self) -> None:
         self.gpus = sorted(self.gpus, key=lambda g: (g.host, g.index, -1 if g.instance is None else g.instance))

@@ -27,6 +27,7 @@ from airflow_hetero_gpu.core.config import ClusterConfig, load_config
 from airflow_hetero_gpu.capture.query import QueryRow
 from airflow_hetero_gpu.core.cardtype import mig_card_type
 from airflow_hetero_gpu.core.health import GpuFacts, health_reasons
+from airflow_hetero_gpu.core.machines import duplicate_hosts, duplicate_line
 from airflow_hetero_gpu.core.foreign import host_processes, instance_processes
 from airflow_hetero_gpu.core.model import Fabric, Gpu, GpuProcess
 from airflow_hetero_gpu.core.topology import HostWiring, NetworkTiers
@@ -227,7 +228,11 @@ def cluster_from_captures(captures: CaptureSet, config: ClusterConfig | None = N
     wiring: dict[str, HostWiring] = {}
     errors: dict[str, str] = {}
     reasons_memo: dict[tuple, tuple[str, ...]] = {}
+    duplicates = duplicate_hosts({name: [r.uuid for r in cap.query.rows] if cap.query else []
+                                  for name, cap in captures.hosts.items()})
     for name, cap in captures.hosts.items():
+        if name in duplicates:
+            continue  # one machine under two names: its first name has the GPUs
         gpus.extend(host_gpus(cap, config, xid_rule, reasons_memo))
         if cap.error is not None:
             errors[name] = cap.error
@@ -239,7 +244,10 @@ def cluster_from_captures(captures: CaptureSet, config: ClusterConfig | None = N
         net = network_tiers(captures.switches)
     cluster = build_cluster(gpus, wiring, net, config, errors)
     cluster.host_notes = {n: list(c.notes) + ([c.stale] if c.stale else [])
-                          for n, c in captures.hosts.items() if c.notes or c.stale}
+                          for n, c in captures.hosts.items() if (c.notes or c.stale) and n not in duplicates}
+    cluster.duplicates = {host: first for host, (first, _why) in duplicates.items()}
+    for host, (first, why) in sorted(duplicates.items()):
+        cluster.host_notes.setdefault(first, []).append(duplicate_line(host, first, why))
     for host, note in cluster.host_domain_notes.items():
         cluster.host_notes.setdefault(host, []).append(note)
     return cluster

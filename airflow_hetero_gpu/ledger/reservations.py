@@ -73,6 +73,7 @@ class ReservationsMixin:
                 return existing_result(res, cluster, request)
             # GPUs claimed for the queue's heads are not given out past the queue
             reserved = {**self._claimed_map(conn, but=job_id), **self._reserved_map(conn, now)}
+            reserved.update(self._held_by_uuid(conn, now, cluster, reserved))
             result = core_plan(cluster, request, reserved=reserved, evicted=self._evicted_map(conn), config=config,
                                drained=drained_map(conn))
             if result.decision is None:
@@ -193,6 +194,17 @@ class ReservationsMixin:
         return {GpuKey(host, index, instance_of(instance)): job
                 for host, index, instance, job in conn.execute(stmt)}
 
+    def _held_by_uuid(self, conn: Connection, now: datetime, cluster: Cluster,
+                      reserved: Mapping[GpuKey, str]) -> dict[GpuKey, str]:
+        """GPUs of ``cluster`` a live reservation holds under another host name (one machine
+        listed twice: the same UUID): they count as held, so no GPU is ever reserved twice."""
+        stmt = (select(gpu_t.c.uuid, gpu_t.c.job_id).join(res_t, res_t.c.job_id == gpu_t.c.job_id)
+                .where(res_t.c.expires_at > now, gpu_t.c.uuid.is_not(None)))
+        by_uuid = {uuid: job for uuid, job in conn.execute(stmt) if uuid}
+        if not by_uuid:
+            return {}
+        return {g.key: by_uuid[g.uuid] for g in cluster.gpus if g.uuid in by_uuid and g.key not in reserved}
+
     # --- replacement (S12) ----------------------------------------------------------------------
     def replace(
         self,
@@ -227,8 +239,10 @@ class ReservationsMixin:
                 raise LedgerError(f"replace: GPU {bad} is not held by job {job_id!r} (it holds {held})")
             evicted = self._evicted_map(conn)
             evicted.setdefault(bad.gpu, why)  # not a sibling instance of a faulty GPU either
+            reserved = self._reserved_map(conn, now)
+            reserved.update(self._held_by_uuid(conn, now, cluster, reserved))
             new = core_replacement(
-                cluster, res.keys, bad, reserved=self._reserved_map(conn, now), evicted=evicted, config=config,
+                cluster, res.keys, bad, reserved=reserved, evicted=evicted, config=config,
                 gpu_memory_mib=(res.request or {}).get("gpu_memory_mib"), drained=drained_map(conn),
             )
             if new is None:
