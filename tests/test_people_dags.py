@@ -121,3 +121,70 @@ def test_a_run_on_a_drained_host_finishes_undisturbed(airflow_home, emulated_clu
     assert json.loads(out.read_text())["hosts"] == [host]
     with Ledger.from_url(url) as led:
         assert led.live_reservations() == [] and [d.host for d in led.drains()] == [host]
+
+
+def _processes_of(job_id: str) -> list[int]:
+    """The processes on this machine (every emulated host) whose environment marks the job."""
+    import os
+
+    marker = f"HETERO_GPU_JOB_ID={job_id}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if marker in f.read().split(b"\0"):
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def test_a_process_outside_the_scheduler_on_a_running_jobs_gpu_is_a_warning(airflow_home, emulated_cluster,
+                                                                            other_users_process, tmp_path):
+    from airflow_hetero_gpu.collect.freshness import FreshInventory
+    from airflow_hetero_gpu.plugins import model as page_model
+
+    pid, user = other_users_process
+    cluster = emulated_cluster(small_hosts(1, gpus=2))
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    fill_ledger(cluster, url)
+    release = tmp_path / "release"
+    holding, warned = threading.Event(), threading.Event()
+
+    def on_line(line: str) -> None:
+        if "holding after epoch 1" in line:
+            holding.set()
+        if "is also in use outside the scheduler" in line:
+            warned.set()
+
+    proc, pump, lines, out, _ = start_dag(
+        airflow_home, cluster, tmp_path, "intruder", on_line, gpu_count=2, ledger_url=url, inventory_max_age=3600,
+        script_args=["--epochs", "2", "--hold-after-epoch", "1", "--hold-file", str(release)])
+    try:
+        assert holding.wait(EVENT_TIMEOUT_S), "".join(lines)[-4000:]
+        with Ledger.from_url(url) as led:
+            (res,) = led.live_reservations()
+        own = _processes_of(res.job_id)
+        assert own, "the job's processes carry its marker"
+        # GPU 0 lists one of the job's own processes and someone else's notebook
+        cluster.update_gpu("node01", 0, processes=[{"pid": own[-1], "name": "python", "memory_mib": 900},
+                                                   {"pid": pid, "name": "python3", "memory_mib": 1632}])
+        fill_ledger(cluster, url)
+        assert warned.wait(EVENT_TIMEOUT_S), "".join(lines)[-4000:]
+        with Ledger.from_url(url) as led:  # the page shows it on the reserved GPU
+            page = page_model.build(FreshInventory(led.inventory(), float("inf")).cluster(), led.live_reservations(),
+                                    led.evictions())
+        (gpu0,) = [g for g in page.gpus if (g["host"], g["index"]) == ("node01", 0)]
+        assert gpu0["state"] == "reserved"
+        assert gpu0["held"] == [f"in use outside the scheduler beside job {res.job_id}: {user}, pid {pid} python3, "
+                                "1,632 MiB"]
+    finally:
+        release.touch()
+        finish(proc, pump, timeout=600)
+    log = "".join(lines)
+    assert proc.returncode == 0, log[-6000:]
+    warnings = [line for line in log.splitlines() if "is also in use outside the scheduler" in line]
+    assert len(warnings) == 1 and f"GPU node01:0 is also in use outside the scheduler: {user}, pid {pid} " \
+        "python3, 1,632 MiB (the job runs on; the GPU is not evicted)" in warnings[0], warnings
+    assert "training done" in log

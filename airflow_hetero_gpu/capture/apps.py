@@ -9,8 +9,10 @@ alone when no process runs)::
     GPU-6e841afe-c5b7-9589-9c35-35532d81dc85, 440, 866 MiB, python3
 
 ``procs.txt`` is ``ps -o pid=,pgid=,user= -p <those pids>``: who owns each process and its
-process group (``  440   436 nobody``; further columns, such as ``comm``, are ignored). A
-process that ended between the two reads has no line.
+process group (``  440   436 nobody``), followed by the scheduler's job the process belongs to
+as ``job=<id>`` (the ``HETERO_GPU_JOB_ID`` of its environment; nothing when it has none or it
+cannot be read: another user's process). Other further columns (``ps``'s ``comm``) are ignored.
+A process that ended between the two reads has no line.
 """
 
 from __future__ import annotations
@@ -38,11 +40,13 @@ class ComputeApp:
 
 @dataclass(frozen=True)
 class Owner:
-    """A process's owner and process group, as ``ps`` printed them."""
+    """A process's owner and process group, as ``ps`` printed them, and the scheduler's job it
+    belongs to (the ``HETERO_GPU_JOB_ID`` of its environment; None: none, or not readable)."""
 
     pid: int
     pgid: int
     user: str
+    job: str | None = None
 
 
 def parse_apps_csv(text: str, path: str) -> list[ComputeApp]:
@@ -85,7 +89,8 @@ def parse_procs(text: str, path: str) -> dict[int, Owner]:
         if len(parts) < 3 or not parts[0].isdigit() or not parts[1].isdigit():
             raise CaptureError(path, f"expected 'PID PGID USER' (ps -o pid=,pgid=,user=), got {raw.strip()[:80]!r}",
                                number)
-        out[int(parts[0])] = Owner(int(parts[0]), int(parts[1]), parts[2])
+        job = parts[3][4:] or None if len(parts) == 4 and parts[3].startswith("job=") else None
+        out[int(parts[0])] = Owner(int(parts[0]), int(parts[1]), parts[2], job)
     return out
 
 

@@ -44,19 +44,26 @@ _KERNEL_LOG_DENIED = re.compile(
 
 CAPTURE_FILES = ("query.csv", "topo.txt", "xid.log", "mig.txt", "mig-usage.txt", "apps.csv", "procs.txt")
 
-#: The GPUs' compute processes (``apps.csv``), and the owners and process groups of those
-#: processes (``procs.txt``). In the one-session read the listing is kept in a shell variable so
-#: that ``ps`` asks about exactly the pids it holds; run one by one (a host whose shell is not
-#: POSIX), ``ps`` gets the pids parsed from the listing.
+#: The GPUs' compute processes (``apps.csv``), and the owners, process groups and job markers of
+#: those processes (``procs.txt``: ``ps -o pid=,pgid=,user=`` and the ``HETERO_GPU_JOB_ID`` of the
+#: process's environment as ``job=<id>``, nothing where it has none or it cannot be read:
+#: another user's process).
+#: In the one-session read the listing is kept in a shell variable so that ``ps`` asks about
+#: exactly the pids it holds; run one by one (a host whose shell is not POSIX), ``ps`` gets the
+#: pids parsed from the listing.
 APPS_COMMAND = "nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory,process_name --format=csv"
 _APPS_TOGETHER = f"hgpu_apps=$({APPS_COMMAND}); hgpu_rc=$?; printf '%s\\n' \"$hgpu_apps\"; (exit $hgpu_rc)"
+_OWNERS = ("ps -o pid=,pgid=,user:32= -p \"$hgpu_pids\" | while read -r p g u; do "
+           "j=$( (tr '\\000' '\\n' < /proc/$p/environ) 2>/dev/null | sed -n 's/^HETERO_GPU_JOB_ID=//p' | head -n 1); "
+           "printf '%s %s %s %s\\n' \"$p\" \"$g\" \"$u\" \"${j:+job=$j}\"; done")
 _PROCS_TOGETHER = ("hgpu_pids=$(printf '%s\\n' \"$hgpu_apps\" | sed 1d | cut -d, -f2 | tr -d ' ' | paste -sd, -); "
-                   "if [ -n \"$hgpu_pids\" ]; then ps -o pid=,pgid=,user:32= -p \"$hgpu_pids\"; else true; fi")
+                   f"if [ -n \"$hgpu_pids\" ]; then {_OWNERS}; else true; fi")
 
 
 def procs_command(pids) -> str:
-    """``ps`` for the given pids (integers parsed from ``apps.csv``: nothing else is interpolated)."""
-    return "ps -o pid=,pgid=,user:32= -p " + ",".join(str(int(p)) for p in pids)
+    """The owners' read for the given pids (integers parsed from ``apps.csv``: nothing else is
+    interpolated)."""
+    return "hgpu_pids=" + ",".join(str(int(p)) for p in pids) + "; " + _OWNERS
 
 
 def _nvidia_smi_failure(result: CommandResult) -> HostFailure:

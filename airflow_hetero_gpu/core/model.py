@@ -112,6 +112,7 @@ class GpuProcess:
     memory_mib: float | None = None
     user: str | None = None
     pgid: int | None = None
+    job: str | None = None  # the scheduler's job it belongs to (its environment's marker), if known
 
     def describe(self) -> str:
         """``alice, pid 4242 python3, 1,632 MiB``."""
@@ -120,7 +121,7 @@ class GpuProcess:
 
     def to_json(self) -> dict:
         return {"pid": self.pid, "name": self.name, "memory_mib": self.memory_mib, "user": self.user,
-                "pgid": self.pgid}
+                "pgid": self.pgid, "job": self.job}
 
 
 @dataclass(frozen=True)

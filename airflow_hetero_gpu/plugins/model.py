@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 from urllib.parse import quote
 
-from airflow_hetero_gpu.core.foreign import outside_reason
+from airflow_hetero_gpu.core.foreign import intruder_reason, intruders, outside_reason
 from airflow_hetero_gpu.core.drain import drain_line
 from airflow_hetero_gpu.core import occupancy
 from airflow_hetero_gpu.plugins.labels import job_labels
@@ -357,6 +357,7 @@ def build(
         row.update(pool=pool_ids[pool_of[i]], load=round(load[i], 4), state=names[i], available=avail[i],
                    unit=gpu_unit(gpu.index, gpu.instance),
                    held=list(gpu.unschedulable) + ([outside_reason(gpu)] if outside[i] else [])
+                   + ([intruder_reason(gpu, job)] if job and intruders(gpu, job) else [])
                    + ([f"drained: {drained[gpu.host]}"] if gpu.host in drained and not job else []),
                    reserved_by=job, job_label=labels.get(job) if job else None,
                    evicted=list(ev) if ev is not None else None)
