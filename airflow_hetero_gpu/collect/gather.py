@@ -23,6 +23,7 @@ from airflow_hetero_gpu.capture.directory import QUERY_FIELDS
 from airflow_hetero_gpu.capture.query import EXTRA_HEALTH_FIELDS, OPTIONAL_FIELDS, field_group
 from airflow_hetero_gpu.collect.command import CommandResult, run_command, run_together
 from airflow_hetero_gpu.collect.mig import mig_enabled, mig_files
+from airflow_hetero_gpu.collect.processes import APPS_COMMAND, APPS_TOGETHER, PROCS_TOGETHER, procs_command
 from airflow_hetero_gpu.collect.nvml import AgentReply, agent_command, agent_script, parse_agent_reply
 from airflow_hetero_gpu.collect.reasons import HostFailure, first_line
 from airflow_hetero_gpu.errors import CaptureError
@@ -43,28 +44,6 @@ _KERNEL_LOG_DENIED = re.compile(
 )
 
 CAPTURE_FILES = ("query.csv", "topo.txt", "xid.log", "mig.txt", "mig-usage.txt", "apps.csv", "procs.txt")
-
-#: The GPUs' compute processes (``apps.csv``), and the owners, process groups and job markers of
-#: those processes (``procs.txt``: ``ps -o pid=,pgid=,user=`` and the ``HETERO_GPU_JOB_ID`` of the
-#: process's environment as ``job=<id>``, nothing where it has none or it cannot be read:
-#: another user's process).
-#: In the one-session read the listing is kept in a shell variable so that ``ps`` asks about
-#: exactly the pids it holds; run one by one (a host whose shell is not POSIX), ``ps`` gets the
-#: pids parsed from the listing.
-APPS_COMMAND = "nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory,process_name --format=csv"
-_APPS_TOGETHER = f"hgpu_apps=$({APPS_COMMAND}); hgpu_rc=$?; printf '%s\\n' \"$hgpu_apps\"; (exit $hgpu_rc)"
-_OWNERS = ("ps -o pid=,pgid=,user:32= -p \"$hgpu_pids\" | while read -r p g u; do "
-           "j=$( (tr '\\000' '\\n' < /proc/$p/environ) 2>/dev/null | sed -n 's/^HETERO_GPU_JOB_ID=//p' | head -n 1); "
-           "printf '%s %s %s %s\\n' \"$p\" \"$g\" \"$u\" \"${j:+job=$j}\"; done")
-_PROCS_TOGETHER = ("hgpu_pids=$(printf '%s\\n' \"$hgpu_apps\" | sed 1d | cut -d, -f2 | tr -d ' ' | paste -sd, -); "
-                   f"if [ -n \"$hgpu_pids\" ]; then {_OWNERS}; else true; fi")
-
-
-def procs_command(pids) -> str:
-    """The owners' read for the given pids (integers parsed from ``apps.csv``: nothing else is
-    interpolated)."""
-    return "hgpu_pids=" + ",".join(str(int(p)) for p in pids) + "; " + _OWNERS
-
 
 def _nvidia_smi_failure(result: CommandResult) -> HostFailure:
     if result.returncode == 127:
@@ -170,7 +149,7 @@ def _read_together(client: paramiko.SSHClient, command_timeout: float, read_kern
     if read_kernel_log:
         commands.append((XID_COMMAND, "kernel log read"))
         names.append("xid")
-    commands += [(_APPS_TOGETHER, "nvidia-smi --query-compute-apps"), (_PROCS_TOGETHER, "ps")]
+    commands += [(APPS_TOGETHER, "nvidia-smi --query-compute-apps"), (PROCS_TOGETHER, "ps")]
     names += ["apps", "procs"]
     results = run_together(client, commands, command_timeout, stdin=stdin, open_timeout=open_timeout)
     return {} if results is None else dict(zip(names, results))
