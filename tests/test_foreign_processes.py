@@ -115,3 +115,32 @@ def test_a_capture_directory_reads_the_listing(tmp_path):
     caps = read_capture_dir(tmp_path)
     assert [a.pid for a in caps.hosts["h200"].apps] == [440, 439]
     assert plan(cluster_from_captures(caps), PlanRequest(1)).decision is None
+
+
+def test_a_mig_instance_is_judged_on_its_own(tmp_path):
+    """a100-1 GPU0 has MIG on (3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb); alice's process runs on MIG
+    device 2, placed there by the plain table's process list: device 2 is in use outside the
+    scheduler, device 3 of the same profile is not."""
+    from airflow_hetero_gpu.core.inventory import load_cluster
+    from airflow_hetero_gpu.testing.captures import write_capture_dir
+    from airflow_hetero_gpu.testing.demo import enable_mig
+    from plan_fixtures import A100, TOPOLOGY_CONF, hosts
+
+    specs = hosts()
+    gpu = enable_mig(specs[0], 0)
+    gpu.mig_devices[2]["processes"] = [{"pid": 4242, "name": "python3", "memory_mib": 900}]
+    gpu.mig_devices[2]["memory_used_mib"] = 900
+    root = write_capture_dir(tmp_path, specs, topology_conf=TOPOLOGY_CONF)
+    state = specs[0].to_state()
+    host = root / "hosts" / specs[0].name
+    (host / "apps.csv").write_text(query_compute_apps(state, "gpu_uuid,pid,used_memory,process_name", "csv")[0])
+    (host / "procs.txt").write_text("   4242    4200 alice\n")
+    cluster = load_cluster(root)
+    outside = {g.key: g.outside for g in cluster.gpus if g.outside}
+    assert list(outside) == [GpuKey("a100-1", 0, 2)]
+    result = plan(cluster, PlanRequest(1, f"{A100} MIG 1g.10gb"))
+    assert result.decision.keys == [GpuKey("a100-1", 0, 3)]
+    busy = plan(cluster, PlanRequest(1, f"{A100} MIG 1g.10gb"), reserved={GpuKey("a100-1", 0, 3): "job-a"})
+    (report,) = [p for p in busy.pools if p.pool == f"{A100} MIG 1g.10gb"]
+    assert report.reason == ("needs 1 available, has 0: 1 reserved (by job-a); 1 in use outside the scheduler "
+                             "(a100-1 GPU0 MIG 2 in use outside the scheduler: alice, pid 4242 python3, 900 MiB)")
