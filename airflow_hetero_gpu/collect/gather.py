@@ -18,7 +18,7 @@ import re
 
 import paramiko
 
-from airflow_hetero_gpu.capture.apps import parse_apps_csv
+from airflow_hetero_gpu.capture.apps import parse_apps_csv, parse_procs
 from airflow_hetero_gpu.capture.directory import QUERY_FIELDS
 from airflow_hetero_gpu.capture.query import EXTRA_HEALTH_FIELDS, OPTIONAL_FIELDS, field_group
 from airflow_hetero_gpu.collect.command import CommandResult, run_command, run_together
@@ -157,21 +157,29 @@ def _read_together(client: paramiko.SSHClient, command_timeout: float, read_kern
 
 def _processes(client: paramiko.SSHClient, command_timeout: float, first: dict[str, CommandResult],
                warnings: list[str]) -> dict[str, str]:
-    """``apps.csv`` and ``procs.txt`` (none when the listing failed: a warning says why)."""
+    """``apps.csv`` and ``procs.txt``. A listing that failed or does not read is left out, and an
+    owners' read that does not read too (the processes then have an unknown owner): a warning
+    says why, and the host's other outputs are stored as usual."""
     apps = first.get("apps") or run_command(client, APPS_COMMAND, command_timeout, "nvidia-smi --query-compute-apps")
     if apps.returncode != 0 or not apps.stdout.strip():
         warnings.append(f"GPU processes not read: nvidia-smi --query-compute-apps exit {apps.returncode}: "
                         f"{first_line(apps.stdout, apps.stderr)}")
         return {}
+    try:
+        listed = parse_apps_csv(apps.stdout, "apps.csv")
+    except CaptureError as err:
+        warnings.append(f"GPU processes not read: {err}")
+        return {}
     files = {"apps.csv": apps.stdout}
     procs = first.get("procs")
     if procs is None:
-        try:
-            listed = parse_apps_csv(apps.stdout, "apps.csv")
-        except CaptureError:
-            listed = []  # the readers report the unreadable listing
         pids = sorted({a.pid for a in listed})
         procs = run_command(client, procs_command(pids), command_timeout, "ps") if pids else CommandResult(0, "", "")
+    try:
+        parse_procs(procs.stdout, "procs.txt")
+    except CaptureError as err:
+        warnings.append(f"GPU processes' owners not read: {err}")
+        return files
     # ps exits 1 when a listed process ended meanwhile; it still prints the others
     if procs.returncode in (0, 1):
         files["procs.txt"] = procs.stdout
