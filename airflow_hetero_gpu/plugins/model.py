@@ -69,6 +69,7 @@ def gpu_statuses(
     evicted: Mapping[tuple[str, int], Sequence[str]] | None = None,
     *,
     labels: Mapping[str, str] | None = None,
+    drained: Mapping[str, str] | None = None,
 ) -> dict[tuple[str, int], GpuStatus]:
     """Every GPU's status with the ledger applied (:mod:`airflow_hetero_gpu.core.occupancy`)."""
     from airflow_hetero_gpu.core.model import GpuKey
@@ -77,7 +78,7 @@ def gpu_statuses(
     evicted = {GpuKey(*k): tuple(v) for k, v in (evicted or {}).items()}
     if labels is None:
         labels = job_labels(reserved.values())
-    state = occupancy.fleet_state(cluster, reserved, evicted)
+    state = occupancy.fleet_state(cluster, reserved, evicted, drained)
     names = occupancy.gpu_states(state)
     load = state.load.tolist()
     avail = state.available.tolist()
@@ -234,6 +235,7 @@ class PageModel:
     cluster: "Cluster | None" = None
     samples: Sequence[Any] = ()
     events: Sequence[Any] = ()
+    drained: list[dict[str, Any]] = field(default_factory=list)  # {host, reason, line} per drained host
     _statuses: dict[tuple[str, int], GpuStatus] | None = field(default=None, repr=False)
 
     @property
@@ -242,8 +244,9 @@ class PageModel:
         if self._statuses is None:
             reserved = {(g["host"], g["index"]): g["reserved_by"] for g in self.gpus if g["reserved_by"]}
             evicted = {(g["host"], g["index"]): g["evicted"] for g in self.gpus if g["evicted"] is not None}
-            self._statuses = {} if self.cluster is None else gpu_statuses(self.cluster, reserved, evicted,
-                                                                          labels=self.labels)
+            self._statuses = {} if self.cluster is None else gpu_statuses(
+                self.cluster, reserved, evicted, labels=self.labels,
+                drained={d["host"]: d["reason"] for d in self.drained})
         return self._statuses
 
     @property
@@ -281,6 +284,7 @@ class PageModel:
             "evictions": self.evictions,
             "queue": self.queue,
             "job_labels": self.labels,
+            "drained": self.drained,
         }
 
 
@@ -338,6 +342,7 @@ def build(
     reserved = {g.key: r.job_id for r in reservations for g in r.gpus}
     evicted = {e.key: tuple(e.reasons) for e in evictions}
     drained = {d.host: d.reason for d in drains}
+    model.drained = [{"host": d.host, "reason": d.reason, "line": drain_line(d, now)} for d in drains]
     state = occupancy.fleet_state(cluster, reserved, evicted, drained)
     model.pools = occupancy.pool_counts(cluster, state=state)
     th = cluster.config.thresholds
