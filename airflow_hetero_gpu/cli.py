@@ -56,13 +56,18 @@ def _load(args):
 
 
 def _ledger_state(args):
-    """Reservations and evictions of the ledger named by ``--ledger`` (empty without one)."""
+    """Reservations, evictions and drained hosts of the ledger named by ``--ledger`` (empty
+    without one); the drains are printed (unless ``--json``)."""
     if not getattr(args, "ledger", None):
-        return {}, {}
+        return {}, {}, {}
     from airflow_hetero_gpu.ledger import Ledger
+    from airflow_hetero_gpu.ledger.drain_cli import print_drains
 
     with Ledger.open_existing(args.ledger) as ledger:  # reserved_map() counts live leases only
-        return ledger.reserved_map(), ledger.evicted_map()
+        state = ledger.reserved_map(), ledger.evicted_map(), ledger.drained_map()
+        if not args.json:
+            print_drains(ledger.drains(), ledger.now())
+        return state
 
 
 # --- inventory --------------------------------------------------------------------------------
@@ -97,8 +102,8 @@ def cmd_pools(args) -> int:
     from airflow_hetero_gpu.core.occupancy import pool_counts
 
     cluster = _load(args)
-    reserved, evicted = _ledger_state(args)
-    out = [c.to_json() for c in pool_counts(cluster, reserved, evicted)]
+    reserved, evicted, drained = _ledger_state(args)
+    out = [c.to_json() for c in pool_counts(cluster, reserved, evicted, drained=drained)]
     if args.json:
         print(json.dumps(out, indent=2))
         return EXIT_OK
@@ -141,8 +146,8 @@ def cmd_plan(args) -> int:
             print(f"hetero-gpu plan: job {args.job_id!r}: {err}", file=sys.stderr)
             return EXIT_NO_CAPACITY
     else:
-        reserved, evicted = _ledger_state(args)
-        result = plan(cluster, request, reserved=reserved, evicted=evicted)
+        reserved, evicted, drained = _ledger_state(args)
+        result = plan(cluster, request, reserved=reserved, evicted=evicted, drained=drained)
     if args.json:
         out = result.to_json()
         if args.reserve:

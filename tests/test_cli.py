@@ -80,11 +80,13 @@ def test_inventory_json_fields_and_host_errors(tmp_path):
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     assert len(rows) == 32
-    # SPEC §4's fields, then MIG (instance, mode), why a unit is held back, and the NVLink fabric
+    # SPEC §4's fields, then MIG (instance, mode), why a unit is held back, the NVLink fabric and the
+    # GPU's compute processes
     assert set(rows[0]) == {"host", "index", "uuid", "name", "memory_total_mib", "memory_used_mib", "utilization",
                             "temperature_c", "power_w", "healthy", "reasons", "instance", "mig", "unschedulable",
-                            "fabric"}
+                            "fabric", "outside"}
     assert (rows[0]["instance"], rows[0]["mig"], rows[0]["unschedulable"], rows[0]["fabric"]) == (None, None, [], None)
+    assert rows[0]["outside"] == []  # the GPU's compute processes (none: the sample has no apps.csv)
     by = {(g["host"], g["index"]): g for g in rows}
     assert by[("v100", 2)]["reasons"] == ["ecc"] and not by[("v100", 2)]["healthy"]
     assert by[("rtx-2", 0)]["reasons"] == ["unreachable"]

@@ -74,7 +74,7 @@ def test_collect_through_airflow_connections(emulated_cluster, monkeypatch, tmp_
     report = json.loads(done.stdout)
     assert [(h["host"], h["ok"]) for h in report["hosts"]] == [("node01", True), ("node02", True)]
     assert sorted(p.name for p in (tmp_path / "out" / "hosts" / "node02").iterdir()) == [
-        "query.csv", "topo.txt", "xid.log"]
+        "apps.csv", "procs.txt", "query.csv", "topo.txt", "xid.log"]
 
 
 def test_nothing_collected_exits_4(emulated_cluster, tmp_path):

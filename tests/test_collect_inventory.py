@@ -90,7 +90,8 @@ def test_faults_in_one_collection(emulated_cluster, tmp_path):
     for name in ("node05", "node06"):
         state = cluster.state(name)
         host_dir = out / "hosts" / name
-        assert sorted(p.name for p in host_dir.iterdir()) == ["query.csv", "topo.txt", "xid.log"]
+        assert sorted(p.name for p in host_dir.iterdir()) == ["apps.csv", "procs.txt", "query.csv", "topo.txt",
+                                                              "xid.log"]
         assert (host_dir / "query.csv").read_text() == nvsmi.query_gpu(state, COLLECTED_FIELDS, "csv")[0]
         assert (host_dir / "topo.txt").read_text() == nvsmi.topo_text(state)
 

@@ -163,6 +163,8 @@ def test_collects_every_demo_host_in_parallel(emulated_cluster, tmp_path):
             "query.csv": nvsmi.query_gpu(state, COLLECTED_FIELDS, "csv")[0],
             "topo.txt": nvsmi.topo_text(state),
             "xid.log": expected_xid,
+            "apps.csv": nvsmi.query_compute_apps(state, "gpu_uuid,pid,used_memory,process_name", "csv")[0],
+            "procs.txt": "",
         }
     assert "Xid (PCI:0000:bb:00): 48" in (out / "hosts" / "hgx-h200" / "xid.log").read_text()
     # The hosts were worked on at the same time, not one after the other.
@@ -194,7 +196,7 @@ def test_failing_hosts_get_error_txt_and_do_not_stop_the_others(emulated_cluster
         if fault:
             assert files_of(out, host) == {"error.txt": expected + "\n"}
         else:
-            assert sorted(files_of(out, host)) == ["query.csv", "topo.txt", "xid.log"]
+            assert sorted(files_of(out, host)) == ["apps.csv", "procs.txt", "query.csv", "topo.txt", "xid.log"]
 
 
 def test_hung_host_times_out_within_the_connect_timeout(emulated_cluster, tmp_path):

@@ -39,10 +39,11 @@ def test_one_session_per_host_and_the_same_files_as_one_by_one(embedded_cluster,
                               max_parallel=4, retries=0)
     assert [h.host for h in report.failed] == []
     sessions = {name: n - before[name] for name, n in cluster.sessions_opened().items()}
-    assert sessions == {"node01": 1, "node02": 1, "node03": 1 + 3, "node04": 1}
+    # one by one: query, topo, kernel log and the compute-apps listing (no process: no ps)
+    assert sessions == {"node01": 1, "node02": 1, "node03": 1 + 4, "node04": 1}
     posix, fish = _files(tmp_path / "out", "node02"), _files(tmp_path / "out", "node03")
     assert {"query.csv", "topo.txt", "xid.log"} <= set(posix)
-    for name in ("query.csv", "topo.txt", "xid.log"):
+    for name in ("query.csv", "topo.txt", "xid.log", "apps.csv", "procs.txt"):
         assert fish[name] == posix[name], name
     assert posix["topo.txt"] == nvsmi.topo_text(twin)
     assert posix["query.csv"] == nvsmi.query_gpu(twin, ",".join([QUERY_FIELDS, *OPTIONAL_FIELDS]), "csv")[0]

@@ -154,3 +154,38 @@ def test_state_is_read_per_call_not_cached():
     state["gpus"] = state["gpus"][:1]
     second = run_script(script, state)
     assert first[1].count(b"GPU ") == 2 and second[1].count(b"GPU ") == 1
+
+
+def test_the_process_read_prints_what_bash_prints(tmp_path):
+    """The collector's read of the GPUs' processes: the listing, then each process's owner, group
+    and job marker, read from real processes of this machine (one of a job, one of another user
+    when the tests run as root, one that has ended)."""
+    import subprocess as sp
+
+    from airflow_hetero_gpu.collect.processes import APPS_TOGETHER, PROCS_TOGETHER
+
+    job = sp.Popen(["sleep", "300"], env={**os.environ, "HETERO_GPU_JOB_ID": "job-7"})
+    other = sp.Popen(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "sleep", "300"]
+                     if os.geteuid() == 0 else ["sleep", "300"])
+    try:
+        line = together_line([TOPO_COMMAND, APPS_TOGETHER, PROCS_TOGETHER], "HGPU-0123456789abcdef")
+        gpus = H200.to_state()["gpus"]
+        gpus[0]["processes"] = [{"pid": job.pid, "name": "python", "memory_mib": 900},
+                                {"pid": other.pid, "name": "python3", "memory_mib": 1632},
+                                {"pid": 4194000, "name": "gone", "memory_mib": 1}]  # above any live pid here
+        for changes, faults in (({"gpus": gpus}, []), ({}, []), ({"gpus": gpus}, ["nvidia_smi_missing"])):
+            state = dict(H200.to_state(), **changes)
+            state["faults"] = faults
+            bin_dir, state_file = _host(tmp_path / str(len(faults)) / str(len(changes)), state)
+            if faults:
+                set_nvidia_smi_present(bin_dir, present=False, system_path=SYSTEM_PATH)
+            script = parse(line)
+            assert script is not None
+            got = run_script(script, state)
+            assert got == _bash(line, bin_dir, state_file)
+            if changes and not faults:
+                assert f"{job.pid} ".encode() in got[1] and b" job=job-7\n" in got[1]
+    finally:
+        for p in (job, other):
+            p.kill()
+            p.wait()

@@ -144,7 +144,7 @@ def test_state_and_lease_columns_are_visible_without_sideways_scrolling(fleet, v
         assert outer[0] <= outer[1]
         rows = _rows(frame.locator("table.hg-reservations"))
         assert sorted(r["Job"] for r in rows) == sorted(facts["jobs"])
-        assert all(re.fullmatch(r"in (3\.\d|4\.0) h|in 2\d\d min", r["Lease"]) for r in rows), rows
+        assert all(re.fullmatch(r"in (3h\d\d|4h00)m|in 2\d\dm\d\ds", r["Lease"]) for r in rows), rows
         frame.locator("#reservations").evaluate("e => e.scrollIntoView()")
         page.screenshot(path=str(_shots(tmp_path) / f"cluster-page-{size[0]}.png"))
     finally:

@@ -210,7 +210,7 @@ def test_queue_table_shows_position_priority_waited_and_reason(sample):
     assert [(q["job_id"], q["waited_s"]) for q in m.to_json()["queue"]] == [("big-job", 720.0), ("small-job", 40.0)]
     html = render.render_page(m)
     body = html.split('class="hg-queue"')[1].split("</table>")[0]
-    assert re.search(r"<td class=\"hg-n\">1</td>.*big-job.*<td class=\"hg-n\">5</td>\s*<td>12 min</td>\s*"
+    assert re.search(r"<td class=\"hg-n\">1</td>.*big-job.*<td class=\"hg-n\">5</td>\s*<td>12m00s</td>\s*"
                      r"<td>16 GPUs of A100\*</td>\s*<td class=\"hg-wrap\"></td>\s*"
                      r"<td class=\"hg-wrap\">needs 16 available, has 12</td>", body, re.S)
     assert "2 jobs waiting" in html

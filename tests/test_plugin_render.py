@@ -335,7 +335,7 @@ def test_page_has_every_section(sample, ledger_state):
     )
     html = render.render_page(m, ui_base="/airflow", refresh_seconds=30, api_path="/airflow/hetero-gpu/api/cluster")
     for needle in ("finetune+llm-pretrain@NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-32GB", "<svg", "retrain-42",
-                   "train_llm", "xid-79", "ecc", "/data/caps", "3 min ago", 'content="30"',
+                   "train_llm", "xid-79", "ecc", "/data/caps", "3m00s ago", 'content="30"',
                    'href="/airflow/hetero-gpu/api/cluster"', 'id="pools"', 'id="topology"', 'id="reservations"',
                    'id="evictions"', 'id="gpus"', "32 GPUs in 3 pools"):
         assert needle in html, needle
@@ -348,7 +348,27 @@ def test_page_has_every_section(sample, ledger_state):
 
 @pytest.mark.parametrize(
     "seconds, text",
-    [(-30, "30 s ago"), (-600, "10 min ago"), (-7200 * 3, "6.0 h ago"), (-86400 * 3, "3.0 d ago"), (240, "in 4 min")],
+    [(-30, "30s ago"), (-600, "10m00s ago"), (-7200 * 3 - 65, "6h01m ago"), (-86400 * 3, "3d00h ago"), (240, "in 4m00s")],
 )
 def test_ago(seconds, text):
     assert labels.ago((NOW + timedelta(seconds=seconds)).isoformat(), NOW) == text
+
+
+def test_the_page_and_the_queue_print_durations_alike():
+    from airflow_hetero_gpu import durations
+    from airflow_hetero_gpu.ledger import cli as ledger_cli
+
+    for seconds in (0, 59, 185, 3600 * 5 + 61, 86400 * 2 + 3600 * 4):
+        assert labels.duration(seconds) == durations.duration(seconds) == ledger_cli.duration(seconds)
+    assert durations.duration(185) == "3m05s"
+    assert [durations.parse_duration(t) for t in ("90", "90s", "30m", "2h", "1d", "1h30m")] == \
+        [90, 90, 1800, 7200, 86400, 5400]
+    for bad in ("", "0", "-5m", "soon", "5 m", "5mm", "nan"):
+        with pytest.raises(ValueError, match="expected a positive duration"):
+            durations.parse_duration(bad)
+
+
+def test_the_reservation_column_names_whole_gpus_without_mig(sample):
+    res = [reservation("whole", [("a100-1", 0), ("a100-1", 1)])]
+    html = render.render_page(model.build(sample, res, now=NOW))
+    assert "a100-1:0,1" in html and "MIG" not in html.split('id="reservations"')[1].split("</table>")[0]

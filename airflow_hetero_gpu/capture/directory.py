@@ -9,6 +9,8 @@ DIR/
   hosts/<host>/xid.log      optional
   hosts/<host>/mig.txt      nvidia-smi -L, where a GPU has MIG enabled (optional)
   hosts/<host>/mig-usage.txt  nvidia-smi (the table), with mig.txt (optional)
+  hosts/<host>/apps.csv     nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory,process_name --format=csv (optional)
+  hosts/<host>/procs.txt    ps -o pid=,pgid=,user= of those processes (optional)
   hosts/<host>/error.txt    present when collecting from that host failed
 ```
 """
@@ -21,6 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Mapping
 
+from airflow_hetero_gpu.capture.apps import ComputeApp, Owner, parse_apps_csv, parse_procs
 from airflow_hetero_gpu.capture.mig import MigListing, MigUsage, parse_mig_list, parse_mig_usage
 from airflow_hetero_gpu.capture.query import QueryResult, parse_query_csv
 from airflow_hetero_gpu.capture.slurm import SwitchTopology, parse_topology_conf
@@ -50,6 +53,9 @@ class HostCapture:
     stale: str | None = None  # why the outputs are too old to place on ("inventory 312 s old (max 120 s)")
     mig: MigListing | None = None  # mig.txt: the MIG devices of MIG-enabled GPUs
     mig_usage: MigUsage | None = None  # mig-usage.txt: their memory and processes
+    apps: list[ComputeApp] | None = None  # apps.csv: the GPUs' compute processes (None: not read)
+    owners: dict[int, Owner] = field(default_factory=dict)  # procs.txt: their owners and groups
+    drained: str | None = None  # set by a reader with a ledger: why the host is drained
 
 
 @dataclass
@@ -68,7 +74,7 @@ def _read_text(path: Path) -> str:
 
 
 #: The raw outputs a host's capture holds, in the order they are read.
-HOST_FILES = ("error.txt", "query.csv", "topo.txt", "xid.log", "mig.txt", "mig-usage.txt")
+HOST_FILES = ("error.txt", "query.csv", "topo.txt", "xid.log", "mig.txt", "mig-usage.txt", "apps.csv", "procs.txt")
 
 
 def parse_host(host: str, files: Mapping[str, str], where: str, *, error: str | None = None,
@@ -109,6 +115,10 @@ def parse_host(host: str, files: Mapping[str, str], where: str, *, error: str | 
         cap.mig = parse_mig_list(files["mig.txt"], f"{where}/mig.txt")
     if "mig-usage.txt" in files:
         cap.mig_usage = parse_mig_usage(files["mig-usage.txt"], f"{where}/mig-usage.txt")
+    if "apps.csv" in files:
+        cap.apps = parse_apps_csv(files["apps.csv"], f"{where}/apps.csv")
+    if "procs.txt" in files:
+        cap.owners = parse_procs(files["procs.txt"], f"{where}/procs.txt")
     return cap
 
 

@@ -141,6 +141,8 @@ def render_report(report: CollectReport, *, where: str | None = None, ledger: st
             extra = f" ({h.query_source})" if h.query_source and h.query_source != "nvidia-smi" else ""
             lines.append(f"{h.host.ljust(width)}  ok{extra}  {h.seconds:.2f}s")
             lines += [f"{' ' * width}  warning: {w}" for w in h.warnings]
+        elif h.duplicate_of is not None:
+            lines.append(f"{h.host.ljust(width)}  {h.reason}")
         else:
             lines.append(f"{h.host.ljust(width)}  failed: {h.reason}")
     into = " and ".join(x for x in (f"the ledger {ledger}" if ledger else None, where) if x) or str(report.out_dir)

@@ -111,6 +111,8 @@ def fresh_inventory(ledger: Any, collector: Collector, hosts: Collection[str], *
     result.failed = {h.host: h.reason or "collection failed" for h in report.failed}
     for h in report.failed:
         logger.warning("GPU host %s: collection failed: %s", h.host, h.reason)
+    for h in report.duplicates:  # one machine under two names: counted once
+        logger.warning("GPU host %s: %s", h.host, h.reason if not h.ok else h.warnings[-1])
     result.stored = ledger.inventory(hosts)
     if report.failed and not report.ok and len(result.stale_hosts()) == len(hosts):
         why = "no GPU host could be collected: " + "; ".join(f"{h.host}: {h.reason}" for h in report.failed)

@@ -18,12 +18,15 @@ import re
 
 import paramiko
 
+from airflow_hetero_gpu.capture.apps import parse_apps_csv, parse_procs
 from airflow_hetero_gpu.capture.directory import QUERY_FIELDS
 from airflow_hetero_gpu.capture.query import EXTRA_HEALTH_FIELDS, OPTIONAL_FIELDS, field_group
 from airflow_hetero_gpu.collect.command import CommandResult, run_command, run_together
 from airflow_hetero_gpu.collect.mig import mig_enabled, mig_files
+from airflow_hetero_gpu.collect.processes import APPS_COMMAND, APPS_TOGETHER, PROCS_TOGETHER, procs_command
 from airflow_hetero_gpu.collect.nvml import AgentReply, agent_command, agent_script, parse_agent_reply
 from airflow_hetero_gpu.collect.reasons import HostFailure, first_line
+from airflow_hetero_gpu.errors import CaptureError
 
 #: Constant remote command lines: nothing from the user is ever interpolated into them.
 QUERY_COMMAND = f"nvidia-smi --query-gpu={QUERY_FIELDS} --format=csv"
@@ -40,8 +43,7 @@ _KERNEL_LOG_DENIED = re.compile(
     re.IGNORECASE,
 )
 
-CAPTURE_FILES = ("query.csv", "topo.txt", "xid.log", "mig.txt", "mig-usage.txt")
-
+CAPTURE_FILES = ("query.csv", "topo.txt", "xid.log", "mig.txt", "mig-usage.txt", "apps.csv", "procs.txt")
 
 def _nvidia_smi_failure(result: CommandResult) -> HostFailure:
     if result.returncode == 127:
@@ -143,10 +145,48 @@ def _read_together(client: paramiko.SSHClient, command_timeout: float, read_kern
         commands = [(smi_query_command(",".join([QUERY_FIELDS, *OPTIONAL_FIELDS])), "nvidia-smi --query-gpu")]
         stdin = None
     commands.append((TOPO_COMMAND, TOPO_COMMAND))
+    names = ["query", "topo"]
     if read_kernel_log:
         commands.append((XID_COMMAND, "kernel log read"))
+        names.append("xid")
+    commands += [(APPS_TOGETHER, "nvidia-smi --query-compute-apps"), (PROCS_TOGETHER, "ps")]
+    names += ["apps", "procs"]
     results = run_together(client, commands, command_timeout, stdin=stdin, open_timeout=open_timeout)
-    return {} if results is None else dict(zip(("query", "topo", "xid"), results))
+    return {} if results is None else dict(zip(names, results))
+
+
+def _processes(client: paramiko.SSHClient, command_timeout: float, first: dict[str, CommandResult],
+               warnings: list[str]) -> dict[str, str]:
+    """``apps.csv`` and ``procs.txt``. A listing that failed or does not read is left out, and an
+    owners' read that does not read too (the processes then have an unknown owner): a warning
+    says why, and the host's other outputs are stored as usual."""
+    apps = first.get("apps") or run_command(client, APPS_COMMAND, command_timeout, "nvidia-smi --query-compute-apps")
+    if apps.returncode != 0 or not apps.stdout.strip():
+        warnings.append(f"GPU processes not read: nvidia-smi --query-compute-apps exit {apps.returncode}: "
+                        f"{first_line(apps.stdout, apps.stderr)}")
+        return {}
+    try:
+        listed = parse_apps_csv(apps.stdout, "apps.csv")
+    except CaptureError as err:
+        warnings.append(f"GPU processes not read: {err}")
+        return {}
+    files = {"apps.csv": apps.stdout}
+    procs = first.get("procs")
+    if procs is None:
+        pids = sorted({a.pid for a in listed})
+        procs = run_command(client, procs_command(pids), command_timeout, "ps") if pids else CommandResult(0, "", "")
+    try:
+        parse_procs(procs.stdout, "procs.txt")
+    except CaptureError as err:
+        warnings.append(f"GPU processes' owners not read: {err}")
+        return files
+    # ps exits 1 when a listed process ended meanwhile; it still prints the others
+    if procs.returncode in (0, 1):
+        files["procs.txt"] = procs.stdout
+    else:
+        warnings.append(f"GPU processes' owners not read: ps exit {procs.returncode}: "
+                        f"{first_line(procs.stderr, procs.stdout)}")
+    return files
 
 
 def gather(client: paramiko.SSHClient, command_timeout: float, read_kernel_log: bool,
@@ -170,6 +210,7 @@ def gather(client: paramiko.SSHClient, command_timeout: float, read_kernel_log: 
             return r.returncode, r.stdout, r.stderr
 
         files.update(mig_files(run, warnings))
+    files.update(_processes(client, command_timeout, first, warnings))
     if read_kernel_log:
         xid = first.get("xid") or run_command(client, XID_COMMAND, command_timeout, "kernel log read")
         lines = [line for line in xid.stdout.splitlines() if "NVRM: Xid" in line]
@@ -182,4 +223,4 @@ def gather(client: paramiko.SSHClient, command_timeout: float, read_kernel_log: 
     return files, warnings, source
 
 
-__all__ = ["CAPTURE_FILES", "QUERY_COMMAND", "TOPO_COMMAND", "XID_COMMAND", "gather", "smi_query_command"]
+__all__ = ["APPS_COMMAND", "CAPTURE_FILES", "QUERY_COMMAND", "TOPO_COMMAND", "XID_COMMAND", "gather", "smi_query_command"]

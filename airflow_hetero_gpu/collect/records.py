@@ -25,4 +25,5 @@ def host_record(h: HostResult, out_dir: str | Path | None = None) -> HostRecord:
 def host_records(report: CollectReport) -> list[HostRecord]:
     """The hosts of ``report`` with the texts their collection wrote into its directory (kept
     in memory by the collection; read back from the directory for a report made elsewhere)."""
-    return [host_record(h, report.out_dir) for h in report.hosts]
+    return [host_record(h, report.out_dir) for h in report.hosts
+            if h.ok or h.duplicate_of is None]  # a second name of a collected address: nothing to store

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections import Counter
 import logging
 import os
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -84,6 +85,9 @@ class HostResult:
     warnings: list[str] = field(default_factory=list)
     query_source: str | None = None  # "nvidia-smi" or "nvml": what produced query.csv
     config_error: bool = False  # the failure is the setup's (connection, key), not the host's
+    # one machine under two names: the name listed first (same address and port: this one was
+    # not collected; same GPU UUIDs: collected, and counted as the first by every reader)
+    duplicate_of: str | None = None
     # the texts written to files (what the ledger stores next, without reading them back)
     texts: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
@@ -102,7 +106,11 @@ class CollectReport:
 
     @property
     def failed(self) -> list[HostResult]:
-        return [h for h in self.hosts if not h.ok]
+        return [h for h in self.hosts if not h.ok and h.duplicate_of is None]
+
+    @property
+    def duplicates(self) -> list[HostResult]:
+        return [h for h in self.hosts if h.duplicate_of is not None]
 
     def __getitem__(self, host: str) -> HostResult:
         for result in self.hosts:
@@ -250,12 +258,43 @@ def collect_captures(targets: Sequence[SshTarget] | Iterable[SshTarget], out_dir
             on_host(result)
         return result
 
+    first_at: dict[tuple[str, int], str] = {}
+    same_address: dict[str, HostResult] = {}
+    for t in targets:
+        first = first_at.setdefault((t.address.lower().rstrip("."), int(t.port)), t.host_name)
+        if first != t.host_name:
+            same_address[t.host_name] = HostResult(
+                t.host_name, str(t), False, f"duplicate of {first} (same address and port {t.endpoint}): "
+                                            "not collected", duplicate_of=first)
     if targets:
         with ThreadPoolExecutor(max_workers=workers,
                                 thread_name_prefix="hetero-gpu-collect") as pool:
-            futures = [pool.submit(one, t) for t in targets]
-            results = [f.result() for f in futures]
+            futures = {t.host_name: pool.submit(one, t) for t in targets if t.host_name not in same_address}
+            results = [same_address[t.host_name] if t.host_name in same_address else futures[t.host_name].result()
+                       for t in targets]
+    _mark_same_gpus(results)
     return CollectReport(out_dir=out, hosts=results, seconds=time.monotonic() - started)
+
+
+_GPU_UUID = re.compile(r"\bGPU-[0-9A-Fa-f]{8}(?:-[0-9A-Fa-f]{4}){3}-[0-9A-Fa-f]{12}\b")
+
+
+def _mark_same_gpus(results: Sequence[HostResult]) -> None:
+    """Hosts collected under two names whose GPUs report the same UUIDs: the later one (in the
+    targets' order) is a duplicate of the earlier (readers count its GPUs once, as the first's)."""
+    owner: dict[str, str] = {}
+    for h in results:
+        if not h.ok or "query.csv" not in h.texts:
+            continue
+        uuids = _GPU_UUID.findall(h.texts["query.csv"])  # the uuid column: nothing else looks like one
+        shared = [u for u in uuids if u in owner]
+        if shared:
+            h.duplicate_of = owner[shared[0]]
+            h.warnings.append(f"duplicate of {h.duplicate_of}: same GPU UUIDs ({shared[0]}); its GPUs are counted "
+                              f"once, as {h.duplicate_of}'s")
+            continue
+        for u in uuids:
+            owner[u] = h.host
 
 
 __all__ = [

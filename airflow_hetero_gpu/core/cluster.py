@@ -59,6 +59,7 @@ class Cluster:
     config: ClusterConfig
     host_errors: dict[str, str] = field(default_factory=dict)
     host_notes: dict[str, list[str]] = field(default_factory=dict)
+    duplicates: dict[str, str] = field(default_factory=dict)  # a second name of a machine -> its first
 
     def __post_init__(self) -> None:
         self.gpus = sorted(self.gpus, key=lambda g: (g.host, g.index, -1 if g.instance is None else g.instance))
@@ -86,6 +87,8 @@ class Cluster:
         # never handed out although healthy: a MIG-enabled GPU (its instances are), a pending
         # MIG mode change (Gpu.unschedulable says why)
         self.schedulable = np.fromiter((not g.unschedulable for g in self.gpus), dtype=bool, count=n)
+        # holds a compute process (core/foreign.py): "in use outside the scheduler" unless reserved
+        self.has_processes = np.fromiter((bool(g.outside) for g in self.gpus), dtype=bool, count=n)
         self.instances_of: dict[GpuKey, list[GpuKey]] = {}
         for g in self.gpus:
             if g.instance is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 import yaml
 from typing import Annotated
@@ -66,6 +66,10 @@ class Thresholds(_Strict):
     # A capture directory read without a ledger: an Xid line counts when logged within this
     # many seconds of the capture (readers with a ledger take Xids from its evictions instead).
     xid_window_s: Number = Field(3600, ge=0)
+    # A GPU holding a compute process the scheduler did not start: "block" keeps it out of
+    # every placement and claim ("in use outside the scheduler"), "ignore" places as if the
+    # process were not there (sites that share GPUs on purpose). docs/concepts.md.
+    foreign_processes: Literal["block", "ignore"] = "block"
 
     @model_validator(mode="after")
     def _ordered(self) -> "Thresholds":

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Sequence
 
 from airflow_hetero_gpu.capture.directory import CaptureSet, HostCapture, read_capture_dir
 from airflow_hetero_gpu.capture.slurm import SwitchTopology
@@ -26,7 +27,9 @@ from airflow_hetero_gpu.core.config import ClusterConfig, load_config
 from airflow_hetero_gpu.capture.query import QueryRow
 from airflow_hetero_gpu.core.cardtype import mig_card_type
 from airflow_hetero_gpu.core.health import GpuFacts, health_reasons
-from airflow_hetero_gpu.core.model import Fabric, Gpu
+from airflow_hetero_gpu.core.machines import duplicate_hosts, duplicate_line
+from airflow_hetero_gpu.core.foreign import host_processes, instance_processes
+from airflow_hetero_gpu.core.model import Fabric, Gpu, GpuProcess
 from airflow_hetero_gpu.core.topology import HostWiring, NetworkTiers
 
 
@@ -96,6 +99,8 @@ def host_gpus(cap: HostCapture, config: ClusterConfig, xid_rule: XidRule | None 
     gpus: list[Gpu] = []
     memo = {} if reasons_memo is None else reasons_memo
     stale = cap.stale is not None
+    procs = host_processes(cap)
+    drained = (f"drained: {cap.drained}",) if cap.drained is not None else ()
     for r in rows:
         xids = tuple(xids_by_bus.get(r.pci_bus_id, ())) if r.pci_bus_id else ()
         key = _health_key(r, host_error, stale, xids)
@@ -119,12 +124,13 @@ def host_gpus(cap: HostCapture, config: ClusterConfig, xid_rule: XidRule | None 
             reasons=reasons,
             mig_mode=r.mig_mode_current,
             mig_pending=r.mig_mode_pending,
-            unschedulable=_mig_holds(r),
+            unschedulable=_mig_holds(r) + drained,
             fabric=_fabric(r),
+            outside=() if _enabled(r.mig_mode_current) else tuple(procs.get(r.uuid or "", ())),
         )
         gpus.append(gpu)
         if _enabled(r.mig_mode_current):
-            gpus.extend(mig_instances(cap, gpu))
+            gpus.extend(mig_instances(cap, gpu, procs.get(r.uuid or "", ())))
     # A GPU nvidia-smi could not open ("Unable to determine the device handle ...") has no row;
     # it takes the lowest index missing from the rows, in the order the messages came.
     if lost:
@@ -169,7 +175,7 @@ def _note(cap: HostCapture, text: str) -> None:
         cap.notes.append(text)
 
 
-def mig_instances(cap: HostCapture, gpu: Gpu) -> list[Gpu]:
+def mig_instances(cap: HostCapture, gpu: Gpu, processes: Sequence[GpuProcess] = ()) -> list[Gpu]:
     """The MIG instances of a MIG-enabled GPU (``mig.txt``), as schedulable units of their own
     card type (``<GPU name> MIG <profile>``).
 
@@ -190,6 +196,9 @@ def mig_instances(cap: HostCapture, gpu: Gpu) -> list[Gpu]:
     holds = tuple(h for h in gpu.unschedulable if h != "mig-enabled")
     for dev in devices:
         usage = cap.mig_usage.devices.get((gpu.index, dev.device)) if cap.mig_usage is not None else None
+        outside: tuple[GpuProcess, ...] = ()
+        if usage is not None and processes:
+            outside = instance_processes(cap, gpu.index, usage.gpu_instance, usage.compute_instance, processes)
         if usage is not None:
             busy = bool(cap.mig_usage.processes_on(usage))
             memory_total, memory_used, util = usage.memory_total_mib, usage.memory_used_mib, (1.0 if busy else 0.0)
@@ -200,7 +209,7 @@ def mig_instances(cap: HostCapture, gpu: Gpu) -> list[Gpu]:
             name=mig_card_type(gpu.name, dev.profile), memory_total_mib=memory_total,
             memory_used_mib=memory_used, utilization=util, temperature_c=gpu.temperature_c,
             pci_bus_id=gpu.pci_bus_id, healthy=gpu.healthy, reasons=gpu.reasons,
-            mig_profile=dev.profile, gpu_uuid=gpu.uuid, unschedulable=holds,
+            mig_profile=dev.profile, gpu_uuid=gpu.uuid, unschedulable=holds, outside=outside,
         ))
     if not devices:
         _note(cap, f"GPU {gpu.index} has MIG enabled and no MIG instances")
@@ -219,7 +228,11 @@ def cluster_from_captures(captures: CaptureSet, config: ClusterConfig | None = N
     wiring: dict[str, HostWiring] = {}
     errors: dict[str, str] = {}
     reasons_memo: dict[tuple, tuple[str, ...]] = {}
+    duplicates = duplicate_hosts({name: [r.uuid for r in cap.query.rows] if cap.query else []
+                                  for name, cap in captures.hosts.items()})
     for name, cap in captures.hosts.items():
+        if name in duplicates:
+            continue  # one machine under two names: its first name has the GPUs
         gpus.extend(host_gpus(cap, config, xid_rule, reasons_memo))
         if cap.error is not None:
             errors[name] = cap.error
@@ -231,7 +244,10 @@ def cluster_from_captures(captures: CaptureSet, config: ClusterConfig | None = N
         net = network_tiers(captures.switches)
     cluster = build_cluster(gpus, wiring, net, config, errors)
     cluster.host_notes = {n: list(c.notes) + ([c.stale] if c.stale else [])
-                          for n, c in captures.hosts.items() if c.notes or c.stale}
+                          for n, c in captures.hosts.items() if (c.notes or c.stale) and n not in duplicates}
+    cluster.duplicates = {host: first for host, (first, _why) in duplicates.items()}
+    for host, (first, why) in sorted(duplicates.items()):
+        cluster.host_notes.setdefault(first, []).append(duplicate_line(host, first, why))
     for host, note in cluster.host_domain_notes.items():
         cluster.host_notes.setdefault(host, []).append(note)
     return cluster

@@ -104,6 +104,28 @@ class Fabric:
 
 
 @dataclass(frozen=True)
+class GpuProcess:
+    """A compute process on a GPU (``nvidia-smi --query-compute-apps``) with its owner and
+    process group (``ps``; ``None`` when the process ended between the two reads)."""
+
+    pid: int
+    name: str
+    memory_mib: float | None = None
+    user: str | None = None
+    pgid: int | None = None
+    job: str | None = None  # the scheduler's job it belongs to (its environment's marker), if known
+
+    def describe(self) -> str:
+        """``alice, pid 4242 python3, 1,632 MiB``."""
+        memory = "" if self.memory_mib is None else f", {self.memory_mib:,.0f} MiB"
+        return f"{self.user or 'unknown user'}, pid {self.pid} {self.name.rsplit('/', 1)[-1]}{memory}"
+
+    def to_json(self) -> dict:
+        return {"pid": self.pid, "name": self.name, "memory_mib": self.memory_mib, "user": self.user,
+                "pgid": self.pgid, "job": self.job}
+
+
+@dataclass(frozen=True)
 class Gpu:
     """One GPU as collected (SPEC §4). ``load`` and availability are the planner's business."""
 
@@ -132,6 +154,9 @@ class Gpu:
     # handed out instead), "mig-mode-change-pending" (until the GPU is reset)
     unschedulable: tuple[str, ...] = ()
     fabric: Fabric | None = None
+    # its compute processes as last collected (core/foreign.py): while no job holds the GPU,
+    # it is "in use outside the scheduler"
+    outside: tuple[GpuProcess, ...] = ()
 
     @property
     def key(self) -> GpuKey:
@@ -197,6 +222,7 @@ class Gpu:
             "mig": self._mig_json(),
             "unschedulable": list(self.unschedulable),
             "fabric": self.fabric.to_json() if self.fabric is not None else None,
+            "outside": [p.to_json() for p in self.outside],
         }
 
     def _mig_json(self) -> dict | None:

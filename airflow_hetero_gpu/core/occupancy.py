@@ -10,7 +10,9 @@ A GPU has exactly one state, the first that holds:
 * ``unhealthy``: the last collection found a fault (``Gpu.reasons``);
 * ``evicted``: the ledger keeps it out of every pool (the health watch's eviction);
 * ``reserved``: a live reservation holds it;
-* ``busy``: its load (SPEC §4) is above ``busy_utilization``;
+* ``busy``: its load (SPEC §4) is above ``busy_utilization``, it is in use outside the
+  scheduler (a compute process of someone else, :mod:`.foreign`), or its host is drained
+  (:mod:`.drain`);
 * ``available``: none of the above.
 
 The pool counts are not exclusive: an evicted GPU that is also unhealthy counts in both
@@ -34,9 +36,18 @@ STATES = ("unhealthy", "evicted", "reserved", "busy", "available")
 
 
 def fleet_state(cluster: Cluster, reserved: Mapping[GpuKey, str] | None = None,
-                evicted: Mapping[GpuKey, Sequence[str]] | None = None) -> ClusterState:
+                evicted: Mapping[GpuKey, Sequence[str]] | None = None,
+                drained: Mapping[str, str] | None = None) -> ClusterState:
     """The planner's state of every GPU for a one-GPU request (no memory requirement)."""
-    return cluster_state(cluster, PlanRequest(gpus=1), reserved, evicted)
+    return cluster_state(cluster, PlanRequest(gpus=1), reserved, evicted, drained=drained)
+
+
+def _out_of_use(state: ClusterState):
+    """Healthy GPUs no job holds that are not placed on all the same: in use outside, drained."""
+    out = state.outside
+    if state.on_drained is not None:
+        out = out | (state.on_drained & ~state.reserved)
+    return out
 
 
 def gpu_states(state: ClusterState) -> np.ndarray:
@@ -47,7 +58,7 @@ def gpu_states(state: ClusterState) -> np.ndarray:
     if pos:
         evicted[pos] = True
     return np.select(
-        [~cluster.healthy, evicted, state.reserved, state.busy],
+        [~cluster.healthy, evicted, state.reserved, state.busy | _out_of_use(state)],
         list(STATES[:4]),
         default=STATES[4],
     ).astype(object)
@@ -67,7 +78,7 @@ class PoolCounts:
     reserved: int     # held by a live reservation
     evicted: int      # kept out by the ledger
     unhealthy: int    # a fault in the last collection
-    busy: int         # healthy, not reserved, loaded above busy_utilization
+    busy: int         # healthy, not reserved, loaded above busy_utilization, in use outside or drained
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -80,18 +91,18 @@ class PoolCounts:
 
 def pool_counts(cluster: Cluster, reserved: Mapping[GpuKey, str] | None = None,
                 evicted: Mapping[GpuKey, Sequence[str]] | None = None, *,
-                state: ClusterState | None = None) -> list[PoolCounts]:
+                state: ClusterState | None = None, drained: Mapping[str, str] | None = None) -> list[PoolCounts]:
     """Per candidate pool (in ``cluster.pools`` order), reservations and evictions applied.
 
     ``state``: a :func:`fleet_state` already computed for the same reservations and evictions.
     """
-    state = state if state is not None else fleet_state(cluster, reserved, evicted)
+    state = state if state is not None else fleet_state(cluster, reserved, evicted, drained)
     evicted_mask = np.zeros(len(cluster.gpus), dtype=bool)
     pos = [cluster.position[k] for k in state.evicted if k in cluster.position]
     if pos:
         evicted_mask[pos] = True
     unhealthy = ~cluster.healthy
-    busy = state.healthy & ~state.reserved & state.busy
+    busy = state.healthy & ~state.reserved & (state.busy | _out_of_use(state))
     out = []
     for pool in cluster.pools:
         p = pool.positions

@@ -16,6 +16,7 @@ import numpy as np
 from airflow_hetero_gpu.core import filters, scorers
 from airflow_hetero_gpu.core.cluster import Cluster
 from airflow_hetero_gpu.core.config import ClusterConfig
+from airflow_hetero_gpu.core.drain import drained_mask
 from airflow_hetero_gpu.core.cardtype import card_type_matches, is_mig_card_type
 from airflow_hetero_gpu.core.model import Decision, GpuKey, PlanRequest, PlanResult, PoolReport, Score, as_key
 from airflow_hetero_gpu.core.candidates import host_candidates
@@ -59,8 +60,10 @@ def cluster_state(
     config: ClusterConfig | None = None,
     *,
     reserved_mask: np.ndarray | None = None,
+    drained: Mapping[str, str] | None = None,
 ) -> ClusterState:
-    """Apply reservations (load 1) and evictions (unavailable) to the cluster for one request.
+    """Apply reservations (load 1), evictions (unavailable, not healthy) and drained hosts
+    (unavailable: ``drained`` maps a host to its drain reason) to the cluster for one request.
 
     ``reserved_mask``: optional fast path for callers that keep the reservations as a boolean
     mask over ``cluster.gpus`` (the simulator); it must mark exactly the GPUs of ``reserved``,
@@ -91,9 +94,13 @@ def cluster_state(
             memory_ok = cluster.memory_free >= request.gpu_memory_mib  # unknown (nan) is not enough
     else:
         memory_ok = np.ones(len(cluster.gpus), dtype=bool)
-    available = healthy & cluster.schedulable & ~reserved_mask & ~busy & memory_ok
+    outside = cluster.has_processes & ~reserved_mask if th.foreign_processes == "block" \
+        else np.zeros(len(cluster.gpus), dtype=bool)
+    drained = dict(drained or {})
+    on_drained = drained_mask(cluster, drained)
+    available = healthy & cluster.schedulable & ~reserved_mask & ~busy & memory_ok & ~outside & ~on_drained
     return ClusterState(cluster, request, th, reserved, evicted, reserved_mask, healthy, load, busy,
-                        memory_ok, available)
+                        memory_ok, available, outside, drained, on_drained)
 
 
 def evaluate(view: PoolView, weights: Mapping[str, float]) -> Score:
@@ -113,6 +120,7 @@ def plan(
     weights: Mapping[str, float] | None = None,
     reserved_mask: np.ndarray | None = None,
     explain: bool = True,
+    drained: Mapping[str, str] | None = None,
 ) -> PlanResult:
     """Place ``request`` on ``cluster``.
 
@@ -124,10 +132,11 @@ def plan(
     ``explain=False``: a pool without enough available GPUs gets no ``reason`` but a
     ``PoolReport.explain`` that writes it on demand (``reason_text()``); listing the holders of
     thousands of reserved GPUs per pool was most of an admission pass's time.
+    ``drained`` maps drained hosts to their reasons (:mod:`.drain`): none of their GPUs is placed on.
     """
     cfg = (config or cluster.config).with_weights(weights)
     _check_mig_request(cluster, request)
-    state = cluster_state(cluster, request, reserved, evicted, cfg, reserved_mask=reserved_mask)
+    state = cluster_state(cluster, request, reserved, evicted, cfg, reserved_mask=reserved_mask, drained=drained)
     w = cfg.weights.model_dump()
     reports: list[PoolReport] = []
     best: PoolReport | None = None
@@ -226,11 +235,13 @@ def replacement(
     evicted: Mapping[GpuKey, Sequence[str]] | None = None,
     config: ClusterConfig | None = None,
     gpu_memory_mib: float | None = None,
+    drained: Mapping[str, str] | None = None,
 ) -> GpuKey | None:
-    """S12: the healthy available GPU of ``bad``'s pool that best replaces it (SPEC §8), or None."""
+    """S12: the healthy available GPU of ``bad``'s pool that best replaces it (SPEC §8), or None
+    (never one of a drained host)."""
     pool = cluster.pool_of_gpu(bad)
     req = PlanRequest(gpus=1, gpu_memory_mib=gpu_memory_mib)
-    state = cluster_state(cluster, req, reserved, evicted, config)
+    state = cluster_state(cluster, req, reserved, evicted, config, drained=drained)
     pos = pool.positions[state.available[pool.positions]]
     candidates = [cluster.gpus[int(p)].key for p in pos]
     found = choose_replacement(holding, bad, candidates, cluster.mean_distance)

@@ -34,6 +34,9 @@ class ClusterState:
     busy: np.ndarray
     memory_ok: np.ndarray
     available: np.ndarray
+    outside: np.ndarray  # in use outside the scheduler (core/foreign.py), not reserved
+    drained: Mapping[str, str] = field(default_factory=dict)  # drained host -> reason (core/drain.py)
+    on_drained: np.ndarray | None = None  # the GPUs of the drained hosts
     _holders: dict | None = field(default=None, repr=False)
 
     def holders(self) -> dict:

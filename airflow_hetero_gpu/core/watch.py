@@ -267,11 +267,12 @@ def available_keys(cluster: Cluster, reserved: Mapping[GpuKey, str] | None = Non
 
 
 def pool_counts(cluster: Cluster, reserved: Mapping[GpuKey, str] | None = None,
-                evicted: Mapping[GpuKey, Sequence[str]] | None = None) -> list[dict[str, Any]]:
+                evicted: Mapping[GpuKey, Sequence[str]] | None = None,
+                drained: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """Per candidate pool: GPUs, healthy (and not evicted), evicted, available now
     (:func:`airflow_hetero_gpu.core.occupancy.pool_counts`, the numbers the CLI and the page show)."""
     return [{"pool": c.pool, "gpus": c.gpus, "healthy": c.healthy, "evicted": c.evicted, "available": c.available}
-            for c in occupancy.pool_counts(cluster, reserved, evicted)]
+            for c in occupancy.pool_counts(cluster, reserved, evicted, drained=drained)]
 
 
 @dataclass(frozen=True)
@@ -293,11 +294,12 @@ class GateStatus:
 
 
 def gate_status(cluster: Cluster, request: PlanRequest, reserved: Mapping[GpuKey, str] | None = None,
-                evicted: Mapping[GpuKey, Sequence[str]] | None = None) -> GateStatus:
+                evicted: Mapping[GpuKey, Sequence[str]] | None = None,
+                drained: Mapping[str, str] | None = None) -> GateStatus:
     """The planner's answer for ``request`` (k = the gate's ``min_healthy``): met when some pool
     of the wanted card/task type has k healthy GPUs available now, reservations and evictions
-    applied."""
-    result = plan(cluster, request, reserved=reserved, evicted=evicted)
+    applied (and drained hosts: none of their GPUs counts)."""
+    result = plan(cluster, request, reserved=reserved, evicted=evicted, drained=drained)
     return GateStatus(result.decision is not None, result)
 
 

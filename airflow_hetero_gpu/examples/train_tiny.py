@@ -25,6 +25,9 @@ Start it with torchrun (it reads RANK, LOCAL_RANK and WORLD_SIZE from torchrun's
   written), every rank waits until PATH appears on rank 0's host, printing ``holding after epoch
   E until PATH appears`` once; a run resumed past epoch E does not hold. Tests use it to make a
   job wait for an event (a GPU replaced, a database back) instead of racing it against a clock.
+- A loss that turns NaN or infinite (a learning rate too high, bad data) stops every rank
+  after that epoch with ``loss is nan at epoch E: stopping`` on rank 0 and exit status 4,
+  before the checkpoint of that epoch is written (the last good checkpoint stays).
 - SIGTERM (what torchrun and the launcher send to stop a job) stops the loop after the current
   step (or during a hold); the process then exits with status 143.
 
@@ -34,6 +37,7 @@ Needs only PyTorch: this file is copied to, or installed on, the training hosts.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import socket
@@ -49,6 +53,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 CHECKPOINT_NAME = "checkpoint.pt"
 CRASH_EXIT_CODE = 3
+NAN_EXIT_CODE = 4
 SIGTERM_EXIT_CODE = 128 + signal.SIGTERM
 
 
@@ -212,6 +217,10 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
             total[2] = 1.0  # summed over ranks with the loss: every rank learns it in the same step
         dist.all_reduce(total)
         mean = (total[0] / total[1]).item()
+        if not math.isfinite(mean):  # the same all-reduced value on every rank: all stop together
+            if rank == 0:
+                say(f"loss is {mean} at epoch {epoch}: stopping (lower --lr, or check the data)", err=True)
+            return NAN_EXIT_CODE
         if rank == 0:
             if epoch % args.log_every == 0 or epoch == args.epochs:
                 say(f"epoch {epoch} loss {mean:.6f}")

@@ -185,11 +185,11 @@ class HealthWatch:
             if self.spec.mode_kind == "watch":
                 report.replacements = self._replace(ledger, cluster, cluster.config)
             live = ledger.live_reservations()
-            reserved, evicted = ledger.reserved_map(), ledger.evicted_map()
+            reserved, evicted, drained = ledger.reserved_map(), ledger.evicted_map(), ledger.drained_map()
         if self.spec.mode_kind == "watch" and self.spec.sweep_orphans:
             report.orphans = self._sweep_orphans()
             self.orphans += report.orphans
-        report.pools = watch.pool_counts(cluster, reserved, evicted)
+        report.pools = watch.pool_counts(cluster, reserved, evicted, drained)
         report.unhealthy = [{**_gpu_json(g.key, g.uuid), "reasons": list(g.reasons)}
                             for g in cluster.gpus if not g.healthy]
         report.evicted_now = [{"host": k.host, "index": k.index, "reasons": list(v)} for k, v in sorted(evicted.items())]
@@ -197,7 +197,7 @@ class HealthWatch:
         report.collected = len(collected.ok)
         report.failed = len(collected.failed)
         if self.spec.mode_kind == "gate":
-            report.gate = watch.gate_status(cluster, self.spec.request(), reserved, evicted).to_json()
+            report.gate = watch.gate_status(cluster, self.spec.request(), reserved, evicted, drained).to_json()
         watched = self._watched(report.live_jobs)
         self.seen_live = self.seen_live or bool(watched)
         self.metrics.pools(report.pools)

@@ -28,6 +28,7 @@ from sqlalchemy import bindparam, select, update
 from sqlalchemy.engine import Connection
 
 from airflow_hetero_gpu.core.admission import Admission, AdmissionResult, QueueEntry
+from airflow_hetero_gpu.ledger.drains import drained_map
 from airflow_hetero_gpu.core.cluster import Cluster
 from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
 from airflow_hetero_gpu.errors import HeteroGpuError
@@ -128,7 +129,8 @@ def run_pass(ledger: Any, conn: Connection, now: datetime) -> AdmissionResult | 
         if cluster is None:
             _note_all(conn, now, rows, NO_INVENTORY)
             return None
-        adm = Admission(cluster, evicted=ledger._evicted_map(conn), aging_interval_s=ledger.queue_aging_interval_s)
+        adm = Admission(cluster, evicted=ledger._evicted_map(conn), aging_interval_s=ledger.queue_aging_interval_s,
+                        drained=drained_map(conn))
         result = adm.run([entry_of(r) for r in rows], now=now.timestamp(), reserved=reserved,
                          quotas=quota_input(conn, now))
     except HeteroGpuError as err:  # a stored file that no longer parses: the queue waits, the write goes on

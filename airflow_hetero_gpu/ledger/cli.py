@@ -17,6 +17,9 @@ import json
 from datetime import datetime, timezone
 
 from airflow_hetero_gpu.cli_output import EXIT_OK, table
+from airflow_hetero_gpu.durations import duration
+from airflow_hetero_gpu.ledger.drain_cli import print_drains
+from airflow_hetero_gpu.ledger.drain_cli import register as drain_register
 from airflow_hetero_gpu.core.cluster import Cluster
 from airflow_hetero_gpu.core.config import ClusterConfig
 from airflow_hetero_gpu.core.model import PlanRequest, PlanResult
@@ -107,15 +110,6 @@ def cmd_evictions(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _waited(seconds: float) -> str:
-    seconds = int(seconds)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-
-
 def _asks(request: dict) -> str:
     text = f"{request.get('gpus')}"
     kind = request.get("gpu_type")
@@ -143,17 +137,20 @@ def cmd_queue(args: argparse.Namespace) -> int:
         now = ledger.now()
         entries = ledger.queue()
         teams = ledger.teams() is not None  # the TEAM column once teams are configured (docs/teams.md)
+        drains = ledger.drains()
     if args.json:
-        print(json.dumps({"now": now.isoformat(), "entries": [e.to_json(now) for e in entries]}, indent=2))
+        print(json.dumps({"now": now.isoformat(), "entries": [e.to_json(now) for e in entries],
+                          "drained": [d.to_json() for d in drains]}, indent=2))
         return EXIT_OK
     rows = [(e.position or "-", e.job_id, *((e.team or "default",) if teams else ()),
              "admitted" if e.admitted else (e.standing or "waiting"), e.priority,
-             _asks(e.request), _waited(e.waited_s(now)), _claim(e), "" if e.admitted else e.where())
+             _asks(e.request), duration(e.waited_s(now)), _claim(e), "" if e.admitted else e.where())
             for e in entries]
     print(table(["POS", "JOB", *(("TEAM",) if teams else ()), "STATE", "PRIO", "ASKS", "WAITED", "CLAIM", "REASON"],
                 rows))
     if not entries:
         print("(nobody waits)")
+    print_drains(drains, now)
     return EXIT_OK
 
 
@@ -214,6 +211,8 @@ def register(subparsers) -> None:
     _ledger_arg(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_queue)
+
+    drain_register(subparsers, _ledger_arg)
 
     p = subparsers.add_parser("ledger", help="the ledger database itself: `ledger init URL` creates or upgrades it")
     sub = p.add_subparsers(dest="ledger_command", required=True, metavar="COMMAND", parser_class=type(p))

@@ -29,6 +29,7 @@ from airflow_hetero_gpu.core.model import GpuKey
 from airflow_hetero_gpu.core.watch import Evaluation, Step, WatchPolicy, evaluate
 from airflow_hetero_gpu.errors import CaptureError
 from airflow_hetero_gpu.ledger import history, inventory, watch
+from airflow_hetero_gpu.ledger.drains import end_past_deadline
 from airflow_hetero_gpu.ledger.errors import LedgerError
 from airflow_hetero_gpu.ledger.history import (
     DEFAULT_HISTORY_INTERVAL_S,
@@ -124,6 +125,7 @@ class FleetMixin:
         except ValueError as err:
             raise LedgerError(str(err)) from None
         cid = inventory.record_collection(conn, started_at or now, now, collector[:500], records, collection_id)
+        end_past_deadline(conn, now)  # jobs on drained hosts past the deadline (the admission pass follows)
         return Stored(cid, rows, new_xids=news.by_gpu, stored_at=now)
 
     def _captures(self, conn: Connection, now: datetime, stored: Stored) -> tuple[CaptureSet, dict[str, str]]:

@@ -22,6 +22,7 @@ from airflow_hetero_gpu.core.planner import plan as core_plan
 from airflow_hetero_gpu.core.planner import replacement as core_replacement
 from airflow_hetero_gpu.ledger import history
 from airflow_hetero_gpu.ledger.checks import check_job_id, check_key, check_lease, check_reasons, instance_column, instance_of
+from airflow_hetero_gpu.ledger.drains import drained_map, end_past_deadline
 from airflow_hetero_gpu.ledger.errors import LedgerError, NoLiveReservation, ReservationConflict
 from airflow_hetero_gpu.ledger.records import Reservation, ReservedGpu, TaskIdentity
 from airflow_hetero_gpu.ledger.schema import job_hosts as job_hosts_t
@@ -76,7 +77,9 @@ class ReservationsMixin:
                 return existing_result(res, cluster, request)
             # GPUs claimed for the queue's heads are not given out past the queue
             reserved = {**self._claimed_map(conn, but=job_id), **self._reserved_map(conn, now)}
-            result = core_plan(cluster, request, reserved=reserved, evicted=self._evicted_map(conn), config=config)
+            reserved.update(self._held_by_uuid(conn, now, cluster, reserved))
+            result = core_plan(cluster, request, reserved=reserved, evicted=self._evicted_map(conn), config=config,
+                               drained=drained_map(conn))
             if result.decision is None:
                 return result
             borrowed = _quota_check(conn, now, cluster, reserved, result, team)
@@ -151,7 +154,7 @@ class ReservationsMixin:
         if ids:
             conn.execute(delete(gpu_t).where(gpu_t.c.job_id.in_(ids)))
             conn.execute(delete(res_t).where(res_t.c.job_id.in_(ids)))
-        return sorted(ids)
+        return sorted(set(ids) | set(end_past_deadline(conn, now)))  # drained hosts past their deadline
 
     def get(self, job_id: str) -> Reservation | None:
         """The job's live reservation, or None."""
@@ -170,10 +173,10 @@ class ReservationsMixin:
             return self._reserved_map(conn, now)
 
     def plan(self, cluster: Cluster, request: PlanRequest, *, config: ClusterConfig | None = None) -> PlanResult:
-        """Plan against the ledger's live reservations and evictions without reserving anything."""
+        """Plan against the ledger's live reservations, evictions and drains without reserving anything."""
         with self._read("read the ledger state") as (conn, now):
-            reserved, evicted = self._reserved_map(conn, now), self._evicted_map(conn)
-        return core_plan(cluster, request, reserved=reserved, evicted=evicted, config=config)
+            reserved, evicted, drained = self._reserved_map(conn, now), self._evicted_map(conn), drained_map(conn)
+        return core_plan(cluster, request, reserved=reserved, evicted=evicted, config=config, drained=drained)
 
     def _load(self, conn: Connection, now: datetime, job_id: str | None = None) -> list[Reservation]:
         stmt = (
@@ -197,6 +200,17 @@ class ReservationsMixin:
         )
         return {GpuKey(host, index, instance_of(instance)): job
                 for host, index, instance, job in conn.execute(stmt)}
+
+    def _held_by_uuid(self, conn: Connection, now: datetime, cluster: Cluster,
+                      reserved: Mapping[GpuKey, str]) -> dict[GpuKey, str]:
+        """GPUs of ``cluster`` a live reservation holds under another host name (one machine
+        listed twice: the same UUID): they count as held, so no GPU is ever reserved twice."""
+        stmt = (select(gpu_t.c.uuid, gpu_t.c.job_id).join(res_t, res_t.c.job_id == gpu_t.c.job_id)
+                .where(res_t.c.expires_at > now, gpu_t.c.uuid.is_not(None)))
+        by_uuid = {uuid: job for uuid, job in conn.execute(stmt) if uuid}
+        if not by_uuid:
+            return {}
+        return {g.key: by_uuid[g.uuid] for g in cluster.gpus if g.uuid in by_uuid and g.key not in reserved}
 
     # --- replacement (S12) ----------------------------------------------------------------------
     def replace(
@@ -232,9 +246,11 @@ class ReservationsMixin:
                 raise LedgerError(f"replace: GPU {bad} is not held by job {job_id!r} (it holds {held})")
             evicted = self._evicted_map(conn)
             evicted.setdefault(bad.gpu, why)  # not a sibling instance of a faulty GPU either
+            reserved = self._reserved_map(conn, now)
+            reserved.update(self._held_by_uuid(conn, now, cluster, reserved))
             new = core_replacement(
-                cluster, res.keys, bad, reserved=self._reserved_map(conn, now), evicted=evicted, config=config,
-                gpu_memory_mib=(res.request or {}).get("gpu_memory_mib"),
+                cluster, res.keys, bad, reserved=reserved, evicted=evicted, config=config,
+                gpu_memory_mib=(res.request or {}).get("gpu_memory_mib"), drained=drained_map(conn),
             )
             if new is None:
                 return None

@@ -34,6 +34,8 @@ Version history
      decayed by the half-life: the fair-share history), ``team_samples`` (GPUs in use and
      borrowed per team over time, for the cluster page's chart), and a ``team`` column on
      ``queue_entries`` and ``reservations`` (with ``borrowed``: GPUs above the team's quota).
+  9. ``host_drains``: hosts taken out of placement for maintenance (one row per drained host:
+     the reason, an optional deadline for its running jobs, when and by whom).
 
 To add a version: append a step to :data:`STEPS` (never edit a released one) and update the
 table definitions below to the result.
@@ -248,6 +250,25 @@ def _v4_tables(m: MetaData) -> tuple[Table, ...]:
 inventory_hosts.append_column(Column("facts", JSON, nullable=True))
 
 
+# version 9
+def _v9_tables(m: MetaData) -> tuple[Table, ...]:
+    """The drains' table. Version 9 creates exactly this."""
+    return (
+        Table(
+            "host_drains", m,
+            Column("host", String(NAME), primary_key=True),
+            Column("reason", Text, nullable=False),
+            Column("deadline", UtcDateTime, nullable=True),  # running jobs ended after it (None: never)
+            Column("drained_at", UtcDateTime, nullable=False),
+            Column("drained_by", String(NAME), nullable=False),
+            Column("ended", JSON, nullable=True),  # the jobs ended at the deadline, once
+        ),
+    )
+
+
+(host_drains,) = _v9_tables(metadata)
+
+
 # version 6
 def _v6_tables(m: MetaData) -> tuple[Table, ...]:
     """The queue's table. Version 6 creates exactly this (freeze it inside ``_v6`` before a later
@@ -446,6 +467,12 @@ def _v8(conn: Connection) -> None:
     m.create_all(conn)
 
 
+def _v9(conn: Connection) -> None:
+    m = MetaData()
+    _v9_tables(m)
+    m.create_all(conn)
+
+
 @dataclass(frozen=True)
 class Step:
     version: int
@@ -463,6 +490,7 @@ STEPS: tuple[Step, ...] = (
     Step(6, "the queue: waiting jobs with priority, lease, task identity, claim and admission", _v6),
     Step(7, "the inventory's parsed query.csv beside its text, for readers of large fleets", _v7),
     Step(8, "teams: quotas, fair-share usage history, team of queue entries and reservations", _v8),
+    Step(9, "drained hosts: reason, deadline, who and when", _v9),
 )
 LATEST = STEPS[-1].version
 

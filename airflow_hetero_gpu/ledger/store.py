@@ -10,6 +10,7 @@ together from one part per concern:
 * :mod:`~airflow_hetero_gpu.ledger.health` — evictions (S11), readmissions, the watch's memory;
 * :mod:`~airflow_hetero_gpu.ledger.fleet` — the inventory (one collector, many readers), its
   history, health sensors' records between pokes;
+* :mod:`~airflow_hetero_gpu.ledger.drains` — drained hosts (no new placement there), removed hosts;
 * :mod:`~airflow_hetero_gpu.ledger.queue` — the queue of waiting jobs, and the admission pass
   (:mod:`~airflow_hetero_gpu.ledger.admission`) that every write freeing or changing GPUs runs
   before it commits;
@@ -20,6 +21,7 @@ together from one part per concern:
 from __future__ import annotations
 
 from airflow_hetero_gpu.ledger.base import LedgerBase
+from airflow_hetero_gpu.ledger.drains import DrainsMixin
 from airflow_hetero_gpu.ledger.fleet import FleetMixin
 from airflow_hetero_gpu.ledger.health import HealthMixin
 from airflow_hetero_gpu.ledger.queue import QueueMixin
@@ -27,7 +29,7 @@ from airflow_hetero_gpu.ledger.reservations import DEFAULT_LEASE_SECONDS, Reserv
 from airflow_hetero_gpu.ledger.teams import TeamsMixin
 
 
-class Ledger(QueueMixin, TeamsMixin, FleetMixin, HealthMixin, ReservationsMixin, LedgerBase):
+class Ledger(QueueMixin, TeamsMixin, FleetMixin, HealthMixin, DrainsMixin, ReservationsMixin, LedgerBase):
     """GPU reservations, leases, evictions and the fleet's inventory in their own SQL database
     (SPEC §8, §9).
 

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable, Sequence
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_hetero_gpu.core.model import GpuKey
+from airflow_hetero_gpu.operators.intruders import IntruderWatch
 
 GpuList = list[GpuKey]  # in rank order: the ledger keeps a job's GPUs in slot order
 
@@ -34,6 +35,7 @@ class GpuSetWatch:
         self.log = log
         self._waiting_for: set[GpuKey] = set()
         self._devices: dict[GpuKey, str] = {}
+        self._intruders = IntruderWatch(ledger, job_id, log)
 
     def remember(self, gpus: Iterable[Any]) -> None:
         """The ``MIG-<uuid>`` of each MIG instance among ``gpus`` (decision GPUs or the ledger's
@@ -52,7 +54,9 @@ class GpuSetWatch:
         return self._devices[key]
 
     def next_gpus(self, gpus: Sequence[tuple]) -> GpuList | None:
-        """The job's new GPU set when the ledger changed it (a replacement), else None."""
+        """The job's new GPU set when the ledger changed it (a replacement), else None. Processes
+        outside the scheduler that appeared on the job's GPUs are warned about on the way."""
+        self._intruders.check(gpus)
         ledger = self._ledger()
         res = ledger.get(self.job_id)
         if res is None:

@@ -46,6 +46,7 @@ def snapshot(user: Any, settings: sources.PageSettings | None = None, **kwargs: 
         inputs.cluster, inputs.reservations, inputs.evictions, queue=inputs.queue, samples=inputs.samples,
         events=inputs.events, sources=inputs.sources, visible_dag_ids=inputs.visible_dag_ids, now=inputs.now,
         teams=inputs.teams, team_samples=inputs.team_samples,
+        drains=inputs.drains,
     )
 
 

@@ -9,6 +9,8 @@ import re
 from datetime import datetime, timezone
 from typing import Iterable
 
+from airflow_hetero_gpu import durations
+
 _SEP = re.compile(r"([._\-:/@+]+)")
 ELLIPSIS = "\u2026"
 
@@ -88,15 +90,8 @@ def parse_time(value: str | datetime | None) -> datetime | None:
 
 
 def duration(seconds: float) -> str:
-    """``45 s``, ``12 min``, ``3.5 h``, ``2.0 d``."""
-    s = abs(seconds)
-    if s < 90:
-        return f"{s:.0f} s"
-    if s < 5400:
-        return f"{s / 60:.0f} min"
-    if s < 172800:
-        return f"{s / 3600:.1f} h"
-    return f"{s / 86400:.1f} d"
+    """``45s``, ``3m05s``, ``6h00m``, ``3d04h``: the one format of :mod:`airflow_hetero_gpu.durations`."""
+    return durations.duration(seconds)
 
 
 def hours(h: float) -> str:

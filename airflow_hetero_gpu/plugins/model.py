@@ -17,6 +17,8 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 from urllib.parse import quote
 
+from airflow_hetero_gpu.core.foreign import intruder_reason, intruders, outside_reason
+from airflow_hetero_gpu.core.drain import drain_line
 from airflow_hetero_gpu.core import occupancy
 from airflow_hetero_gpu.plugins.labels import job_labels
 
@@ -67,6 +69,7 @@ def gpu_statuses(
     evicted: Mapping[tuple[str, int], Sequence[str]] | None = None,
     *,
     labels: Mapping[str, str] | None = None,
+    drained: Mapping[str, str] | None = None,
 ) -> dict[tuple[str, int], GpuStatus]:
     """Every GPU's status with the ledger applied (:mod:`airflow_hetero_gpu.core.occupancy`)."""
     from airflow_hetero_gpu.core.model import GpuKey
@@ -75,7 +78,7 @@ def gpu_statuses(
     evicted = {GpuKey(*k): tuple(v) for k, v in (evicted or {}).items()}
     if labels is None:
         labels = job_labels(reserved.values())
-    state = occupancy.fleet_state(cluster, reserved, evicted)
+    state = occupancy.fleet_state(cluster, reserved, evicted, drained)
     names = occupancy.gpu_states(state)
     load = state.load.tolist()
     avail = state.available.tolist()
@@ -178,6 +181,7 @@ class PageInputs:
     now: datetime | None = None
     teams: Mapping[str, Any] | None = None  # Ledger.team_standing() (None: no team configured)
     team_samples: Sequence[Mapping[str, Any]] = ()  # Ledger.team_samples() of the chart's window
+    drains: Sequence[Any] = ()  # ledger Drain: host, reason, deadline, drained_at, drained_by
 
 
 @dataclass
@@ -235,6 +239,7 @@ class PageModel:
     events: Sequence[Any] = ()
     teams: Mapping[str, Any] | None = None  # per team and pattern: quota, in use, borrowed, lent, waiting
     team_samples: Sequence[Mapping[str, Any]] = ()
+    drained: list[dict[str, Any]] = field(default_factory=list)  # {host, reason, line} per drained host
     _statuses: dict[tuple[str, int], GpuStatus] | None = field(default=None, repr=False)
 
     @property
@@ -243,8 +248,9 @@ class PageModel:
         if self._statuses is None:
             reserved = {(g["host"], g["index"]): g["reserved_by"] for g in self.gpus if g["reserved_by"]}
             evicted = {(g["host"], g["index"]): g["evicted"] for g in self.gpus if g["evicted"] is not None}
-            self._statuses = {} if self.cluster is None else gpu_statuses(self.cluster, reserved, evicted,
-                                                                          labels=self.labels)
+            self._statuses = {} if self.cluster is None else gpu_statuses(
+                self.cluster, reserved, evicted, labels=self.labels,
+                drained={d["host"]: d["reason"] for d in self.drained})
         return self._statuses
 
     @property
@@ -282,6 +288,7 @@ class PageModel:
             "evictions": self.evictions,
             "queue": self.queue,
             "job_labels": self.labels,
+            "drained": self.drained,
             **({"teams": dict(self.teams)} if self.teams is not None else {}),
         }
 
@@ -314,6 +321,7 @@ def build(
     now: datetime | None = None,
     teams: Mapping[str, Any] | None = None,
     team_samples: Sequence[Mapping[str, Any]] = (),
+    drains: Sequence[Any] = (),
 ) -> PageModel:
     """The page's model from the inventory (``cluster``, None when there is none yet) and the ledger.
 
@@ -340,7 +348,9 @@ def build(
         return model
     reserved = {g.key: r.job_id for r in reservations for g in r.gpus}
     evicted = {e.key: tuple(e.reasons) for e in evictions}
-    state = occupancy.fleet_state(cluster, reserved, evicted)
+    drained = {d.host: d.reason for d in drains}
+    model.drained = [{"host": d.host, "reason": d.reason, "line": drain_line(d, now)} for d in drains]
+    state = occupancy.fleet_state(cluster, reserved, evicted, drained)
     model.pools = occupancy.pool_counts(cluster, state=state)
     th = cluster.config.thresholds
     model.thresholds = {"busy_utilization": th.busy_utilization, "full_utilization": th.full_utilization,
@@ -350,21 +360,27 @@ def build(
     names = occupancy.gpu_states(state).tolist()
     load = state.load.tolist()
     avail = state.available.tolist()
+    outside = state.outside.tolist()
     by_host: dict[str, list[dict[str, Any]]] = {}
     for i, gpu in enumerate(cluster.gpus):
         job = reserved.get(gpu.key)  # a MIG instance is reserved by its own key (host, GPU, instance)
         ev = evicted.get((gpu.host, gpu.index))  # an instance's fault evicts its whole GPU
         row = gpu.to_json()
         row.update(pool=pool_ids[pool_of[i]], load=round(load[i], 4), state=names[i], available=avail[i],
-                   unit=gpu_unit(gpu.index, gpu.instance), held=list(gpu.unschedulable),
+                   unit=gpu_unit(gpu.index, gpu.instance),
+                   held=list(gpu.unschedulable) + ([outside_reason(gpu)] if outside[i] else [])
+                   + ([intruder_reason(gpu, job)] if job and intruders(gpu, job) else [])
+                   + ([f"drained: {drained[gpu.host]}"] if gpu.host in drained and not job else []),
                    reserved_by=job, job_label=labels.get(job) if job else None,
                    evicted=list(ev) if ev is not None else None)
         model.gpus.append(row)
         by_host.setdefault(gpu.host, []).append(row)
     errors, notes, net = cluster.host_errors, cluster.host_notes, cluster.net
+    drain_notes = {d.host: drain_line(d, now) for d in drains}
     for host in cluster.hosts:
         domain = net.domain_of.get(host)
-        model.hosts.append(HostView(host, errors.get(host), list(notes.get(host, ())), by_host.get(host, []),
+        host_notes = ([drain_notes[host]] if host in drain_notes else []) + list(notes.get(host, ()))
+        model.hosts.append(HostView(host, errors.get(host), host_notes, by_host.get(host, []),
                                     net.groups_of(host), cluster.wiring.get(host), domain,
                                     len(net.domains.get(domain, ())) if domain else 0))
     model.switches = _switch_tree(cluster)

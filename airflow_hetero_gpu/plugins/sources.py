@@ -226,6 +226,14 @@ def _ledger_state(ledger: Any, src: dict[str, Any]) -> tuple[list, list]:
         return [], []
 
 
+def _drains(ledger: Any) -> list:
+    try:
+        return ledger.drains()
+    except Exception as err:  # noqa: BLE001 - a ledger without the drains' table yet: none shown
+        log.warning("cluster page: cannot read the drained hosts: %s", err)
+        return []
+
+
 def read_ledger(settings: PageSettings) -> tuple[list, list, dict]:
     """Live reservations, evictions and what the page says about the ledger."""
     ledger, src = open_ledger(settings)
@@ -336,10 +344,13 @@ def read_inputs(user: Any, settings: PageSettings | None = None, *, history_hour
     ledger, led_src = open_ledger(settings)
     reservations: list = []
     evictions: list = []
+    drains: list = []
     if ledger is not None:
         reservations, evictions = _ledger_state(ledger, led_src)
         if led_src["status"] == "error":
             ledger = None
+        else:
+            drains = _drains(ledger)
     samples: list = []
     events: list = []
     sources: dict[str, Any] = {"captures": cap_src, "ledger": led_src}
@@ -351,4 +362,4 @@ def read_inputs(user: Any, settings: PageSettings | None = None, *, history_hour
     teams, team_samples, sources["teams"] = read_teams(ledger, now - timedelta(hours=24))
     return PageInputs(cluster=cluster, reservations=reservations, evictions=evictions, queue=queue,
                       samples=samples, events=events, sources=sources, teams=teams, team_samples=team_samples,
-                      visible_dag_ids=visible_dags(reservations, user), now=now)
+                      visible_dag_ids=visible_dags(reservations, user), now=now, drains=drains)

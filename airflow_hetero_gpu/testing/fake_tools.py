@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Sequence, TextIO
 
 from airflow_hetero_gpu.testing import nvsmi
+from airflow_hetero_gpu.testing.nvsmi.apps import query_compute_apps
 from airflow_hetero_gpu.testing.state import read_state
 
 STATE_ENV = "HETERO_GPU_EMU_STATE"
@@ -54,6 +55,8 @@ def nvidia_smi(argv: Sequence[str], state: dict, out: TextIO, err: TextIO) -> in
             arg = args[i]
             if arg.startswith("--query-gpu="):
                 query, mode = arg.split("=", 1)[1], "query"
+            elif arg.startswith("--query-compute-apps="):
+                query, mode = arg.split("=", 1)[1], "apps"
             elif arg == "--query-gpu" and i + 1 < len(args):
                 query, mode = args[i + 1], "query"
                 i += 1
@@ -77,7 +80,7 @@ def nvidia_smi(argv: Sequence[str], state: dict, out: TextIO, err: TextIO) -> in
             i += 1
         if not args:
             mode = "table"
-        if mode is None or (mode == "query" and fmt is None):
+        if mode is None or (mode in ("query", "apps") and fmt is None):
             raise nvsmi.QueryError(nvsmi.INVALID_ARGS + "\n\n")
         if mode == "query":
             # Fields and format are checked before the driver is asked anything.
@@ -103,7 +106,12 @@ def nvidia_smi(argv: Sequence[str], state: dict, out: TextIO, err: TextIO) -> in
         _emit(out, nvsmi.NO_DEVICES + "\n")
         return nvsmi.RC_NOT_FOUND
 
-    if mode == "query":
+    if mode == "apps":
+        try:
+            text, rc = query_compute_apps(state, query or "", fmt or "")
+        except nvsmi.QueryError as exc:
+            text, rc = str(exc), exc.returncode
+    elif mode == "query":
         text, rc = nvsmi.query_gpu(state, query or "", fmt or "", ids)
     elif mode == "list":
         text, rc = nvsmi.list_gpus(state)

@@ -57,7 +57,7 @@ class PassState:
                 raise ValueError(f"reserved_mask: expected {n} entries, got {held.shape}")
         self.held = held  # live reservations and jobs admitted in this pass
         # usable: could serve a queued job now or once its holder ends (a held GPU's load is its job's)
-        self.usable = adm.healthy & ~(adm.loaded & ~held)
+        self.usable = adm.healthy & ~(adm.loaded & ~held) & ~adm.on_drained
         self.claimed = np.zeros(n, dtype=bool)
         self.blocked = held.copy()  # held or claimed: no job may start there
         self.free = np.bincount(c.pool_of[self.usable & ~self.blocked], minlength=len(c.pools))

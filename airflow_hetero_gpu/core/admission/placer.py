@@ -66,9 +66,10 @@ class PlannerPlacer:
     """
 
     def __init__(self, cluster: Cluster, *, evicted: Mapping[GpuKey, Sequence[str]] | None = None,
-                 config: ClusterConfig | None = None) -> None:
+                 config: ClusterConfig | None = None, drained: Mapping[str, str] | None = None) -> None:
         self.cluster = cluster
         self.evicted = evicted or {}
+        self.drained = drained or {}
         self.config = config
         self._released: tuple[np.ndarray, Cluster] | None = None
         self._memory_total: np.ndarray | None = None
@@ -83,6 +84,7 @@ class PlannerPlacer:
         c = copy.copy(self.cluster)
         c.base_load = self.cluster.base_load.copy()
         c.base_load[idle] = 0.0
+        c.has_processes = self.cluster.has_processes & ~idle  # the job's processes end with it
         c.memory_free = self.cluster.memory_free.copy()
         known = idle & ~np.isnan(self._memory_total)
         c.memory_free[known] = self._memory_total[known]
@@ -93,7 +95,7 @@ class PlannerPlacer:
                  idle: np.ndarray | None = None) -> Placement:
         cluster = self.cluster if idle is None else self.released(idle)
         result = plan(cluster, entry.request, reserved=holders, reserved_mask=blocked, evicted=self.evicted,
-                      config=self.config, explain=False)
+                      config=self.config, drained=self.drained, explain=False)
         if result.decision is None:
             return Placement(result=result)
         return Placement(tuple(result.decision.keys), result.decision.pool, result)

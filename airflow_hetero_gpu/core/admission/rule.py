@@ -53,16 +53,21 @@ class Admission:
 
     def __init__(self, cluster: Cluster, *, evicted: Mapping[GpuKey, Sequence[str]] | None = None,
                  config: ClusterConfig | None = None, weights: Mapping[str, float] | None = None,
-                 aging_interval_s: float | None = DEFAULT_AGING_INTERVAL_S, placer: Placer | None = None) -> None:
+                 aging_interval_s: float | None = DEFAULT_AGING_INTERVAL_S, placer: Placer | None = None,
+                 drained: Mapping[str, str] | None = None) -> None:
         self.cluster = cluster
+        self.drained = dict(drained or {})  # drained host -> reason: never placed on or claimed
         self.config = (config or cluster.config).with_weights(weights)
         self.evicted = {GpuKey(*k): tuple(v) for k, v in (evicted or {}).items()}
         self.aging = check_aging(aging_interval_s)
-        self.placer = placer or PlannerPlacer(cluster, evicted=self.evicted, config=self.config)
-        self._base = cluster_state(cluster, PlanRequest(1), {}, self.evicted, self.config)
+        self.placer = placer or PlannerPlacer(cluster, evicted=self.evicted, config=self.config, drained=self.drained)
+        self._base = cluster_state(cluster, PlanRequest(1), {}, self.evicted, self.config, drained=self.drained)
+        self.on_drained = self._base.on_drained
         self.healthy = self._base.healthy  # healthy and not evicted
         # loaded above the busy threshold by something the ledger does not know about (unless held)
         self.loaded = cluster.base_load > self.config.thresholds.busy_utilization
+        if self.config.thresholds.foreign_processes == "block":  # in use outside the scheduler
+            self.loaded = self.loaded | cluster.has_processes
         # each host's pool, -1 for a host without GPUs or with GPUs in several pools
         starts = cluster.host_start
         has_gpus = np.diff(starts) > 0
@@ -212,7 +217,8 @@ def admit(cluster: Cluster, queue: Sequence[QueueEntry], *, now: float,
           reserved: Mapping[GpuKey, str] | None = None, evicted: Mapping[GpuKey, Sequence[str]] | None = None,
           config: ClusterConfig | None = None, weights: Mapping[str, float] | None = None,
           aging_interval_s: float | None = DEFAULT_AGING_INTERVAL_S, explain: bool = True,
-          quotas: QuotaInput | None = None) -> AdmissionResult:
+          quotas: QuotaInput | None = None, drained: Mapping[str, str] | None = None) -> AdmissionResult:
     """One admission pass with the planner (the product's call): see :class:`Admission`."""
-    adm = Admission(cluster, evicted=evicted, config=config, weights=weights, aging_interval_s=aging_interval_s)
+    adm = Admission(cluster, evicted=evicted, config=config, weights=weights, aging_interval_s=aging_interval_s,
+                    drained=drained)
     return adm.run(queue, now=now, reserved=reserved, explain=explain, quotas=quotas)

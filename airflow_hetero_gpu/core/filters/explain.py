@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
+
+from airflow_hetero_gpu.core.drain import drain_reason
+from airflow_hetero_gpu.core.foreign import OUTSIDE, outside_reason
 from airflow_hetero_gpu.core.view import PoolView
 
 MAX_EXAMPLES = 3
@@ -42,8 +46,11 @@ def describe_unavailable(view: PoolView) -> str:
     reserved = st.reserved[pos] & healthy
     held = st.reserved[pos] | ~st.cluster.schedulable[pos]
     unschedulable = ~st.cluster.schedulable[pos] & healthy & ~st.reserved[pos]
-    busy = st.busy[pos] & healthy & ~held
-    low_mem = ~st.memory_ok[pos] & healthy & ~held & ~st.busy[pos]
+    drained = (st.on_drained[pos] if st.on_drained is not None else np.zeros(len(pos), dtype=bool)) \
+        & healthy & ~held
+    outside = st.outside[pos] & healthy & ~held & ~drained
+    busy = st.busy[pos] & healthy & ~held & ~outside & ~drained
+    low_mem = ~st.memory_ok[pos] & healthy & ~held & ~st.busy[pos] & ~outside & ~drained
     parts: list[str] = []
     n_unhealthy = int((~healthy).sum())
     if n_unhealthy:
@@ -62,6 +69,14 @@ def describe_unavailable(view: PoolView) -> str:
         parts.append(f"{int(unschedulable.sum())} not handed out whole ({shown}{_more(len(gpus), min(len(gpus), MAX_EXAMPLES))})"
                      if set(why) == {"mig-enabled"} else
                      f"{int(unschedulable.sum())} unschedulable ({shown}{_more(len(gpus), min(len(gpus), MAX_EXAMPLES))})")
+    if drained.any():
+        hosts = sorted({st.cluster.gpus[int(p)].host for p in pos[drained]})
+        shown = ", ".join(drain_reason(h, st.drained[h]) for h in hosts[:MAX_EXAMPLES])
+        parts.append(f"{int(drained.sum())} on drained hosts ({shown}{_more(len(hosts), min(len(hosts), MAX_EXAMPLES))})")
+    if outside.any():
+        gpus = [st.cluster.gpus[int(p)] for p in pos[outside]]
+        shown = ", ".join(f"{unit_name(g)} {outside_reason(g)}" for g in gpus[:MAX_EXAMPLES])
+        parts.append(f"{int(outside.sum())} {OUTSIDE} ({shown}{_more(len(gpus), min(len(gpus), MAX_EXAMPLES))})")
     if busy.any():
         parts.append(f"{int(busy.sum())} busy (load > {st.thresholds.busy_utilization:g})")
     if low_mem.any():

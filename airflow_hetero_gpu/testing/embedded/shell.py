@@ -8,7 +8,10 @@ commands with a few redirections (``>/dev/null``, ``2>/dev/null``, ``2>&1``, ``>
 of the collector's one-session reads, :func:`~airflow_hetero_gpu.collect.command.run_together`),
 :func:`parse` returns a :class:`Script` and :func:`run_script` runs it here, calling the fake
 tools' functions directly: the same text the tools print when a real shell starts them, without a
-shell or a Python process per command. Anything else (variables, globs, substitutions, other
+shell or a Python process per command. The collector's read of the GPUs' processes (its two
+constant segments, :mod:`airflow_hetero_gpu.collect.processes`) is answered here too: the listing
+by the fake ``nvidia-smi``, the owners from ``/proc`` of the listed pids (real processes of this
+machine, as ``ps`` would read them). Anything else (variables, globs, substitutions, other
 programs, files) gives ``None``: the server then runs the line with ``bash -c`` as a real process.
 
 Words are split with :mod:`shlex` (POSIX quoting) after a scan that finds word and operator
@@ -25,7 +28,9 @@ import shlex
 from dataclasses import dataclass
 from typing import Callable, Mapping, TextIO
 
+from airflow_hetero_gpu.collect.processes import APPS_COMMAND, APPS_TOGETHER, PROCS_TOGETHER
 from airflow_hetero_gpu.testing import fake_tools
+from airflow_hetero_gpu.testing.embedded.owners import owners_text
 
 #: Tools answered in-process: the fakes, by the name a shell would look up.
 TOOLS: Mapping[str, Callable[..., int]] = dict(fake_tools.HANDLERS)
@@ -37,6 +42,8 @@ _UNSAFE = set("$`\\(){}*?[]~#!&\n\r")
 _DEV_NULL = "/dev/null"
 #: The word ``$?`` (the last exit status) in an argv: NUL never occurs in a shell word.
 STATUS_WORD = "\0$?"
+#: The collector's process reads, as words of their own (see the module docstring).
+APPS_WORD, OWNERS_WORD = "hgpu-compute-apps", "hgpu-owners"
 
 
 @dataclass(frozen=True)
@@ -156,7 +163,8 @@ def _simple(tokens: list[_Token]) -> Simple | None:
         else:
             argv.append(tok.text)
             i += 1
-    if not argv or "=" in argv[0] or (argv[0] not in TOOLS and argv[0] not in ("grep", "printf")):
+    if not argv or "=" in argv[0] or (argv[0] not in TOOLS and argv[0] not in ("grep", "printf", APPS_WORD,
+                                                                                 OWNERS_WORD)):
         return None
     if STATUS_WORD in argv[:1] or (argv[0] != "printf" and STATUS_WORD in argv):
         return None
@@ -170,6 +178,7 @@ def parse(line: str) -> Script | None:
     """The in-process plan of a command line, or None when a real shell must run it.
 
     Cached: a collection sends the same few lines to every host."""
+    line = line.replace(APPS_TOGETHER, APPS_WORD).replace(PROCS_TOGETHER, OWNERS_WORD)
     tokens = _scan(line)
     if not tokens:
         return None
@@ -305,10 +314,24 @@ def _command_not_found(tool: str, state: Mapping[str, object]) -> bool:
     return tool == "nvidia-smi" and "nvidia_smi_missing" in (state.get("faults") or [])
 
 
+def _run_apps(state: Mapping[str, object], out: TextIO, err: TextIO) -> tuple[int, str]:
+    """``hgpu_apps=$(nvidia-smi --query-compute-apps=...); printf '%s\\n' "$hgpu_apps"``: (status, listing)."""
+    if _command_not_found("nvidia-smi", state):
+        err.write("bash: line 1: nvidia-smi: command not found\n")
+        out.write("\n")
+        return 127, ""
+    listing = io.StringIO()
+    status = TOOLS["nvidia-smi"](APPS_COMMAND.split()[1:], dict(state), listing, err)
+    text = listing.getvalue().rstrip("\n")  # what $(...) keeps
+    out.write(text + "\n")
+    return status, text
+
+
 def run_script(script: Script, state: Mapping[str, object]) -> tuple[int, bytes, bytes]:
     """Run ``script`` against a host's state: (exit status, stdout, stderr), as bash would."""
     out, err = io.StringIO(), io.StringIO()
     status = 0
+    apps = ""  # the listing the owners' read asks about, as the shell variable holds it
     for connector, pipeline in script.items:
         if (connector == "&&" and status != 0) or (connector == "||" and status == 0):
             continue
@@ -323,6 +346,11 @@ def run_script(script: Script, state: Mapping[str, object]) -> tuple[int, bytes,
                 status = _run_grep(simple.argv, piped, cmd_out)
             elif tool == "printf":
                 status = _run_printf(simple.argv, status, cmd_out)
+            elif tool == APPS_WORD:
+                status, apps = _run_apps(state, cmd_out, cmd_err)
+            elif tool == OWNERS_WORD:
+                cmd_out.write(owners_text(apps))
+                status = 0
             elif _command_not_found(tool, state):
                 cmd_err.write(f"bash: line 1: {tool}: command not found\n")
                 status = 127

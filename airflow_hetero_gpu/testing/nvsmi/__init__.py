@@ -37,6 +37,7 @@ from airflow_hetero_gpu.testing.nvsmi.common import (
     RC_OTHER,
     QueryError,
 )
+from airflow_hetero_gpu.testing.nvsmi.apps import query_compute_apps
 from airflow_hetero_gpu.testing.nvsmi.kernel_log import (
     XID_TEXT,
     dmesg_text,
@@ -82,6 +83,6 @@ __all__ = [
     "RC_DRIVER_NOT_LOADED", "RC_GPU_IS_LOST", "RC_INVALID_ARGUMENT", "RC_NOT_FOUND", "RC_OK", "RC_OTHER",
     "TOPO_SAMPLE_DIR", "XID_TEXT", "canonical_field", "dmesg_text", "header_line", "iter_field_names",
     "journal_text", "kernel_messages", "list_gpus", "lost_message", "lost_returncode", "parse_format",
-    "query_gpu", "read_sample", "render_topo", "sample_names", "select_gpus", "table_text", "topo_text",
+    "query_compute_apps", "query_gpu", "read_sample", "render_topo", "sample_names", "select_gpus", "table_text", "topo_text",
     "validate_matrix", "value_text", "xid_bus", "xid_message",
 ]
