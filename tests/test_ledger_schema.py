@@ -27,7 +27,7 @@ from airflow_hetero_gpu.core.cluster import build_cluster
 from airflow_hetero_gpu.core.model import Gpu, GpuKey, PlanRequest
 from airflow_hetero_gpu.core.topology import HostWiring
 from airflow_hetero_gpu.ledger import Ledger, LedgerError
-from airflow_hetero_gpu.ledger import schema
+from airflow_hetero_gpu.ledger import migrations, schema
 from airflow_hetero_gpu.ledger.url import parse_url
 from postgres_fixtures import ledger_db_url  # noqa: F401  (fixture)
 
@@ -83,7 +83,7 @@ def test_upgrade_from_version_1_keeps_reservations_and_evictions(ledger_db_url):
     version_1_by_hand(ledger_db_url, now)
     cluster = make_cluster()
     with Ledger.from_url(ledger_db_url) as led:
-        assert led.schema_version() == schema.LATEST == 9
+        assert led.schema_version() == migrations.LATEST == 9
         old = led.get("old-job")
         assert old is not None
         assert old.keys == [GpuKey("h0", 0), GpuKey("h0", 1)] and old.gpus[1].uuid == "GPU-h0-1"
@@ -170,6 +170,6 @@ def test_concurrent_first_use_creates_the_schema_once(ledger_db_url):  # noqa: F
         engine = create_engine(parse_url(ledger_db_url))
         try:
             with engine.connect() as conn:
-                assert conn.execute(select(schema.schema_version.c.version)).scalars().all() == list(range(1, schema.LATEST + 1))
+                assert conn.execute(select(schema.schema_version.c.version)).scalars().all() == list(range(1, migrations.LATEST + 1))
         finally:
             engine.dispose()

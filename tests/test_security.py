@@ -231,7 +231,7 @@ ALLOWED_SQL_TEXT = {
     "PRAGMA journal_mode = WAL",  # SQLite connection setup (db.py)
     "PRAGMA synchronous = NORMAL",
     "PRAGMA foreign_keys = ON",
-    # schema step 5 (schema.py): the MIG instance joins reservation_gpus' primary key; SQLite
+    # schema step 5 (migrations.py): the MIG instance joins reservation_gpus' primary key; SQLite
     # rebuilds the table, PostgreSQL alters the key. Constant text, no value from outside.
     "ALTER TABLE reservation_gpus RENAME TO reservation_gpus_v4",
     "DROP INDEX IF EXISTS ix_reservation_gpus_job_id",

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from airflow_hetero_gpu.ledger import schema
+from airflow_hetero_gpu.ledger import migrations
 from airflow_hetero_gpu.ledger.checks import first_line
 from airflow_hetero_gpu.ledger.db import db_now, make_engine, read_transaction, write_transaction
 from airflow_hetero_gpu.ledger.errors import LedgerError, MissingLedger
@@ -135,26 +135,26 @@ class LedgerBase:
     # --- schema -----------------------------------------------------------------------------------
     def schema_version(self) -> int:
         with self._read("read the schema version") as (conn, _):
-            return schema.current_version(conn)
+            return migrations.current_version(conn)
 
     def _ensure_schema(self, *, create: bool = True, migrate: bool = True) -> None:
         version = self.schema_version()
-        if version == schema.LATEST:
+        if version == migrations.LATEST:
             return
-        if version > schema.LATEST:
+        if version > migrations.LATEST:
             raise LedgerError(
                 f"ledger {self.display_url} has schema version {version}, newer than this airflow-hetero-gpu "
-                f"supports ({schema.LATEST}); upgrade the package")
+                f"supports ({migrations.LATEST}); upgrade the package")
         if version == 0 and not create:
             raise LedgerError(f"{self.display_url} holds no ledger (no schema_version table): {FILL_HINT}")
         if not migrate:
             raise LedgerError(
                 f"ledger {self.display_url} has schema version {version}, older than this airflow-hetero-gpu's "
-                f"({schema.LATEST}): upgrade it with `hetero-gpu ledger init URL` (any writer also does)")
+                f"({migrations.LATEST}): upgrade it with `hetero-gpu ledger init URL` (any writer also does)")
         with self._write("create or upgrade the schema") as (conn, now):
-            version = schema.current_version(conn)  # again, now under the lock
-            if version > schema.LATEST:
+            version = migrations.current_version(conn)  # again, now under the lock
+            if version > migrations.LATEST:
                 raise LedgerError(
                     f"ledger {self.display_url} has schema version {version}, newer than this airflow-hetero-gpu "
-                    f"supports ({schema.LATEST}); upgrade the package")
-            schema.upgrade(conn, now)
+                    f"supports ({migrations.LATEST}); upgrade the package")
+            migrations.upgrade(conn, now)
