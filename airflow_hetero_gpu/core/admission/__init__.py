@@ -16,9 +16,14 @@ from airflow_hetero_gpu.core.admission.order import (
     DEFAULT_AGING_INTERVAL_S, effective_priority, ordered, passing_window_s, rank_key,
 )
 from airflow_hetero_gpu.core.admission.placer import Placement, Placer, PlannerPlacer
+from airflow_hetero_gpu.core.admission.preemption import (
+    DEFAULT_MIN_RUNTIME_S, DEFAULT_PREEMPTION_DELAY_S, DEFAULT_PREEMPTION_GRACE_S, Preemption, PreemptionRules,
+    RunningJob,
+)
 
 __all__ = [
     "Admission", "admit", "STATES", "AdmissionResult", "Admitted", "Claim", "QueueEntry", "Waiting",
     "describe_gpus", "DEFAULT_AGING_INTERVAL_S", "effective_priority", "ordered", "passing_window_s",
-    "rank_key", "Placement", "Placer", "PlannerPlacer",
+    "rank_key", "Placement", "Placer", "PlannerPlacer", "DEFAULT_MIN_RUNTIME_S", "DEFAULT_PREEMPTION_DELAY_S",
+    "DEFAULT_PREEMPTION_GRACE_S", "Preemption", "PreemptionRules", "RunningJob",
 ]

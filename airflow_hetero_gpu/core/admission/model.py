@@ -181,6 +181,7 @@ class AdmissionResult:
     admitted: list[Admitted]
     waiting: list[Waiting]
     entries: Sequence[QueueEntry] = field(default=(), repr=False)  # the queue, in order
+    preemptions: list = field(default_factory=list)  # preemption.Preemption decided in this pass
 
     @property
     def order(self) -> tuple[str, ...]:

@@ -15,6 +15,9 @@ The rule (docs/queue.md has it with a worked example):
    gives it as if the jobs holding them had ended. No job behind it may start on a claimed GPU, so
    backfill never delays a head. A pool has one head at a time; a job whose pools all have a head
    waits behind them (it still starts at once wherever it fits outside the claims).
+5. With ``preemption`` rules and the ``running`` jobs given, a job that cannot start may instead
+   preempt running jobs of lower priority and claim the GPUs they free
+   (:mod:`~airflow_hetero_gpu.core.admission.preemption`); ``result.preemptions`` lists them.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from airflow_hetero_gpu.core.admission.order import (
     DEFAULT_AGING_INTERVAL_S, check_aging, effective_priority, ordered,
 )
 from airflow_hetero_gpu.core.admission.passstate import PassState, Shape
+from airflow_hetero_gpu.core.admission.preemption import PassPreemption, PreemptionRules, RunningJob
 from airflow_hetero_gpu.core.admission.placer import Placer, PlannerPlacer
 from airflow_hetero_gpu.core.cluster import Cluster
 from airflow_hetero_gpu.core.config import ClusterConfig
@@ -92,19 +96,22 @@ class Admission:
         return hit
 
     def run(self, queue: Sequence[QueueEntry], *, now: float, reserved: Mapping[GpuKey, str] | None = None,
-            reserved_mask: np.ndarray | None = None, explain: bool = True, in_order: bool = False) -> AdmissionResult:
+            reserved_mask: np.ndarray | None = None, explain: bool = True, in_order: bool = False,
+            running: Sequence[RunningJob] = (), preemption: PreemptionRules | None = None) -> AdmissionResult:
         """Decide who starts now and what is claimed for the heads.
 
         ``reserved`` maps GPUs held by live reservations to their job id; ``reserved_mask``
         (optional) is the same as a boolean mask over ``cluster.gpus`` (then ``reserved`` only
         names holders). ``explain=False`` skips the reasons and lists only heads and impossible
         entries in ``waiting`` (the simulator). ``in_order=True``: the caller passes the queue
-        already in queue order (the simulator keeps it sorted; nothing checks it).
+        already in queue order (the simulator keeps it sorted; nothing checks it). ``running``
+        (the jobs holding GPUs) and ``preemption`` (its rules; None: off) turn preemption on.
         """
         if isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now):
             raise RequestError(f"now: expected seconds, got {now!r}")
         entries = list(queue) if in_order else ordered(queue, self.aging)
         p = PassState(self, reserved, reserved_mask)
+        pre = PassPreemption(running, preemption, now) if preemption is not None and running else None
         shapes: dict[int, Shape] = {}  # id(request) -> what this pass learnt about it
         by_value: dict[PlanRequest, Shape] = {}
         admitted: list[Admitted] = []
@@ -148,7 +155,7 @@ class Admission:
                 admitted.append(Admitted(entry.job_id, rank, tuple(placement.gpus), pool, decision))
                 continue
             position += 1
-            claim = claim_for(p, entry, shape)
+            claim = (pre.claim(p, entry, shape) if pre else None) or claim_for(p, entry, shape)
             if claim is not None:
                 waiting.append((position, entry, "head", claim, shape, []))
                 continue
@@ -156,7 +163,8 @@ class Admission:
             live.discard(id(shape))
             if explain:
                 waiting.append((position, entry, "waiting", None, shape, p.heads_for(shape.ok)))
-        return self._result(now, entries, admitted, waiting, p, explain)
+        result = self._result(now, entries, admitted, waiting, p, explain)
+        return pre.annotate(result) if pre else result
 
     def _result(self, now: float, entries, admitted, waiting, p: PassState, explain: bool) -> AdmissionResult:
         out: list[Waiting] = []
@@ -183,7 +191,8 @@ class Admission:
 def admit(cluster: Cluster, queue: Sequence[QueueEntry], *, now: float,
           reserved: Mapping[GpuKey, str] | None = None, evicted: Mapping[GpuKey, Sequence[str]] | None = None,
           config: ClusterConfig | None = None, weights: Mapping[str, float] | None = None,
-          aging_interval_s: float | None = DEFAULT_AGING_INTERVAL_S, explain: bool = True) -> AdmissionResult:
+          aging_interval_s: float | None = DEFAULT_AGING_INTERVAL_S, explain: bool = True,
+          running: Sequence[RunningJob] = (), preemption: PreemptionRules | None = None) -> AdmissionResult:
     """One admission pass with the planner (the product's call): see :class:`Admission`."""
     adm = Admission(cluster, evicted=evicted, config=config, weights=weights, aging_interval_s=aging_interval_s)
-    return adm.run(queue, now=now, reserved=reserved, explain=explain)
+    return adm.run(queue, now=now, reserved=reserved, explain=explain, running=running, preemption=preemption)
