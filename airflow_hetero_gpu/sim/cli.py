@@ -19,6 +19,9 @@ from pathlib import Path
 from airflow_hetero_gpu.cli_output import EXIT_OK
 from airflow_hetero_gpu.cli_types import non_negative_float, non_negative_int, positive_int
 from airflow_hetero_gpu.core.admission.order import DEFAULT_AGING_INTERVAL_S
+from airflow_hetero_gpu.core.admission.preemption import (
+    DEFAULT_MIN_RUNTIME_S, DEFAULT_PREEMPTION_DELAY_S, DEFAULT_PREEMPTION_GRACE_S,
+)
 from airflow_hetero_gpu.errors import HeteroGpuError
 from airflow_hetero_gpu.sim.disciplines import QUEUES
 
@@ -82,6 +85,22 @@ def register(subparsers) -> None:
                         f"{DEFAULT_AGING_INTERVAL_S:g}; 0: no aging)")
     p.add_argument("--backfill", type=non_negative_int, default=0, metavar="N",
                    help="fifo queue: when the head waits, try up to N jobs behind it (default 0: strict FIFO)")
+    p.add_argument("--preemption", choices=("on", "off"), default=None,
+                   help="admission queue: a waiting job may preempt running jobs of lower priority "
+                        "(docs/preemption.md; default: on when the trace has priorities)")
+    p.add_argument("--preemption-grace", type=non_negative_float, default=DEFAULT_PREEMPTION_GRACE_S, metavar="S",
+                   help=f"seconds a victim keeps its GPUs after the signal (default {DEFAULT_PREEMPTION_GRACE_S:g})")
+    p.add_argument("--min-runtime", type=non_negative_float, default=DEFAULT_MIN_RUNTIME_S, metavar="S",
+                   help=f"never preempt a job that ran less than S since it (re)started (default "
+                        f"{DEFAULT_MIN_RUNTIME_S:g})")
+    p.add_argument("--preemption-delay", type=non_negative_float, default=DEFAULT_PREEMPTION_DELAY_S, metavar="S",
+                   help=f"never preempt for a job that waited less than S (default {DEFAULT_PREEMPTION_DELAY_S:g})")
+    p.add_argument("--jobs-out", metavar="FILE",
+                   help="write one CSV line per job (job_id,team,priority,gpus,arrival_s,start_s,end_s,"
+                        "preemptions,lost_gpu_s); one policy only")
+    p.add_argument("--events-out", metavar="FILE",
+                   help="write one CSV line per start, end, preempt and stop (time_s,event,job_id,gpus,detail); "
+                        "one policy only")
     p.add_argument("--comm-cost", type=non_negative_float, default=DEFAULT_COMM_COST, metavar="C",
                    help=f"run-time slowdown per unit of d(S) above 1 (default {DEFAULT_COMM_COST}; 0: trace durations)")
     p.add_argument("--span", choices=("as-needed", "never"), default="as-needed",
@@ -120,6 +139,12 @@ def cmd_simulate(args) -> int:
         raise HeteroGpuError(f"--backfill {args.backfill}: only with --queue fifo (the admission and greedy "
                              f"queues try every waiting job), got --queue {args.queue}")
     aging = args.aging or None
+    outputs = [o for o in ("jobs_out", "events_out") if getattr(args, o)]
+    if outputs and (len(policies) != 1 or grid is not None):
+        raise HeteroGpuError(f"--{outputs[0].replace('_', '-')}: writes the jobs of one run; give one policy "
+                             f"(--policies seed) and no --sweep, got --policies {args.policies}")
+    if args.preemption == "on" and args.queue != "admission":
+        raise HeteroGpuError(f"--preemption on: only the admission queue preempts, got --queue {args.queue}")
 
     trace = load_trace(args.trace, fractional=args.fractional, seed=args.seed, directory=args.alibaba_dir)
     nodes_path = resolve_nodes(args.nodes, args.trace, args.alibaba_dir)
@@ -133,7 +158,8 @@ def cmd_simulate(args) -> int:
     # plots show the busy window: from the 1st-percentile arrival to twice the last arrival
     since = trace.jobs[int(0.01 * (len(trace.jobs) - 1))].arrival if trace.jobs else None
 
-    setup = Setup(tuple(nodes), tuple(trace.jobs), hosts_per_leaf=args.hosts_per_leaf,
+    preemption = _preemption(args, trace.jobs)
+    setup = Setup(tuple(nodes), tuple(trace.jobs), preemption=preemption, keep_records=bool(outputs), hosts_per_leaf=args.hosts_per_leaf,
                   leaves_per_spine=args.leaves_per_spine, queue=args.queue, aging_interval_s=aging,
                   backfill=args.backfill, comm_cost=args.comm_cost,
                   span=args.span, seed=args.seed, series_since=since,
@@ -165,7 +191,10 @@ def cmd_simulate(args) -> int:
     settings = {"policies": policies, "seed_weights": args.weights, "queue": args.queue,
                 "aging_interval_s": aging if args.queue == "admission" else None, "backfill": args.backfill,
                 "comm_cost": args.comm_cost, "span": args.span, "fractional": args.fractional,
-                "limit": args.limit, "seed": args.seed, "load": None if args.time_scale else args.load}
+                "limit": args.limit, "seed": args.seed, "load": None if args.time_scale else args.load,
+                "preemption": None if preemption is None else {
+                    "grace_s": preemption.grace_s, "min_runtime_s": preemption.rules.min_runtime_s,
+                    "delay_s": preemption.rules.delay_s}}
     argv = sys.argv[1:] if sys.argv and Path(sys.argv[0]).name.startswith("hetero-gpu") else None
     command = "hetero-gpu " + (shlex.join(argv) if argv else f"simulate --trace {args.trace}")
     report = build_report(command=command, trace=trace_info, cluster=fleet.describe(), settings=settings,
@@ -183,6 +212,14 @@ def cmd_simulate(args) -> int:
             (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
         except OSError as err:
             raise HeteroGpuError(f"--out {args.out}: cannot write: {err}") from None
+    if args.jobs_out:
+        from airflow_hetero_gpu.sim.jobs_out import write_jobs
+
+        write_jobs(args.jobs_out, runs[0].records)
+    if args.events_out:
+        from airflow_hetero_gpu.sim.events_out import write_events
+
+        write_events(args.events_out, runs[0].events)
     if args.json:
         print(json.dumps(report, indent=1))
     else:
@@ -190,3 +227,17 @@ def cmd_simulate(args) -> int:
         if args.out:
             print(f"report and plots written to {args.out}")
     return EXIT_OK
+
+
+def _preemption(args, jobs):
+    """The simulator's preemption settings: ``--preemption``, default on when the trace has
+    priorities (two or more distinct ones), only with the admission queue."""
+    from airflow_hetero_gpu.core.admission.preemption import PreemptionRules
+    from airflow_hetero_gpu.sim.preempt import SimPreemption
+
+    on = args.preemption == "on" if args.preemption else (
+        args.queue == "admission" and len({j.priority for j in jobs}) > 1)
+    if not on:
+        return None
+    rules = PreemptionRules(min_runtime_s=args.min_runtime, delay_s=args.preemption_delay)
+    return SimPreemption(rules, args.preemption_grace)

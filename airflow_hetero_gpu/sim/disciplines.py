@@ -100,6 +100,8 @@ class AdmissionQueue:
     def __init__(self, run: Replay, aging_interval_s: float | None) -> None:
         self.run = run
         self.aging = aging_interval_s
+        settings = getattr(run, "preempt", None)
+        self.rules = settings.settings.rules if settings is not None and settings.on else None
         self.admission = Admission(run.cluster, placer=PolicyPlacer(run), aging_interval_s=aging_interval_s)
         self.entries: list[QueueEntry] = []  # in queue order
         self.keys: list[tuple] = []  # their rank keys, for bisect
@@ -126,6 +128,12 @@ class AdmissionQueue:
         self.keys.insert(at, key)
         self.entries.insert(at, entry)
         self.by_id[job.id] = entry
+        if self.rules is not None:
+            self.run.wake(job.arrival + self.rules.delay_s)
+
+    def _holding(self, job_id: str) -> tuple[GpuKey, ...]:
+        view = self.run.view
+        return tuple(view.key(p) for p in view.holding[job_id])
 
     def _at(self, entry: QueueEntry) -> int:
         return bisect.bisect_left(self.keys, rank_key(entry, self.aging))
@@ -135,8 +143,12 @@ class AdmissionQueue:
             return
         run = self.run
         view = run.view
+        running = run.preempt.running(run.jobs, self._holding, now) if self.rules is not None else ()
         result = self.admission.run(self.entries, now=now, reserved=view.reserved, reserved_mask=~view.free,
-                                    explain=False, in_order=True)
+                                    explain=False, in_order=True, running=running, preemption=self.rules)
+        for pre in result.preemptions:
+            for victim in pre.victims:
+                run.signal(victim, pre.preemptor, now)
         claims = result.claims
         if not (result.admitted or self.claimed or claims):
             return

@@ -50,6 +50,8 @@ class Setup:
     seed: int = 0
     series_since: float | None = None  # plot window (None: the whole run)
     series_until: float | None = None
+    preemption: Any = None  # sim.preempt.SimPreemption, None: off
+    keep_records: bool = False  # RunOutcome.records and .events (for --jobs-out, --events-out)
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,8 @@ class RunOutcome:
     waits: list[float] = field(default_factory=list)
     distances: list[float] = field(default_factory=list)  # d(S) of multi-GPU jobs
     rejected: list[tuple[str, str]] = field(default_factory=list)
+    records: list = field(default_factory=list)  # engine.JobRecord, with Setup.keep_records
+    events: list = field(default_factory=list)
 
 
 _FLEET: dict[int, SimCluster] = {}
@@ -90,7 +94,8 @@ def run_one(setup: Setup, spec: RunSpec) -> RunOutcome:
     fleet = _fleet(setup)
     policy = make_policy(spec.policy, seed=setup.seed, weights=spec.weights)
     result = simulate(fleet.cluster, setup.jobs, policy, queue=setup.queue, backfill=setup.backfill,
-                      aging_interval_s=setup.aging_interval_s, comm_cost=setup.comm_cost, span=setup.span)
+                      aging_interval_s=setup.aging_interval_s, comm_cost=setup.comm_cost, span=setup.span,
+                      preemption=setup.preemption)
     result.policy = spec.name
     return RunOutcome(
         spec=spec,
@@ -99,6 +104,8 @@ def run_one(setup: Setup, spec: RunSpec) -> RunOutcome:
         waits=[r.wait for r in result.records],
         distances=[r.distance for r in result.records if r.gpus > 1],
         rejected=result.rejected,
+        records=result.records if setup.keep_records else [],
+        events=result.events if setup.keep_records else [],
     )
 
 

@@ -23,6 +23,9 @@
 ``decision_ms_mean``, ``decision_ms_p95``  wall time of one ``policy.place`` call
 ``distance_by_gpus``           mean d(S) per job size (GPUs)
 ``jobs_by_card_type``          share of jobs, and of 1-GPU jobs, placed on each card type
+``preemptions``                times a running job was preempted (docs/preemption.md)
+``lost_gpu_s``                 GPU-seconds of work lost to them (time since each victim's last
+                               checkpoint at the signal × its GPUs)
 =============================  =================================================================
 """
 
@@ -97,6 +100,8 @@ def summarize(result: SimResult) -> dict[str, Any]:
                              for k in sorted({r.gpus for r in multi})},
         "jobs_by_card_type": _by_card_type(recs),
         "wait_by_gpus": _wait_by_gpus(recs),
+        "preemptions": int(sum(r.preemptions for r in recs)),
+        "lost_gpu_s": float(sum(r.lost_gpu_s for r in recs)),
     }
 
 

@@ -12,7 +12,9 @@ Two inputs are read:
   never scheduled, get times drawn (seeded) from the timed pods, see :func:`fill_missing_times`.
 * **A plain CSV** (:func:`read_jobs_csv`) with the columns ``job_id, arrival_s, duration_s, gpus``
   and the optional ``gpu_type`` (``|``-separated allowed card types, empty: any) and ``priority``
-  (an integer, empty: 0; the admission queue's priority).
+  (an integer, empty: 0; the admission queue's priority), ``preemptible`` (1 or 0, empty: 1) and
+  ``checkpoint_s`` (seconds between the job's checkpoints, empty or 0: none; the work since the
+  last one is lost when it is preempted, docs/preemption.md).
 
 Every reading error is a :class:`~airflow_hetero_gpu.errors.HeteroGpuError` naming the file,
 line, column and value.
@@ -46,6 +48,8 @@ class Job:
     gpu_milli: int = 1000  # the source's per-GPU share (fractional pods were rounded up)
     timed: bool = True  # False when arrival/duration were drawn, not read
     priority: int = 0  # the admission queue's priority (higher first; docs/queue.md)
+    preemptible: bool = True  # may be preempted (docs/preemption.md)
+    checkpoint_s: float = 0.0  # seconds of run time between two checkpoints (0: none)
 
 
 @dataclass
@@ -104,10 +108,21 @@ def read_jobs_csv(path: str | Path) -> Trace:
             gpus=number(path, n, "gpus", row["gpus"], integer=True, minimum=1),
             gpu_types=_types(row.get("gpu_type", "")),
             priority=number(path, n, "priority", row.get("priority", ""), integer=True, allow_empty=True) or 0,
+            preemptible=_flag(path, n, "preemptible", row.get("preemptible", "")),
+            checkpoint_s=number(path, n, "checkpoint_s", row.get("checkpoint_s", ""), minimum=0,
+                                allow_empty=True) or 0.0,
         ))
     if not jobs:
         raise HeteroGpuError(f"{path}: no jobs (only a header)")
     return Trace(jobs, str(path), counts={"rows": len(jobs), "jobs": len(jobs)})
+
+
+def _flag(path, n, column: str, text: str) -> bool:
+    if text in ("", "1"):
+        return True
+    if text == "0":
+        return False
+    raise bad(path, n, column, text, "expected 1 or 0")
 
 
 # --- Alibaba cluster-trace-gpu-v2023 ---------------------------------------------------------
