@@ -122,7 +122,8 @@ class QueueMixin:
     # --- writing -------------------------------------------------------------------------------
     def enqueue(self, job_id: str, request: PlanRequest, *, priority: int = 0,
                 lease_seconds: float = DEFAULT_QUEUE_LEASE_SECONDS,
-                identity: TaskIdentity | Mapping[str, Any] | None = None) -> QueueRecord:
+                identity: TaskIdentity | Mapping[str, Any] | None = None,
+                preemptible: bool = False) -> QueueRecord:
         """Put ``job_id`` in the queue (or refresh its entry) and run an admission pass.
 
         The answer is the entry after the pass: ``admitted`` when the job may start now (its
@@ -130,7 +131,8 @@ class QueueMixin:
         position and reason. Enqueueing a job id again keeps its place in the queue (a retried
         or resumed task) and takes the new request, priority, identity and lease. A job id that
         already holds a live reservation for the same request is admitted to it at once (a
-        different request is a :class:`ReservationConflict`).
+        different request is a :class:`ReservationConflict`). ``preemptible``: whether the job, once
+        admitted, may be preempted (docs/preemption.md).
         """
         job_id = check_job_id(job_id)
         lease = check_lease(lease_seconds)
@@ -139,7 +141,7 @@ class QueueMixin:
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise LedgerError(f"enqueue job {job_id!r}: priority: expected an integer, got {priority!r}")
         ident = TaskIdentity.coerce(identity)
-        values: dict[str, Any] = {"request": request.to_json(), "priority": priority,
+        values: dict[str, Any] = {"request": request.to_json(), "priority": priority, "preemptible": bool(preemptible),
                                   "lease_seconds": lease.total_seconds(), **(ident.to_json() if ident else {})}
         self._warm_admission()
         with self._write(f"enqueue job {job_id!r}") as (conn, now):
@@ -177,6 +179,8 @@ class QueueMixin:
             if row.state == ADMITTED:
                 conn.execute(update(res_t).where(res_t.c.job_id == job_id)
                              .values(renewed_at=now, expires_at=now + lease))
+            elif self._may_preempt(row, now):  # its preemption delay passed: a pass may preempt for it
+                self._admit(conn, now)
             return _record(conn.execute(select(q_t).where(q_t.c.job_id == job_id)).one())
 
     def take_admission(self, job_id: str) -> Reservation:
@@ -240,6 +244,13 @@ class QueueMixin:
                                            r.enqueued_at, r.job_id))
 
     # --- inside the ledger's transactions ------------------------------------------------------
+    def _may_preempt(self, row: Any, now: datetime) -> bool:
+        """A waiting entry's renewal runs a pass once it waited the preemption delay (passes
+        otherwise run only when GPUs free up, which a full fleet of long jobs does not do)."""
+        rules = getattr(self, "preemption", None)
+        return (rules is not None and row.state == WAITING
+                and (now - row.enqueued_at).total_seconds() >= rules.delay_s)
+
     def _admit(self, conn: Connection, now: datetime) -> AdmissionResult | None:
         return admission.run_pass(self, conn, now)
 

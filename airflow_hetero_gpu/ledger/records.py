@@ -86,6 +86,13 @@ class Reservation:
     request: dict | None = None
     mean_distance: float | None = None
     identity: TaskIdentity | None = None
+    #: priority, preemptible, checkpoint_at and, while it is being stopped, preempting (docs/preemption.md)
+    preemption: dict | None = None
+
+    @property
+    def preempting(self) -> dict | None:
+        """``{by, reason, at, priority}`` while the job is being preempted, else None."""
+        return (self.preemption or {}).get("preempting")
 
     @property
     def keys(self) -> list[GpuKey]:

@@ -43,6 +43,8 @@ class ReservationsMixin:
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         identity: TaskIdentity | Mapping[str, Any] | None = None,
         config: ClusterConfig | None = None,
+        priority: int = 0,
+        preemptible: bool = False,
     ) -> PlanResult:
         """Plan ``request`` on ``cluster`` against the ledger's live state and claim the decision.
 
@@ -50,7 +52,9 @@ class ReservationsMixin:
         ``decision`` is None (the CLI exits 3). Reserving a job id that already holds a live
         reservation for the same request returns that reservation (its lease renewed, its
         identity updated), so a retried task gets its GPUs back; for a different request it
-        raises :class:`ReservationConflict`.
+        raises :class:`ReservationConflict`. ``priority`` and ``preemptible`` are what preemption
+        sees of the running job (docs/preemption.md; a holder that cannot stop on request keeps
+        the default ``preemptible=False``).
         """
         job_id = check_job_id(job_id)
         lease = check_lease(lease_seconds)
@@ -75,13 +79,14 @@ class ReservationsMixin:
             result = core_plan(cluster, request, reserved=reserved, evicted=self._evicted_map(conn), config=config)
             if result.decision is None:
                 return result
-            self._insert(conn, now, job_id, result.decision, request, lease, ident)
+            self._insert(conn, now, job_id, result.decision, request, lease, ident,
+                         {"priority": int(priority), "preemptible": bool(preemptible), "enqueued_at": now})
             self._hook("reserve", job_id)
         return result
 
     def _insert(self, conn: Connection, now: datetime, job_id: str, decision: Decision, request: PlanRequest,
-                lease: timedelta, ident: TaskIdentity | None) -> None:
-        ident_values = ident.to_json() if ident else {}
+                lease: timedelta, ident: TaskIdentity | None, extra: Mapping[str, Any] | None = None) -> None:
+        ident_values = {**(ident.to_json() if ident else {}), **(extra or {})}
         conn.execute(insert(res_t).values(
             job_id=job_id, pool=decision.pool, gpu_count=len(decision.gpus), score=decision.score.to_json(),
             created_at=now, renewed_at=now, expires_at=now + lease, request=request.to_json(),
@@ -296,6 +301,8 @@ def _reservation(rows: Sequence[Any]) -> Reservation:
         renewed_at=first.renewed_at, expires_at=first.expires_at, gpu_count=first.gpu_count,
         request=first.request, mean_distance=first.mean_distance,
         identity=TaskIdentity(*(getattr(first, f) for f in fields)) if has_identity else None,
+        preemption={"priority": first.priority or 0, "preemptible": bool(first.preemptible),
+                    "checkpoint_at": first.checkpoint_at, "preempting": first.preempting},
     )
 
 

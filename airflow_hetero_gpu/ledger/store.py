@@ -20,11 +20,12 @@ from __future__ import annotations
 from airflow_hetero_gpu.ledger.base import LedgerBase
 from airflow_hetero_gpu.ledger.fleet import FleetMixin
 from airflow_hetero_gpu.ledger.health import HealthMixin
+from airflow_hetero_gpu.ledger.preemption import PreemptionMixin
 from airflow_hetero_gpu.ledger.queue import QueueMixin
 from airflow_hetero_gpu.ledger.reservations import DEFAULT_LEASE_SECONDS, ReservationsMixin
 
 
-class Ledger(QueueMixin, FleetMixin, HealthMixin, ReservationsMixin, LedgerBase):
+class Ledger(PreemptionMixin, QueueMixin, FleetMixin, HealthMixin, ReservationsMixin, LedgerBase):
     """GPU reservations, leases, evictions and the fleet's inventory in their own SQL database
     (SPEC §8, §9).
 
