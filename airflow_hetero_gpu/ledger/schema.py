@@ -28,12 +28,9 @@ Version history
   7. ``inventory_hosts.facts``: the host's ``query.csv`` as the collector parsed it when it stored
      the text (:mod:`airflow_hetero_gpu.capture.facts`), so readers of a large fleet rebuild it
      instead of parsing every text again; NULL (rows stored before) means "parse the text".
-  8. (reserved: team quotas)
-  9. (reserved: drained hosts and GPU processes)
-  10. Preemption (docs/preemption.md): on ``reservations`` the job's ``priority``, whether it is
-      ``preemptible``, when it was first ``enqueued_at``, its last ``checkpoint_at`` and, while it is
-      being stopped for another job, ``preempting`` (preemptor, reason, when); on ``queue_entries``
-      ``preemptible``; and ``preemptions``, one row per victim (preemptor, reason, times, lost work).
+  8-9. (held for changes built beside step 10)
+  10. Preemption (docs/preemption.md): ``priority``, ``preemptible``, ``enqueued_at``, ``checkpoint_at``,
+      ``preempting`` on reservations, ``preemptible`` on queue entries; ``preemptions`` (one row a victim).
 
 To add a version: append a step to :data:`STEPS` (never edit a released one) and update the
 table definitions below to the result.
@@ -282,40 +279,26 @@ def _v6_tables(m: MetaData) -> tuple[Table, ...]:
 
 (queue_entries,) = _v6_tables(metadata)
 
-# version 10: preemption
-PREEMPTION_COLUMNS = (
-    ("reservations", lambda: Column("priority", Integer, nullable=True)),  # NULL: 0
-    ("reservations", lambda: Column("preemptible", Boolean, nullable=True)),  # NULL: no
-    ("reservations", lambda: Column("enqueued_at", UtcDateTime, nullable=True)),  # NULL: created_at
-    ("reservations", lambda: Column("checkpoint_at", UtcDateTime, nullable=True)),
-    ("reservations", lambda: Column("preempting", JSON, nullable=True)),  # {by, reason, at, priority}
-    ("queue_entries", lambda: Column("preemptible", Boolean, nullable=True)),
+# version 10: preemption (NULL priority: 0; NULL preemptible: no; NULL enqueued_at: created_at)
+_V10_COLUMNS = (("reservations", "priority", Integer), ("reservations", "preemptible", Boolean),
+                ("reservations", "enqueued_at", UtcDateTime), ("reservations", "checkpoint_at", UtcDateTime),
+                ("reservations", "preempting", JSON), ("queue_entries", "preemptible", Boolean))
+for _table, _name, _type in _V10_COLUMNS:
+    metadata.tables[_table].append_column(Column(_name, _type, nullable=True))
+preemptions = Table(  # as version 10 creates it (freeze it inside _v10 before a later step changes it)
+    "preemptions", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("victim", String(NAME), nullable=False, index=True),
+    Column("preemptor", String(NAME), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("gpus", JSON, nullable=False),  # the victim's GPUs
+    Column("decided_at", UtcDateTime, nullable=False, index=True),
+    Column("ended_at", UtcDateTime, nullable=True),  # NULL: in progress
+    Column("outcome", String(20), nullable=True),  # exited (within the grace), killed
+    Column("exited_after_s", Float, nullable=True),
+    Column("lost_gpu_s", Float, nullable=True),
+    Column("checkpoint", Text, nullable=True),  # what the victim kept ("epoch 12")
 )
-for _table, _column in PREEMPTION_COLUMNS:
-    metadata.tables[_table].append_column(_column())
-
-
-def _v10_tables(m: MetaData) -> tuple[Table, ...]:
-    """The preemption record. Version 10 creates exactly this."""
-    return (
-        Table(
-            "preemptions", m,
-            Column("id", Integer, primary_key=True, autoincrement=True),
-            Column("victim", String(NAME), nullable=False, index=True),
-            Column("preemptor", String(NAME), nullable=False),
-            Column("reason", Text, nullable=False),
-            Column("gpus", JSON, nullable=False),  # the victim's GPUs
-            Column("decided_at", UtcDateTime, nullable=False, index=True),
-            Column("ended_at", UtcDateTime, nullable=True),  # NULL: in progress
-            Column("outcome", String(20), nullable=True),  # exited (within the grace), killed
-            Column("exited_after_s", Float, nullable=True),
-            Column("lost_gpu_s", Float, nullable=True),
-            Column("checkpoint", Text, nullable=True),  # what the victim kept ("epoch 12")
-        ),
-    )
-
-
-(preemptions,) = _v10_tables(metadata)
 
 
 # --- migration steps ---------------------------------------------------------------------------
@@ -449,16 +432,10 @@ def _v7(conn: Connection) -> None:
     conn.execute(AddColumn("inventory_hosts", Column("facts", JSON, nullable=True)))
 
 
-def _reserved_step(conn: Connection) -> None:
-    """A step number held for a change built beside this one; it changes nothing here."""
-
-
 def _v10(conn: Connection) -> None:
-    for table, column in PREEMPTION_COLUMNS:
-        conn.execute(AddColumn(table, column()))
-    m = MetaData()
-    _v10_tables(m)
-    m.create_all(conn)
+    for table, name, type_ in _V10_COLUMNS:
+        conn.execute(AddColumn(table, Column(name, type_, nullable=True)))
+    preemptions.to_metadata(MetaData()).create(conn)
 
 
 @dataclass(frozen=True)
@@ -477,8 +454,8 @@ STEPS: tuple[Step, ...] = (
     Step(5, "MIG instances: reservation GPUs keyed by (host, index, MIG instance)", _v5),
     Step(6, "the queue: waiting jobs with priority, lease, task identity, claim and admission", _v6),
     Step(7, "the inventory's parsed query.csv beside its text, for readers of large fleets", _v7),
-    Step(8, "team quotas", _reserved_step),
-    Step(9, "drained hosts and GPU processes", _reserved_step),
+    Step(8, "team quotas", lambda conn: None),  # held for a change built beside step 10
+    Step(9, "drained hosts and GPU processes", lambda conn: None),  # likewise
     Step(10, "preemption: priority, preemptible, checkpoint and preempting on reservations; the preemption record",
          _v10),
 )

@@ -39,7 +39,8 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_hetero_gpu.errors import HeteroGpuError
 from airflow_hetero_gpu.ledger.errors import LedgerError
-from airflow_hetero_gpu.operators.messages import key_json
+from airflow_hetero_gpu.operators import checkpoint_carry, preempt
+from airflow_hetero_gpu.operators.messages import as_int, key_json
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -101,6 +102,10 @@ class HeteroTrainOperator(BaseOperator):
         failure (the task's own ``retries`` decide whether to try again).
     :param checkpoint_dir: when set, ``--checkpoint-dir DIR`` is appended to the script's arguments
         (the example script resumes from it after a restart).
+    :param preemptible: whether a waiting job of higher priority may preempt this one (default True;
+        docs/preemption.md), ``preemption_signal`` what it is sent first (default ``"SIGTERM"``),
+        ``preemption_grace`` the seconds it has to exit before it is killed (default 300), and
+        ``checkpoint_storage``: ``"shared"`` or ``"host"`` (carry ``checkpoint_dir`` to the new rank-0 host).
     :param lease_seconds: lease of the reservation; renewed every third of it while the job runs.
         When the ledger cannot be reached (a database restart), the job runs on while the lease
         lasts and is stopped shortly before it would run out (its GPUs could be given away).
@@ -153,6 +158,8 @@ class HeteroTrainOperator(BaseOperator):
         on_no_replacement: str = "fail",
         max_restarts: int = 3,
         checkpoint_dir: str | None = None,
+        preemptible: bool = True, preemption_signal: str = "SIGTERM", preemption_grace: float = 300.0,
+        checkpoint_storage: str = "shared",
         lease_seconds: float = 120.0,
         host_timeout: float = 60.0,
         launcher: Sequence[str] = ("torchrun",),
@@ -188,6 +195,8 @@ class HeteroTrainOperator(BaseOperator):
         self.on_no_replacement = on_no_replacement
         self.max_restarts = max_restarts
         self.checkpoint_dir = checkpoint_dir
+        self.preemptible, self.preemption_signal, self.preemption_grace = preemptible, preemption_signal, preemption_grace
+        self.checkpoint_storage = checkpoint_storage
         self.lease_seconds = lease_seconds
         self.host_timeout = host_timeout
         self.launcher = launcher
@@ -208,7 +217,7 @@ class HeteroTrainOperator(BaseOperator):
     def _request(self) -> PlanRequest:
         from airflow_hetero_gpu.core.model import PlanRequest
 
-        count = _as_int(self.gpu_count, "gpu_count")
+        count = as_int(self.gpu_count, "gpu_count")
         memory = None
         if self.gpu_memory_mib not in (None, ""):
             try:
@@ -247,6 +256,7 @@ class HeteroTrainOperator(BaseOperator):
             raise self._fail(f"priority: expected an integer (higher first), got {self.priority!r}")
         if self.weights is not None and not isinstance(self.weights, Mapping):
             raise self._fail(f"weights: expected a mapping like {{'topology': 0.6}}, got {self.weights!r}")
+        preempt.check_args(self)
 
     # --- collaborators ------------------------------------------------------------------------
     @cached_property
@@ -322,7 +332,9 @@ class HeteroTrainOperator(BaseOperator):
             result = placement.reserve()
             if result.decision is None:
                 result = placement.wait(result, waiting_since)
-        return self._run(job_id, result, context)
+        while (out := self._run(job_id, result, context)).get("preempted"):  # back in the queue: run again
+            result = preempt.requeue(self, placement)
+        return out
 
     def _job_id(self, context: Context) -> str:
         if self.job_id:
@@ -395,15 +407,18 @@ class HeteroTrainOperator(BaseOperator):
             for host, sweep in kill_orphans(job_id, [targets[h] for h in hosts], factory).items():
                 if sweep.found:
                     self.log.warning("stopped %d leftover process(es) of job %s on %s", len(sweep.found), job_id, host)
+            checkpoint_carry.before_launch(self, job_id, earlier, decision.hosts[0], lambda h: factory(targets[h]))
             factory.release(set(decision.hosts))
             kill = lambda: self._job.kill() if self._job is not None else None  # noqa: E731
+            seen = preempt.CheckpointSeen()
             lease = LeaseKeeper(lambda: self.ledger, job_id, self.lease_seconds, log=self.log, kill=kill,
-                                lease_from=self._lease_from)
+                                lease_from=self._lease_from, checkpoints=seen)
             gpu_set = GpuSetWatch(lambda: self.ledger, job_id, self.on_no_replacement,
                                   cluster=self._placement.current_cluster, kill=kill, log=self.log)
             settings = RunSettings(self._launch_spec(job_id), rdzv_port=self.rdzv_port, rdzv_host=self.rdzv_host,
                                    host_timeout=float(self.host_timeout), max_restarts=self.max_restarts,
-                                   on_line=self._on_line)
+                                   on_line=lambda h, r, s, text: (seen.line(r, text), self._on_line(h, r, s, text)),
+                                   on_preempted=lambda job, gpus, mark: preempt.stop(self, job, job_id, mark, gpus, seen))
             run = TrainingRun(job_id, settings, targets, factory, lease=lease, gpu_set=gpu_set, log=self.log,
                               on_job=self._set_job, on_started=factory.settle)
             gpu_set.remember(decision.gpus)
@@ -417,6 +432,8 @@ class HeteroTrainOperator(BaseOperator):
                 factory.settle()
             self._release(job_id)
             raise
+        if runs[-1].get("preempted"):  # its GPUs went back with the preemption; its hosts are kept
+            return runs[-1]
         self._release(job_id)
         self._forget_hosts(job_id)
         final = runs[-1]["gpus"]
@@ -480,14 +497,3 @@ class HeteroTrainOperator(BaseOperator):
             job.kill()
             self._release(job.job_id, patience=5.0)
 
-
-def _as_int(value: Any, name: str) -> int:
-    if isinstance(value, bool):
-        raise AirflowFailException(f"{name}: expected a positive integer, got {value!r}")
-    try:
-        number = int(str(value).strip()) if isinstance(value, str) else value
-    except ValueError:
-        raise AirflowFailException(f"{name}: expected a positive integer, got {value!r}") from None
-    if not isinstance(number, int):
-        raise AirflowFailException(f"{name}: expected a positive integer, got {value!r}")
-    return number

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
     from airflow_hetero_gpu.core.model import PlanResult
@@ -46,3 +46,18 @@ def key_json(key: tuple) -> dict:
     """``{"host", "index"}``, with ``"instance"`` for a MIG instance."""
     instance = key[2] if len(key) > 2 else None
     return {"host": key[0], "index": key[1], **({} if instance is None else {"instance": instance})}
+
+
+def as_int(value: Any, name: str) -> int:
+    """A positive-integer argument (``gpu_count``), or a one-line task failure naming it."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    if isinstance(value, bool):
+        raise AirflowFailException(f"{name}: expected a positive integer, got {value!r}")
+    try:
+        number = int(str(value).strip()) if isinstance(value, str) else value
+    except ValueError:
+        raise AirflowFailException(f"{name}: expected a positive integer, got {value!r}") from None
+    if not isinstance(number, int):
+        raise AirflowFailException(f"{name}: expected a positive integer, got {value!r}")
+    return number

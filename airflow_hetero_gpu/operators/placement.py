@@ -90,7 +90,8 @@ class Placement:
             # the lease surely lasts lease_seconds from here (time taken before the call)
             op._lease_from = time.monotonic()
             result = op.ledger.reserve(self.job_id, cluster, self.request, lease_seconds=op.lease_seconds,
-                                       identity=op._identity(self.context), config=self._config(cluster))
+                                       identity=op._identity(self.context), config=self._config(cluster),
+                                       priority=op.priority, preemptible=op.preemptible)
         except (ReservationConflict, LedgerUrlError) as err:  # a mistake: retrying cannot help
             raise self._fail(str(err)) from None
         except LedgerError as err:

@@ -78,7 +78,8 @@ class QueueWait:
         op._waiting_job = self.job_id
         try:
             entry = self._ledger_call(op.ledger.enqueue, self.job_id, self.placement.request, priority=op.priority,
-                                      lease_seconds=op.lease_seconds, identity=op._identity(self.placement.context))
+                                      lease_seconds=op.lease_seconds, identity=op._identity(self.placement.context),
+                                      preemptible=op.preemptible)
         except BaseException:
             op._waiting_job = None
             raise
