@@ -129,3 +129,14 @@ def test_bad_rules_are_one_line_errors():
     with pytest.raises(RequestError, match="min_runtime_s: expected a number of seconds >= 0, got -1"):
         PreemptionRules(min_runtime_s=-1)
     assert GpuKey("hgx-a1", 0) in _run("hgx-a1:0", "x").gpus
+
+
+def test_a_victim_that_would_queue_ahead_of_the_preemptor_is_not_chosen():
+    # aging: one level an hour; the preemptor (priority 5) was enqueued at NOW - 120. A priority-1
+    # job enqueued more than 4 h before that would rank ahead of it back in the queue and take
+    # its GPUs straight back: never a victim. One enqueued 3 h before is.
+    old = _run("hgx-a1:0-7", "old", 1, checkpoint=NOW - 1)
+    object.__setattr__(old, "enqueued_at", NOW - 120 - 4 * 3600 - 1)
+    recent = _run("hgx-a2:0-7", "recent", 1, checkpoint=NOW - 900)
+    object.__setattr__(recent, "enqueued_at", NOW - 120 - 3 * 3600)
+    assert _pass([_hi()], [old, recent]).preemptions[0].victims == ("recent",)

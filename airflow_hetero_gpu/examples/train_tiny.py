@@ -15,7 +15,8 @@ Start it with torchrun (it reads RANK, LOCAL_RANK and WORLD_SIZE from torchrun's
   epochs (default 1), atomically (temporary file, fsync, rename), and prints ``checkpoint of epoch
   N saved``. On start, rank 0 loads the last checkpoint when there is one and broadcasts it, so
   the directory only needs to exist on rank 0's host; every rank then prints ``rank R resumed
-  from epoch N``.
+  from epoch N``. Environment variables in the path are expanded (``$HETERO_GPU_HOST``: a
+  directory of each host's own, as on hosts without shared storage).
 - ``--fail-at-epoch E --fail-rank R``: rank R exits with status 3 at the start of epoch E
   (a simulated crash, for tests of failure handling); ``--fail-host NAME`` instead makes the
   first local rank of the node whose ``HETERO_GPU_HOST`` is NAME crash (ranks are given out by
@@ -90,6 +91,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="after this epoch, wait until --hold-file appears on rank 0's host")
     parser.add_argument("--hold-file", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.checkpoint_dir is not None:
+        args.checkpoint_dir = Path(os.path.expandvars(str(args.checkpoint_dir)))
     if (args.hold_after_epoch is None) != (args.hold_file is None):
         parser.error("--hold-after-epoch and --hold-file go together")
     if args.epochs < 1 or args.samples < 1 or args.batch_size < 1 or args.log_every < 1 or args.checkpoint_every < 1:

@@ -141,8 +141,10 @@ def cmd_queue(args: argparse.Namespace) -> int:
     with Ledger.open_existing(args.ledger) as ledger:
         now = ledger.now()
         entries = ledger.queue()
+        preempted = ledger.preemptions()
     if args.json:
-        print(json.dumps({"now": now.isoformat(), "entries": [e.to_json(now) for e in entries]}, indent=2))
+        print(json.dumps({"now": now.isoformat(), "entries": [e.to_json(now) for e in entries],
+                          "preemptions": preempted}, indent=2))
         return EXIT_OK
     rows = [(e.position or "-", e.job_id, "admitted" if e.admitted else (e.standing or "waiting"), e.priority,
              _asks(e.request), _waited(e.waited_s(now)), _claim(e), "" if e.admitted else e.where())
@@ -150,6 +152,13 @@ def cmd_queue(args: argparse.Namespace) -> int:
     print(table(["POS", "JOB", "STATE", "PRIO", "ASKS", "WAITED", "CLAIM", "REASON"], rows))
     if not entries:
         print("(nobody waits)")
+    if preempted:  # in progress, and the last day's (docs/preemption.md)
+        print("\npreemptions (last 24 h):")
+        print(table(["VICTIM", "BY", "STATE", "DECIDED", "EXITED AFTER", "LOST GPU-S", "CHECKPOINT", "REASON"],
+                    [(p["victim"], p["preemptor"], p["state"], p["decided_at"][11:19],
+                      "" if p["exited_after_s"] is None else f"{p['exited_after_s']:.0f} s",
+                      "" if p["lost_gpu_s"] is None else f"{p['lost_gpu_s']:.0f}", p["checkpoint"] or "", p["reason"])
+                     for p in preempted]))
     return EXIT_OK
 
 

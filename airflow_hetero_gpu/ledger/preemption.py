@@ -32,8 +32,21 @@ OUTCOMES = ("exited", "killed")
 class PreemptionMixin:
     """Preemption's rows: the marks on victims, their ending, the record."""
 
-    #: the rules of the admission pass's preemption (None: off); see docs/preemption.md
-    preemption: PreemptionRules | None = PreemptionRules()
+    _preemption: Any = ()  # not read yet
+
+    @property
+    def preemption(self) -> PreemptionRules | None:
+        """The admission pass's preemption rules (None: off): ``[hetero_gpu] preemption``,
+        ``preemption_min_runtime`` and ``preemption_delay`` (docs/preemption.md) unless set here."""
+        if self._preemption == ():
+            from airflow_hetero_gpu.settings import preemption_settings
+
+            self._preemption = preemption_settings()
+        return self._preemption
+
+    @preemption.setter
+    def preemption(self, rules: PreemptionRules | None) -> None:
+        self._preemption = rules
 
     # --- inside the admission pass -------------------------------------------------------------
     def _running_jobs(self, conn: Connection, now: datetime) -> list[RunningJob]:
@@ -42,9 +55,11 @@ class PreemptionMixin:
             row = res.preemption or {}
             start = res.created_at.timestamp()
             ckpt = row.get("checkpoint_at")
+            enqueued = row.get("enqueued_at")
             out.append(RunningJob(res.job_id, tuple(res.keys), int(row.get("priority") or 0), start,
                                   ckpt.timestamp() if ckpt else None, None, bool(row.get("preemptible")),
-                                  False, (row.get("preempting") or {}).get("by")))
+                                  False, (row.get("preempting") or {}).get("by"),
+                                  enqueued.timestamp() if enqueued else None))
         return out
 
     def _mark_preemptions(self, conn: Connection, now: datetime, result: Any) -> None:

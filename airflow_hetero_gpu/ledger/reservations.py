@@ -302,7 +302,8 @@ def _reservation(rows: Sequence[Any]) -> Reservation:
         request=first.request, mean_distance=first.mean_distance,
         identity=TaskIdentity(*(getattr(first, f) for f in fields)) if has_identity else None,
         preemption={"priority": first.priority or 0, "preemptible": bool(first.preemptible),
-                    "checkpoint_at": first.checkpoint_at, "preempting": first.preempting},
+                    "checkpoint_at": first.checkpoint_at, "preempting": first.preempting,
+                    "enqueued_at": first.enqueued_at},
     )
 
 

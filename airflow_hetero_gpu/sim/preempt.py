@@ -80,7 +80,7 @@ class Preempter:
             ckpt, _ = self._checkpoint(i, job.checkpoint_s, now)
             stopping = self.stopping.get(i)
             out.append(RunningJob(job.id, holding(job.id), job.priority, start, ckpt, getattr(job, "team", None),
-                                  job.preemptible, False, stopping[0] if stopping else None))
+                                  job.preemptible, False, stopping[0] if stopping else None, job.arrival))
         return out
 
     def signal(self, i: int, job, preemptor: str, now: float) -> float:

@@ -44,6 +44,8 @@ def _train(task_id: str, **overrides) -> HeteroTrainOperator:
         inventory_max_age=cfg.get("inventory_max_age"),
         rdzv_host=cfg.get("rdzv_host"),
         retries=0,
+        **{k: cfg[k] for k in ("priority", "preemptible", "preemption_signal", "preemption_grace",
+                               "checkpoint_storage") if k in cfg},
     )
     args.update(overrides)
     return HeteroTrainOperator(**args)

@@ -6,9 +6,12 @@
 
 **When** (docs/preemption.md): a job that cannot start now, that has waited at least
 ``delay_s`` and would head a pool, may preempt running jobs of lower priority (of its own team;
-without teams, of the whole fleet). Never a job that says ``preemptible=False``, never one that
-has run less than ``min_runtime_s`` since it (re)started, never one already being stopped, and
-never for a job that would still not fit once the victims ended.
+without teams, of the whole fleet) that would queue behind it (:func:`~.order.rank_key` with
+their original time enqueued: a victim goes back to the queue with its place, so one that would
+rank ahead, having waited long enough for aging to lift it, would take its GPUs straight back).
+Never a job that says ``preemptible=False``, never one that has run less than ``min_runtime_s``
+since it (re)started, never one already being stopped, and never for a job that would still
+not fit once the victims ended.
 
 **Whom**: whole jobs only. The candidates are taken in order of :func:`victim_key`: fewest
 GPU-seconds of work lost (time since the last checkpoint × GPUs) first, then borrowers before
@@ -32,6 +35,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from airflow_hetero_gpu.core.admission.model import QueueEntry
+from airflow_hetero_gpu.core.admission.order import rank_key
 from airflow_hetero_gpu.core.model import GpuKey
 from airflow_hetero_gpu.errors import RequestError
 
@@ -78,9 +82,12 @@ class RunningJob:
     preemptible: bool = True
     borrowed: bool = False
     preempting: str | None = None
+    enqueued_at: float | None = None  # its original time enqueued (None: started_at)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gpus", tuple(GpuKey(*k) for k in self.gpus))
+        if self.enqueued_at is None:
+            object.__setattr__(self, "enqueued_at", self.started_at)
 
     def lost_gpu_s(self, now: float) -> float:
         """GPU-seconds of work lost if it were stopped at ``now``: time since its last checkpoint
@@ -125,14 +132,15 @@ def reason(entry: QueueEntry, victim: RunningJob) -> str:
     return text
 
 
-def eligible(entry: QueueEntry, job: RunningJob, now: float, rules: PreemptionRules) -> bool:
+def eligible(entry: QueueEntry, job: RunningJob, now: float, rules: PreemptionRules,
+             aging_interval_s: float | None = None) -> bool:
     """Whether ``job`` may be stopped for ``entry`` (the priority rule; its own team, or the whole
-    fleet without teams)."""
+    fleet without teams; back in the queue it would rank behind ``entry``)."""
     if not job.preemptible or job.preempting is not None:
         return False
     if now - job.started_at < rules.min_runtime_s:
         return False
-    if job.priority >= entry.priority:
+    if job.priority >= entry.priority or rank_key(job, aging_interval_s) < rank_key(entry, aging_interval_s):
         return False
     team = team_of(entry)
     return team is None or job.team is None or job.team == team
@@ -153,7 +161,7 @@ def in_progress(running: Iterable[RunningJob]) -> dict[str, list[str]]:
 
 
 def choose(p, entry: QueueEntry, ok_pools: np.ndarray, running: Sequence[RunningJob], now: float,
-           rules: PreemptionRules, taken: set[str]) -> Preemption | None:
+           rules: PreemptionRules, taken: set[str], aging_interval_s: float | None = None) -> Preemption | None:
     """The victims that let ``entry`` start, or None (see the module docstring).
 
     ``p`` is the pass's :class:`~airflow_hetero_gpu.core.admission.passstate.PassState`,
@@ -166,7 +174,8 @@ def choose(p, entry: QueueEntry, ok_pools: np.ndarray, running: Sequence[Running
     if not open_pools.any():
         return None
     c = p.cluster
-    candidates = sorted((j for j in running if j.job_id not in taken and eligible(entry, j, now, rules)),
+    candidates = sorted((j for j in running
+                         if j.job_id not in taken and eligible(entry, j, now, rules, aging_interval_s)),
                         key=victim_key(now))
     if not candidates:
         return None
@@ -210,8 +219,10 @@ def describe(victims: Sequence[str]) -> str:
 class PassPreemption:
     """Preemption during one admission pass: what the pass decided and who still stops for whom."""
 
-    def __init__(self, running: Sequence[RunningJob], rules: PreemptionRules, now: float) -> None:
+    def __init__(self, running: Sequence[RunningJob], rules: PreemptionRules, now: float,
+                 aging_interval_s: float | None = None) -> None:
         self.running = list(running)
+        self.aging = aging_interval_s
         self.rules = rules
         self.now = now
         self.stopping = in_progress(self.running)  # preemptor -> victims still stopping
@@ -223,7 +234,7 @@ class PassPreemption:
         then claims as usual). A preemptor whose victims still stop keeps its usual claim."""
         if entry.job_id in self.stopping:
             return None
-        pre = choose(p, entry, shape.ok, self.running, self.now, self.rules, self.taken)
+        pre = choose(p, entry, shape.ok, self.running, self.now, self.rules, self.taken, self.aging)
         if pre is None:
             return None
         from airflow_hetero_gpu.core.admission.claims import _record

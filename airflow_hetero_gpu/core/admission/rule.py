@@ -111,7 +111,7 @@ class Admission:
             raise RequestError(f"now: expected seconds, got {now!r}")
         entries = list(queue) if in_order else ordered(queue, self.aging)
         p = PassState(self, reserved, reserved_mask)
-        pre = PassPreemption(running, preemption, now) if preemption is not None and running else None
+        pre = PassPreemption(running, preemption, now, self.aging) if preemption is not None and running else None
         shapes: dict[int, Shape] = {}  # id(request) -> what this pass learnt about it
         by_value: dict[PlanRequest, Shape] = {}
         admitted: list[Admitted] = []
