@@ -68,7 +68,9 @@ def row(label: str, jobs: list[dict]) -> str:
     lost = sum(float(j["lost_gpu_s"]) for j in jobs) / 3600
     twice = sum(1 for j in jobs if int(j["preemptions"]) > 1)
     used = sum(int(j["gpus"]) * (float(j["end_s"]) - float(j["start_s"])) for j in jobs) / 3600
-    return (f"| {label} | {statistics.mean(hi) / 60:.0f} min | {statistics.median(hi) / 60:.0f} min | {hi[-1] / 60:.0f} min | "
+    waited = [w for w in hi if w > 0]
+    return (f"| {label} | {len(waited)} of {len(hi)} | {statistics.mean(waited) / 60:.0f} min | "
+            f"{statistics.median(waited) / 60:.0f} min | {hi[-1] / 60:.0f} min | "
             f"{statistics.mean(lo) / 3600:.1f} h | {pre} ({twice} twice) | {lost:.1f} | {lost / used * 100:.2f} % |")
 
 
@@ -79,9 +81,9 @@ def main() -> None:
     folder = args.out or Path(tempfile.mkdtemp(prefix="preemption-"))
     folder.mkdir(parents=True, exist_ok=True)
     nodes, jobs = write_trace(folder)
-    print("| preemption | high-priority wait, mean | median | max | low-priority wait, mean | preemptions "
-          "| lost GPU-hours | of GPU-hours used |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| preemption | high-priority jobs that waited | their wait, mean | median | max | low-priority wait, "
+          "mean | preemptions | lost GPU-hours | of GPU-hours used |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for mode in ("off", "on"):
         print(row(mode, run(folder, nodes, jobs, mode)))
     print(f"(trace and outputs in {folder})")

@@ -124,7 +124,9 @@ def test_a_low_priority_job_is_preempted_checkpoints_and_resumes_on_other_hosts(
     explained = re.search(r"job lo: preempted by job hi \(priority 5 > 1\): signalled at \d\d:\d\d:\d\d UTC, "
                           r"exited after \d+ s, checkpoint of epoch 3 kept, about \d+ GPU-seconds of work lost", text_lo)
     assert explained, text_lo[-6000:]
-    assert re.search(r"job lo: carried its checkpoint \(checkpoint\.pt, \d+ bytes\) from node0\d to node0\d", text_lo)
+    carried = re.search(r"job lo: carried its checkpoint \(checkpoint\.pt, \d+ bytes\) from (node0\d) to "
+                        r"(node0\d), (node0\d), its new hosts", text_lo)
+    assert carried and carried.group(1) in lo_hosts and set(carried.group(2, 3)) == hold_hosts, text_lo[-6000:]
     assert "training done" in text_lo and "hi-done" in text_hi
     assert "preempting lo for it" in text_hi  # the preemptor's log says whom it preempts
     with Ledger.open_existing(url) as led:

@@ -105,7 +105,7 @@ class HeteroTrainOperator(BaseOperator):
     :param preemptible: whether a waiting job of higher priority may preempt this one (default True;
         docs/preemption.md), ``preemption_signal`` what it is sent first (default ``"SIGTERM"``),
         ``preemption_grace`` the seconds it has to exit before it is killed (default 300), and
-        ``checkpoint_storage``: ``"shared"`` or ``"host"`` (carry ``checkpoint_dir`` to the new rank-0 host).
+        ``checkpoint_storage``: ``"shared"`` or ``"host"`` (carry ``checkpoint_dir`` to the new hosts).
     :param lease_seconds: lease of the reservation; renewed every third of it while the job runs.
         When the ledger cannot be reached (a database restart), the job runs on while the lease
         lasts and is stopped shortly before it would run out (its GPUs could be given away).
@@ -407,7 +407,7 @@ class HeteroTrainOperator(BaseOperator):
             for host, sweep in kill_orphans(job_id, [targets[h] for h in hosts], factory).items():
                 if sweep.found:
                     self.log.warning("stopped %d leftover process(es) of job %s on %s", len(sweep.found), job_id, host)
-            checkpoint_carry.before_launch(self, job_id, earlier, decision.hosts[0], lambda h: factory(targets[h]))
+            checkpoint_carry.before_launch(self, job_id, earlier, decision.hosts, lambda h: factory(targets[h]))
             factory.release(set(decision.hosts))
             kill = lambda: self._job.kill() if self._job is not None else None  # noqa: E731
             seen = preempt.CheckpointSeen()
@@ -417,7 +417,7 @@ class HeteroTrainOperator(BaseOperator):
                                   cluster=self._placement.current_cluster, kill=kill, log=self.log)
             settings = RunSettings(self._launch_spec(job_id), rdzv_port=self.rdzv_port, rdzv_host=self.rdzv_host,
                                    host_timeout=float(self.host_timeout), max_restarts=self.max_restarts,
-                                   on_line=lambda h, r, s, text: (seen.line(r, text), self._on_line(h, r, s, text)),
+                                   on_line=lambda h, r, s, text: (seen.line(h, text), self._on_line(h, r, s, text)),
                                    on_preempted=lambda job, gpus, mark: preempt.stop(self, job, job_id, mark, gpus, seen))
             run = TrainingRun(job_id, settings, targets, factory, lease=lease, gpu_set=gpu_set, log=self.log,
                               on_job=self._set_job, on_started=factory.settle)

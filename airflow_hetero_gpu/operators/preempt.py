@@ -16,7 +16,7 @@ mark at its next lease renewal (:class:`~.lease.LeaseKeeper`) and calls :func:`s
 The task does not fail: the operator waits in the queue again (deferred when ``deferrable``)
 and, admitted, relaunches with the same arguments, so the script resumes from its checkpoint.
 With ``checkpoint_storage="host"`` the newest checkpoint is carried from the host it is on to the
-new rank-0 host first (:mod:`~.checkpoint_carry`).
+new hosts first (:mod:`~.checkpoint_carry`).
 """
 
 from __future__ import annotations
@@ -62,19 +62,19 @@ def check_args(op: Any) -> None:
 
 
 class CheckpointSeen:
-    """The newest checkpoint the job's rank-0 host reported (``checkpoint of epoch N saved``)."""
+    """The newest checkpoint the job reported (``checkpoint of epoch N saved``, printed by its
+    rank 0, on whichever host the rendezvous put it)."""
 
     def __init__(self) -> None:
         self.epoch: int | None = None
         self.at: datetime | None = None
+        self.host: str | None = None
         self.noted: datetime | None = None  # the last one written to the ledger
 
-    def line(self, rank: int, text: str) -> None:
-        if rank != 0:
-            return
+    def line(self, host: str, text: str) -> None:
         m = CHECKPOINT_LINE.search(text)
         if m:
-            self.epoch, self.at = int(m.group(1)), datetime.now(timezone.utc)
+            self.epoch, self.at, self.host = int(m.group(1)), datetime.now(timezone.utc), host
 
     def note(self, ledger: Any, job_id: str) -> None:
         """Tell the ledger of a checkpoint it has not heard of yet (at a lease renewal)."""
