@@ -41,6 +41,12 @@ def _until(what: str, check, timeout: float = WAIT_S):
     return got
 
 
+def _show(lines_lo: list[str], lines_hi: list[str]) -> None:
+    """Both runs' operator lines and the victim's last lines (pytest shows them on a failure)."""
+    ours = [line[:600] for line in lines_lo + lines_hi if "job lo" in line or "job hi" in line]
+    print("".join(ours), "".join(lines_lo)[-4000:], sep="\n----- tail of lo -----\n")
+
+
 class Log:
     """A DAG run's lines, with an event per awaited pattern."""
 
@@ -68,7 +74,7 @@ def test_a_low_priority_job_is_preempted_checkpoints_and_resumes_on_other_hosts(
     ckpt = str(tmp_path / "ckpt" / "$HETERO_GPU_HOST")  # each host's own directory
     never, go_hi = tmp_path / "never", tmp_path / "hi-may-end"
 
-    lo_log = Log({"holding": r"holding after epoch 3", "back": r"job lo: preempted by job hi",
+    lo_log = Log({"holding": r"holding after epoch 3", "back": r"job lo: preempted by job hi .*back in the queue",
                   "resumed": r"resumed from epoch 3"})
     lo, pump_lo, lines_lo, out_lo, _ = start_dag(
         airflow_home, cluster, tmp_path, "lo", lo_log, gpu_count=4, job_id="lo", ledger_url=url, priority=1,
@@ -113,6 +119,7 @@ def test_a_low_priority_job_is_preempted_checkpoints_and_resumes_on_other_hosts(
         go_hi.touch()
         finish(hi, pump_hi)
     finally:
+        _show(lines_lo, lines_hi)
         go_hi.touch()
         never.touch()
         for proc in (lo, hi):
@@ -133,4 +140,64 @@ def test_a_low_priority_job_is_preempted_checkpoints_and_resumes_on_other_hosts(
         assert led.queue() == [] and led.live_reservations() == []
         [record] = led.preemptions()
         assert record["lost_gpu_s"] is not None and record["lost_gpu_s"] >= 0
+    assert leftovers("hetero-gpu-lo") == "" and leftovers("hetero-gpu-hi") == ""
+
+
+def test_a_victim_that_ignores_the_signal_is_killed_after_the_grace_and_resumes_deferred(
+        airflow_home, emulated_cluster, tmp_path, tmp_path_factory):  # noqa: F811
+    cluster = emulated_cluster(small_hosts(2, gpus=2))
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    r = _cli("collect", "--hosts", cluster.hosts_arg(), "--identity-file", str(cluster.identity_file),
+             "--known-hosts", str(cluster.known_hosts_path), "--ledger", url)
+    assert r.returncode == 0, r.stderr
+    may_end = tmp_path / "lo-may-end"
+    starts: list[float] = []
+    second = threading.Event()
+
+    def on_lo(line: str) -> None:
+        lo_log(line)
+        if "job lo: starting on" in line:
+            starts.append(time.monotonic())
+            if len(starts) == 2:
+                second.set()
+
+    lo_log = Log({"started": r"job lo: starting on", "killed": r"job lo: preempted by job hi"})
+    ignore = ["sh", "-c", f"trap '' TERM; while [ ! -e '{may_end}' ]; do sleep 0.2; done; echo lo-done"]
+    lo, pump_lo, lines_lo, _, _ = start_dag(
+        airflow_home, cluster, tmp_path, "lo", on_lo, gpu_count=4, command=ignore, job_id="lo", ledger_url=url,
+        priority=1, preemption_grace=2, lease_seconds=6, wait_for_capacity=True, capacity_poll_interval=1,
+        capacity_timeout=900, deferrable=True, airflow_extra=FAST)  # preempted, it waits in the triggerer
+    hi = pump_hi = None
+    lines_hi: list[str] = []
+    try:
+        lo_log.wait("started", lines_lo)
+        home_b = tmp_path_factory.mktemp("airflow-hi")
+        migrate(airflow_env(home_b, DAGS))
+        hi, pump_hi, lines_hi, _, _ = start_dag(
+            home_b, cluster, tmp_path, "hi", lambda line: None, gpu_count=4, command=["sh", "-c", "echo hi-done"],
+            job_id="hi", ledger_url=url, priority=5, wait_for_capacity=True, capacity_poll_interval=1,
+            capacity_timeout=900, airflow_extra=FAST)
+        lo_log.wait("killed", lines_lo)
+        with Ledger.open_existing(url) as led:
+            [record] = led.preemptions()
+            assert record["state"] == "killed" and record["exited_after_s"] >= 2
+            assert record["lost_gpu_s"] > 0 and record["checkpoint"] is None  # no checkpoint: all since its start
+        finish(hi, pump_hi)  # the preemptor ran on the victim's GPUs and ended
+        assert second.wait(WAIT_S), "".join(lines_lo)[-6000:]  # the victim was admitted again and relaunched
+        may_end.touch()
+        finish(lo, pump_lo)
+    finally:
+        _show(lines_lo, lines_hi)
+        may_end.touch()
+        for proc in (lo, hi):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+    text_lo, text_hi = "".join(lines_lo), "".join(lines_hi)
+    assert hi.returncode == 0 and "hi-done" in text_hi, text_hi[-6000:]
+    assert lo.returncode == 0 and "lo-done" in text_lo, text_lo[-6000:]
+    assert "job lo: still running 2 s after SIGTERM; ending it" in text_lo
+    assert re.search(r"job lo: preempted by job hi \(priority 5 > 1\): signalled at .*, killed after \d+ s \(it did "
+                     r"not exit within the grace\), no checkpoint seen, about \d+ GPU-seconds of work lost", text_lo)
+    with Ledger.open_existing(url) as led:
+        assert led.queue() == [] and led.live_reservations() == []
     assert leftovers("hetero-gpu-lo") == "" and leftovers("hetero-gpu-hi") == ""
