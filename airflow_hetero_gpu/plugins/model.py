@@ -171,6 +171,7 @@ class PageInputs:
     reservations: Sequence["Reservation"] = ()
     evictions: Sequence["Eviction"] = ()
     queue: Sequence[QueueEntry] | None = None
+    preemptions: Sequence[Mapping[str, Any]] = ()  # Ledger.preemptions(): in progress and the last day's
     samples: Sequence[Any] = ()  # ledger HostSample: host, collected_at, ok, gpus
     events: Sequence[Any] = ()  # ledger GpuEvent: at, host, index, uuid, kind, reasons, job_id
     sources: Mapping[str, Any] = field(default_factory=dict)
@@ -231,6 +232,7 @@ class PageModel:
     cluster: "Cluster | None" = None
     samples: Sequence[Any] = ()
     events: Sequence[Any] = ()
+    preemptions: list[dict[str, Any]] = field(default_factory=list)  # docs/preemption.md
     _statuses: dict[tuple[str, int], GpuStatus] | None = field(default=None, repr=False)
 
     @property
@@ -277,6 +279,7 @@ class PageModel:
             "reservations": self.reservations,
             "evictions": self.evictions,
             "queue": self.queue,
+            "preemptions": self.preemptions,
             "job_labels": self.labels,
         }
 
@@ -302,6 +305,7 @@ def build(
     evictions: Iterable["Eviction"] = (),
     *,
     queue: Sequence[QueueEntry] | None = None,
+    preemptions: Sequence[Mapping[str, Any]] = (),
     samples: Sequence[Any] = (),
     events: Sequence[Any] = (),
     sources: Mapping[str, Any] | None = None,
@@ -327,7 +331,7 @@ def build(
         generated_at=now, sources=dict(sources or {}), thresholds=None, pools=[], gpus=[], hosts=[],
         switches=[], reservations=res_facts, evictions=[e.to_json() for e in evictions],
         queue=None if queue is None else [q.to_json(now) for q in sorted(queue, key=lambda q: q.position)],
-        labels=labels, cluster=cluster, samples=samples, events=events,
+        labels=labels, cluster=cluster, samples=samples, events=events, preemptions=[dict(p) for p in preemptions],
     )
     if cluster is None:
         return model

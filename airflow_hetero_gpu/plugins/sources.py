@@ -290,6 +290,17 @@ def read_queue(ledger: Any) -> tuple[list | None, dict]:
     return out, {"status": "ok", "message": None}
 
 
+def read_preemptions(ledger: Any) -> list:
+    """Preemptions in progress and the last day's (docs/preemption.md); none without a ledger."""
+    if ledger is None:
+        return []
+    try:
+        return ledger.preemptions()
+    except Exception as err:  # noqa: BLE001 - shown as none, never raised
+        log.info("cluster page: cannot read the preemptions: %s", err)
+        return []
+
+
 def visible_dags(reservations: list, user: Any) -> set[str] | None:
     """The DAG ids among ``reservations`` that ``user`` may read (fails closed: none)."""
     dag_ids = {r.identity.dag_id for r in reservations if r.identity is not None and r.identity.dag_id}
@@ -326,6 +337,8 @@ def read_inputs(user: Any, settings: PageSettings | None = None, *, history_hour
             ledger, now - timedelta(hours=history_hours), now, history_hosts,
             lead=timedelta(seconds=2 * settings.history_interval))
     queue, sources["queue"] = read_queue(ledger)
+    preempted = read_preemptions(ledger)
     return PageInputs(cluster=cluster, reservations=reservations, evictions=evictions, queue=queue,
+                      preemptions=preempted,
                       samples=samples, events=events, sources=sources,
                       visible_dag_ids=visible_dags(reservations, user), now=now)
