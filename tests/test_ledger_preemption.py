@@ -95,3 +95,28 @@ def test_finish_without_a_mark_is_an_error_and_changes_nothing(led, clock):
         led.finish_preemption("lo1", outcome="x", exited_after_s=1)
     assert led.get("lo1") is not None and led.queue_entry("lo1") is None
     assert timedelta(days=1) and led.preemptions() == []
+
+
+def test_a_victim_whose_lease_passes_or_that_is_released_closes_its_record(led, clock):
+    led.enqueue("lo1", PlanRequest(8), priority=1, lease_seconds=30, preemptible=True)
+    led.take_admission("lo1")
+    _run(led, "lo2", 1)
+    led.enqueue("hi", PlanRequest(8), priority=5, lease_seconds=LONG)
+    for _ in range(25):  # lo1 renews its lease (30 s) every 25 s for 625 s: it may then be preempted
+        clock.tick(25)
+        led.renew("lo1", 30)
+    led.note_checkpoint("lo1")
+    assert "preempting lo1 for it" in led.renew_queue_entry("hi").reason
+    clock.tick(31)  # lo1's holder is gone: its lease passes while it should stop
+    led.expire()
+    [record] = led.preemptions()
+    assert record["victim"] == "lo1" and record["state"] == "lease expired"
+    assert led.queue_entry("hi").admitted  # the expiry freed the GPUs: the preemptor starts
+    clock.tick(700)
+    led.take_admission("hi")
+    led.enqueue("hi2", PlanRequest(8), priority=5, lease_seconds=LONG)
+    clock.tick(61)
+    assert "preempting lo2 for it" in led.renew_queue_entry("hi2").reason
+    assert led.release("lo2")  # its task was killed meanwhile
+    states = {r["victim"]: r["state"] for r in led.preemptions()}
+    assert states == {"lo1": "lease expired", "lo2": "released"}

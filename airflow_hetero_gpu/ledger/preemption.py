@@ -73,6 +73,12 @@ class PreemptionMixin:
                 conn.execute(insert(pre_t).values(victim=victim, preemptor=pre.preemptor, reason=pre.reasons[victim],
                                                   gpus=gpus, decided_at=now))
 
+    def _close_preemptions(self, conn: Connection, now: datetime, job_ids: list[str], outcome: str) -> None:
+        """Close the open records of victims whose GPUs went another way (released by their
+        holder, or their lease passed): no victim stays "in progress" forever."""
+        conn.execute(update(pre_t).where(pre_t.c.victim.in_(job_ids), pre_t.c.ended_at.is_(None))
+                     .values(ended_at=now, outcome=outcome))
+
     def _reserved_of(self, conn: Connection, job_id: str) -> list[tuple[str, int]]:
         return [(h, i) for h, i in conn.execute(select(gpu_t.c.host, gpu_t.c.gpu_index)
                                                 .where(gpu_t.c.job_id == job_id).order_by(gpu_t.c.slot))]

@@ -124,6 +124,7 @@ class ReservationsMixin:
             self._expire(conn, now, admit=False)
             conn.execute(delete(gpu_t).where(gpu_t.c.job_id == job_id))
             freed = conn.execute(delete(res_t).where(res_t.c.job_id == job_id)).rowcount > 0
+            self._close_preemptions(conn, now, [job_id], "released")
             self._admit(conn, now)  # the freed GPUs go to the queue in the same transaction
             return freed
 
@@ -149,6 +150,7 @@ class ReservationsMixin:
         if ids:
             conn.execute(delete(gpu_t).where(gpu_t.c.job_id.in_(ids)))
             conn.execute(delete(res_t).where(res_t.c.job_id.in_(ids)))
+            self._close_preemptions(conn, now, ids, "lease expired")
         return sorted(ids)
 
     def get(self, job_id: str) -> Reservation | None:
