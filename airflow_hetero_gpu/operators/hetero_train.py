@@ -418,7 +418,7 @@ class HeteroTrainOperator(BaseOperator):
             settings = RunSettings(self._launch_spec(job_id), rdzv_port=self.rdzv_port, rdzv_host=self.rdzv_host,
                                    host_timeout=float(self.host_timeout), max_restarts=self.max_restarts,
                                    on_line=lambda h, r, s, text: (seen.line(h, text), self._on_line(h, r, s, text)),
-                                   on_preempted=lambda job, gpus, mark: preempt.stop(self, job, job_id, mark, gpus, seen))
+                                   on_preempted=lambda job, gpus, mark, lk: preempt.stop(self, job, job_id, mark, lk, seen))
             run = TrainingRun(job_id, settings, targets, factory, lease=lease, gpu_set=gpu_set, log=self.log,
                               on_job=self._set_job, on_started=factory.settle)
             gpu_set.remember(decision.gpus)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 import signal as signals
+import threading
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -83,9 +84,11 @@ class CheckpointSeen:
             self.noted = self.at
 
 
-def stop(op: Any, job: Any, job_id: str, mark: dict, gpus: list, seen: CheckpointSeen) -> dict:
+def stop(op: Any, job: Any, job_id: str, mark: dict, lease: Any, seen: CheckpointSeen) -> dict:
     """Stop the running ``job`` for its preemptor and give its GPUs back (see the module
-    docstring); returns the ledger's record of the preemption."""
+    docstring); returns the ledger's record of the preemption. The lease (``lease``, a
+    :class:`~.lease.LeaseKeeper`) is renewed throughout: a grace longer than the lease must not
+    let the GPUs go to another job while the victim still runs."""
     sig = signal_name(op.preemption_signal) or "TERM"
     grace = float(op.preemption_grace)
     signalled = datetime.now(timezone.utc)
@@ -95,12 +98,15 @@ def stop(op: Any, job: Any, job_id: str, mark: dict, gpus: list, seen: Checkpoin
     for host, sweep in job.signal(sig).items():
         if sweep.error:
             op.log.warning("job %s: signalling %s: %s", job_id, host, sweep.error)
-    try:
-        job.wait(timeout=grace)
+    if _ended(job, grace, lease):
         outcome = "exited"
-    except TimeoutError:
+    else:
         op.log.warning("job %s: still running %g s after SIG%s; ending it", job_id, grace, sig)
-        job.kill()
+        killer = threading.Thread(target=job.kill, name=f"{job_id}:preempt-kill", daemon=True)
+        killer.start()
+        while killer.is_alive():
+            killer.join(lease.renew_every)
+            _renew(lease)
         job.wait()
         outcome = "killed"
     took = time.monotonic() - t0
@@ -112,6 +118,29 @@ def stop(op: Any, job: Any, job_id: str, mark: dict, gpus: list, seen: Checkpoin
     op.log.warning("job %s: %s", job_id, explain(record, signalled))
     _count(record)
     return record
+
+
+def _renew(lease: Any) -> None:
+    from airflow_hetero_gpu.ledger.errors import LedgerError
+
+    try:
+        lease.renew(time.monotonic())
+    except LedgerError as err:  # unreachable for a moment: the lease still runs
+        lease.log.warning("job %s: renewing the lease while it stops failed: %s", lease.job_id, err)
+
+
+def _ended(job: Any, seconds: float, lease: Any) -> bool:
+    """Wait up to ``seconds`` for every host of ``job`` to exit, renewing the lease meanwhile."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            job.wait(timeout=min(left, lease.renew_every))
+            return True
+        except TimeoutError:
+            _renew(lease)
 
 
 def explain(record: dict, signalled: datetime) -> str:

@@ -34,7 +34,7 @@ class RunSettings:
     host_timeout: float = 60.0
     max_restarts: int = 3
     on_line: Callable[[str, int, str, str], None] | None = None
-    on_preempted: Callable[[Any, Sequence[tuple], dict], dict] | None = None  # (job, gpus, mark) -> record
+    on_preempted: Callable[..., dict] | None = None  # (job, gpus, mark, lease) -> the preemption's record
 
 
 class TrainingRun:
@@ -113,7 +113,7 @@ class TrainingRun:
                 continue
             self.lease.reachable(now)
             if self.lease.preempting is not None and self.settings.on_preempted is not None:
-                record = self.settings.on_preempted(job, gpus, self.lease.preempting)
+                record = self.settings.on_preempted(job, gpus, self.lease.preempting, self.lease)
                 return "preempted", {"gpus": list(gpus), "preempted": record, "hosts": [], "exit_codes": {}}
             if next_gpus is not None:
                 self.log.warning("job %s: its GPU set changed in the ledger; stopping the workers", self.job_id)
