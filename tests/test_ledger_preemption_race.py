@@ -142,6 +142,8 @@ def test_concurrent_preemptions_hold_no_gpu_twice_and_leave_no_victim_half_stopp
     assert _raw(ledger_db_url) == (0, 0, 0)
     with Ledger.open_existing(ledger_db_url) as led:
         records = led.preemptions()
-        assert len(records) == len(preempted)
-        assert all(r["state"] == "exited" and r["lost_gpu_s"] is not None for r in records)
+        # a victim stopped and finished its preemption, or ended its work first (released)
+        assert sorted((r["victim"], r["preemptor"]) for r in records if r["state"] == "exited") == sorted(preempted)
+        assert all(r["state"] in ("exited", "released") and r["ended_at"] for r in records)
+        assert all(r["lost_gpu_s"] is not None for r in records if r["state"] == "exited")
         assert led.queue() == [] and led.live_reservations() == []
