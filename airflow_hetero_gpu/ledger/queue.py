@@ -14,7 +14,7 @@ frees an admission it did not take).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Mapping
 
 from sqlalchemy import delete, insert, select, update
@@ -179,7 +179,7 @@ class QueueMixin:
             if row.state == ADMITTED:
                 conn.execute(update(res_t).where(res_t.c.job_id == job_id)
                              .values(renewed_at=now, expires_at=now + lease))
-            elif self._may_preempt(row, now):  # its preemption delay passed: a pass may preempt for it
+            elif self._may_preempt(conn, row, now):  # its preemption delay passed: a pass may preempt for it
                 self._admit(conn, now)
             return _record(conn.execute(select(q_t).where(q_t.c.job_id == job_id)).one())
 
@@ -244,12 +244,20 @@ class QueueMixin:
                                            r.enqueued_at, r.job_id))
 
     # --- inside the ledger's transactions ------------------------------------------------------
-    def _may_preempt(self, row: Any, now: datetime) -> bool:
-        """A waiting entry's renewal runs a pass once it waited the preemption delay (passes
-        otherwise run only when GPUs free up, which a full fleet of long jobs does not do)."""
+    def _may_preempt(self, conn: Connection, row: Any, now: datetime) -> bool:
+        """A waiting entry's renewal runs a pass once it waited the preemption delay and some
+        running job could be its victim (passes otherwise run only when GPUs free up, which a
+        full fleet of long jobs does not do); one indexed read decides."""
+        from sqlalchemy import func
+
         rules = getattr(self, "preemption", None)
-        return (rules is not None and row.state == WAITING
-                and (now - row.enqueued_at).total_seconds() >= rules.delay_s)
+        if rules is None or row.state != WAITING or (now - row.enqueued_at).total_seconds() < rules.delay_s:
+            return False
+        victim = select(res_t.c.job_id).where(
+            res_t.c.preemptible.is_(True), func.coalesce(res_t.c.priority, 0) < int(row.priority),
+            res_t.c.created_at <= now - timedelta(seconds=rules.min_runtime_s),
+            res_t.c.expires_at > now).limit(1)
+        return conn.execute(victim).first() is not None
 
     def _admit(self, conn: Connection, now: datetime) -> AdmissionResult | None:
         return admission.run_pass(self, conn, now)
