@@ -125,7 +125,7 @@ def run_pass(ledger: Any, conn: Connection, now: datetime) -> AdmissionResult | 
             return None
         adm = Admission(cluster, evicted=ledger._evicted_map(conn), aging_interval_s=ledger.queue_aging_interval_s)
         rules = ledger.preemption
-        running = ledger._running_jobs(conn, now) if rules is not None else ()
+        running = ledger._running_jobs(conn, now, max(int(r.priority) for r in rows)) if rules is not None else ()
         result = adm.run([entry_of(r) for r in rows], now=now.timestamp(), reserved=reserved,
                          running=running, preemption=rules)
     except HeteroGpuError as err:  # a stored file that no longer parses: the queue waits, the write goes on

@@ -49,7 +49,15 @@ class PreemptionMixin:
         self._preemption = rules
 
     # --- inside the admission pass -------------------------------------------------------------
-    def _running_jobs(self, conn: Connection, now: datetime) -> list[RunningJob]:
+    def _running_jobs(self, conn: Connection, now: datetime, below: int) -> list[RunningJob]:
+        """The running jobs for the pass's preemption rule; none (one indexed read) when no
+        preemptible job runs at a priority below ``below``, the highest waiting priority."""
+        from sqlalchemy import func
+
+        some = select(res_t.c.job_id).where(res_t.c.preemptible.is_(True), res_t.c.expires_at > now,
+                                            func.coalesce(res_t.c.priority, 0) < int(below)).limit(1)
+        if conn.execute(some).first() is None:
+            return []
         out = []
         for res in self._load(conn, now):
             row = res.preemption or {}
