@@ -79,7 +79,7 @@ def test_a_low_priority_job_is_preempted_checkpoints_and_resumes_on_other_hosts(
     lo, pump_lo, lines_lo, out_lo, _ = start_dag(
         airflow_home, cluster, tmp_path, "lo", lo_log, gpu_count=4, job_id="lo", ledger_url=url, priority=1,
         script_args=["--epochs", "6", "--hold-after-epoch", "3", "--hold-file", str(never)],
-        checkpoint_dir=ckpt, checkpoint_storage="host", preemption_grace=60, lease_seconds=6,
+        checkpoint_dir=ckpt, checkpoint_storage="host", preemption_grace=60, lease_seconds=15,
         wait_for_capacity=True, capacity_poll_interval=1, capacity_timeout=900, airflow_extra=FAST)
     hi = pump_hi = None
     lines_hi: list[str] = []

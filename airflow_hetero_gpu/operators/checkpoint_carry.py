@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import posixpath
 import shlex
+import time
 from typing import Any, Callable, Iterable, Sequence
 
 CHUNK = 1 << 20
@@ -46,10 +47,11 @@ def _listing(client: Any, directory: str) -> dict[str, tuple[float, int]]:
 
 
 def carry(job_id: str, directory: str, sources: Iterable[str], targets: Sequence[str],
-          connect: Callable[[str], Any], log: Any) -> str | None:
+          connect: Callable[[str], Any], log: Any, keepalive: Callable[[], None] = lambda: None) -> str | None:
     """Copy the newest checkpoint among ``sources`` and ``targets`` to every host of ``targets``
     that lacks it (see the module docstring); returns the host it came from, or None when
-    nothing had to move."""
+    nothing had to move. ``keepalive`` is called between chunks (the job's lease: a large
+    checkpoint may take longer to copy than the lease lasts)."""
     clients: dict[str, Any] = {}
     try:
         listed: dict[str, dict[str, tuple[float, int]]] = {}
@@ -66,7 +68,7 @@ def carry(job_id: str, directory: str, sources: Iterable[str], targets: Sequence
         todo = [h for h in targets if h in listed and listed[h] != listed[source]]  # same files: shared storage
         for target in todo:
             if not _copy(clients[source], host_dir(directory, source), clients[target], host_dir(directory, target),
-                         sorted(listed[source])):
+                         sorted(listed[source]), keepalive):
                 log.warning("job %s: carrying its checkpoint from %s to %s failed", job_id, source, target)
                 return None
         if todo:
@@ -82,7 +84,7 @@ def carry(job_id: str, directory: str, sources: Iterable[str], targets: Sequence
                 pass
 
 
-def _copy(src: Any, src_dir: str, dst: Any, dst_dir: str, names: list[str]) -> bool:
+def _copy(src: Any, src_dir: str, dst: Any, dst_dir: str, names: list[str], keepalive: Callable[[], None]) -> bool:
     """Stream ``names`` from ``src_dir`` on one host into ``dst_dir`` on another (``tar``)."""
     files = " ".join(shlex.quote(n) for n in names)
     _, out, _ = src.exec_command(f"tar -C {shlex.quote(src_dir)} -cf - {files}", timeout=600)
@@ -90,6 +92,7 @@ def _copy(src: Any, src_dir: str, dst: Any, dst_dir: str, names: list[str]) -> b
     stdin, done, _ = dst.exec_command(f"mkdir -p {d} && tar -C {d} -xf -", timeout=600)
     while chunk := out.read(CHUNK):
         stdin.write(chunk)
+        keepalive()
     stdin.channel.shutdown_write()
     return out.channel.recv_exit_status() == 0 and done.channel.recv_exit_status() == 0
 
@@ -101,4 +104,15 @@ def before_launch(op: Any, job_id: str, earlier: Iterable[str], hosts: Sequence[
         directory = op.checkpoint_dir
         if not posixpath.isabs(directory) and op.workdir:
             directory = posixpath.join(op.workdir, directory)
-        carry(job_id, directory, earlier, hosts, connect, op.log)
+        last = [time.monotonic()]
+
+        def keepalive() -> None:  # renew the lease every third of it while the copy runs
+            now = time.monotonic()
+            if now - last[0] >= float(op.lease_seconds) / 3:
+                op.ledger.renew(job_id, op.lease_seconds)
+                op._lease_from = last[0] = now
+
+        carry(job_id, directory, earlier, hosts, connect, op.log, keepalive)
+        started = time.monotonic()  # taken before the call: the lease surely lasts from here
+        op.ledger.renew(job_id, op.lease_seconds)  # the launch starts with a whole lease
+        op._lease_from = started
