@@ -150,6 +150,30 @@ PROVIDER_INFO: dict = {
                     "example": "research",
                     "default": "default",
                 },
+                "preemption": {
+                    "description": (
+                        "on: a job waiting in the queue may preempt running jobs of lower priority "
+                        "(docs/preemption.md); off: never. Read by every process that writes the ledger."
+                    ),
+                    "version_added": "0.3.0",
+                    "type": "string",
+                    "example": "off",
+                    "default": "on",
+                },
+                "preemption_min_runtime": {
+                    "description": "Seconds a job runs after its (re)start before it may be preempted.",
+                    "version_added": "0.3.0",
+                    "type": "float",
+                    "example": "1800",
+                    "default": "600",
+                },
+                "preemption_delay": {
+                    "description": "Seconds a job waits in the queue before it may preempt another.",
+                    "version_added": "0.3.0",
+                    "type": "float",
+                    "example": "300",
+                    "default": "60",
+                },
                 "refresh_seconds": {
                     "description": "How often the cluster page reloads itself, in seconds; 0 never.",
                     "version_added": "0.1.0",

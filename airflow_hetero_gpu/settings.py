@@ -21,6 +21,9 @@ OPTIONS = {
     "history_interval": "seconds between two history samples of an unchanged host",
     "history_retention": "seconds the ledger keeps history samples and GPU events",
     "default_team": "the team of a job whose operator names none (docs/teams.md)",
+    "preemption": "on (default) or off: whether a waiting job may preempt running jobs of lower priority",
+    "preemption_min_runtime": "seconds a job runs after its (re)start before it may be preempted (600)",
+    "preemption_delay": "seconds a job waits in the queue before it may preempt another (60)",
 }
 
 
@@ -50,6 +53,22 @@ def seconds_setting(name: str, default: float) -> float:
     if not seconds >= 0:
         raise ConfigError(f"[{SECTION}] {name}: expected seconds >= 0, got {value!r}")
     return seconds
+
+
+def preemption_settings():
+    """The admission pass's preemption rules from ``[hetero_gpu] preemption*`` (None: off)."""
+    from airflow_hetero_gpu.core.admission.preemption import (
+        DEFAULT_MIN_RUNTIME_S, DEFAULT_PREEMPTION_DELAY_S, PreemptionRules,
+    )
+    from airflow_hetero_gpu.errors import ConfigError
+
+    on = (setting("preemption") or "on").lower()
+    if on not in ("on", "off"):
+        raise ConfigError(f"[{SECTION}] preemption: expected on or off, got {on!r}")
+    if on == "off":
+        return None
+    return PreemptionRules(seconds_setting("preemption_min_runtime", DEFAULT_MIN_RUNTIME_S),
+                           seconds_setting("preemption_delay", DEFAULT_PREEMPTION_DELAY_S))
 
 
 def history_settings() -> dict[str, float]:

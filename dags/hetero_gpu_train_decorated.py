@@ -8,6 +8,8 @@ The function travels to the hosts as source with its arguments; it imports what 
 DistributedDataParallel (NCCL on GPUs, gloo on CPU), keeps a checkpoint in ``checkpoint_dir``
 on rank 0's host (rank 0 loads it after a restart and DDP hands the weights to every rank, so
 no shared file system is needed) and returns the losses; rank 0's value is the task's XCom.
+Preempted (docs/preemption.md), it gets SIGTERM: every rank stops after the epoch it is in, its
+checkpoint on disk, and the task relaunches it later with the same arguments, resuming there.
 """
 
 from __future__ import annotations
@@ -48,11 +50,15 @@ def hetero_gpu_train_decorated():
     def train(lr: float, epochs: int, checkpoint_dir: str | None = None):
         """Runs on every rank; rank 0's return value is the task's."""
         import os
+        import signal
+        import sys
 
         import torch
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
 
+        stop = [False]  # SIGTERM (preemption, or the task being killed): stop after this epoch
+        signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__(0, True))
         gpu = torch.cuda.is_available()
         dist.init_process_group("nccl" if gpu else "gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
@@ -94,6 +100,13 @@ def hetero_gpu_train_decorated():
                     os.makedirs(checkpoint_dir, exist_ok=True)
                     torch.save({"model": model.module.state_dict(), "epoch": epoch}, path + ".tmp")
                     os.replace(path + ".tmp", path)
+                    print(f"checkpoint of epoch {epoch} saved", flush=True)
+            flag = torch.tensor([float(stop[0])], device=device)
+            dist.all_reduce(flag)  # every rank stops at the same epoch
+            if flag.item() > 0:
+                if rank == 0:
+                    print(f"SIGTERM received: checkpoint of epoch {epoch} kept", flush=True)
+                sys.exit(143)
         hosts = [None] * world
         dist.all_gather_object(hosts, os.environ.get("HETERO_GPU_HOST"))
         dist.destroy_process_group()

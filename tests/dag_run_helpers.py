@@ -53,11 +53,14 @@ def run_dag(home: Path, cluster, tmp_path: Path, **config):
     return r, out, cfg
 
 
-def start_dag(home: Path, cluster, tmp_path: Path, name: str, on_line: Callable[[str], None], **config):
+def start_dag(home: Path, cluster, tmp_path: Path, name: str, on_line: Callable[[str], None], *,
+              airflow_extra: dict[str, str] | None = None, **config):
     """Run the DAG in the background, calling ``on_line(line)`` for each output line:
-    (process, pump thread, lines so far, decision file, config)."""
+    (process, pump thread, lines so far, decision file, config). ``airflow_extra``: more
+    environment for Airflow (``AIRFLOW__HETERO_GPU__...`` settings)."""
     cfg, out, env_conns = _config(cluster, tmp_path, name, config)
-    env = airflow_env(home, DAGS, {**env_conns, "HG_TEST_CONFIG": json.dumps(cfg), "HG_TEST_OUT": str(out)})
+    env = airflow_env(home, DAGS, {**env_conns, "HG_TEST_CONFIG": json.dumps(cfg), "HG_TEST_OUT": str(out),
+                                   **(airflow_extra or {})})
     proc = subprocess.Popen([*airflow_command(), "dags", "test", "hg_train_test"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []

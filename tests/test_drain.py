@@ -79,6 +79,34 @@ def test_a_job_on_a_drained_host_finishes_and_past_the_deadline_is_ended(ledger_
         assert drains["node02"].ended == ("late",) and drains["node01"].ended == ()
 
 
+def test_a_tasks_job_past_the_deadline_is_preempted_and_resumes_elsewhere(ledger_db_url):  # noqa: F811
+    """A job a task holds is not cut off at the deadline: its reservation is marked preempting for
+    the drain (the operator then signals it, waits for its checkpoint and requeues it), and once it
+    has stopped it is admitted again on a host that is not drained."""
+    from airflow_hetero_gpu.ledger.records import TaskIdentity
+
+    clock = Clock()
+    with _filled(ledger_db_url, clock) as led:
+        cluster = _cluster(led)
+        ident = TaskIdentity("retrain", "manual__1", "train", 1, None)
+        assert _hosts(led.reserve("task-job", cluster, PlanRequest(2), lease_seconds=3600, identity=ident,
+                                  priority=1, preemptible=True)) == {"node01"}
+        led.drain(["node01"], "firmware", deadline_s=600)
+        clock.tick(601)
+        held = led.renew("task-job", 3600)  # still its GPUs: it stops on its own terms
+        assert held.preempting["drain"] == "node01" and "deadline passed" in held.preempting["reason"]
+        (record,) = [p for p in led.preemptions() if p["victim"] == "task-job"]
+        assert record["state"] == "in progress" and record["preemptor"] == "drain of node01"
+        clock.tick(5)
+        assert led.renew("task-job", 3600).preempting is not None  # marked once, not again
+        assert len([p for p in led.preemptions() if p["victim"] == "task-job"]) == 1
+        led.finish_preemption("task-job", outcome="exited", exited_after_s=4.0, checkpoint="epoch 3")
+        (back,) = [e for e in led.queue() if e.job_id == "task-job"]
+        assert back.state == "admitted", back
+        assert {k.host for k in led.get("task-job").keys} == {"node02"}
+        assert {d.host: d for d in led.drains()}["node01"].ended == ("task-job",)
+
+
 def test_the_queue_waits_for_a_drained_fleet_and_the_undrain_admits(ledger_db_url):  # noqa: F811
     with _filled(ledger_db_url) as led:
         led.drain(["node01", "node02"], "maintenance window")

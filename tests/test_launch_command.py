@@ -398,3 +398,13 @@ def test_leader_recreates_a_run_directory_removed_by_another_host(tmp_path):
     r = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-1] == "ran" and pid_file.read_text().strip().isdigit()
+
+
+def test_the_signal_sweep_names_its_signal_and_refuses_anything_else():
+    from airflow_hetero_gpu.launch.orphans import sweep_command
+
+    cmd = sweep_command("job-1", "node01", kill=False, signal="USR1")
+    assert cmd.endswith(" job-1 node01 signal 100 '' USR1")
+    assert sweep_command("job-1", "node01", kill=True).endswith(" job-1 node01 kill 100")
+    with pytest.raises(ValueError, match="signal: expected a signal name such as TERM or USR1, got 'TERM; rm'"):
+        sweep_command("job-1", "node01", kill=False, signal="TERM; rm")

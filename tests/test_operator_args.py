@@ -32,6 +32,15 @@ BASE = {"task_id": "t", "gpu_count": 2, "script": "train.py", "ssh_conn_ids": ["
         ({"priority": "high"}, "priority: expected an integer (higher first), got 'high'"),
         ({"priority": 1.5}, "priority: expected an integer (higher first), got 1.5"),
         ({"priority": True}, "priority: expected an integer (higher first), got True"),
+        ({"preemptible": "no"}, "preemptible: expected True or False, got 'no'"),
+        ({"preemption_signal": "SIGNOPE"}, "preemption_signal: expected a signal the job can catch, such as "
+                                           "'SIGTERM' or 'SIGUSR1', got 'SIGNOPE'"),
+        ({"preemption_signal": "KILL"}, "preemption_signal: expected a signal the job can catch, such as "
+                                        "'SIGTERM' or 'SIGUSR1', got 'KILL'"),
+        ({"preemption_grace": -1}, "preemption_grace: expected a number of seconds >= 0, got -1"),
+        ({"checkpoint_storage": "nfs"}, "checkpoint_storage: expected 'shared' or 'host', got 'nfs'"),
+        ({"checkpoint_storage": "host"}, "checkpoint_storage='host' needs checkpoint_dir (the directory to carry "
+                                         "between hosts)"),
     ],
 )
 def test_bad_arguments_fail_without_retry(changes, message):
@@ -126,3 +135,10 @@ def test_the_default_sqlite_ledger_is_refused_under_a_distributed_executor(monke
     op = HeteroTrainOperator(**BASE)
     with pytest.raises(AirflowFailException, match="cannot share"):
         op.ledger
+
+
+def test_preemption_signal_names_and_numbers():
+    from airflow_hetero_gpu.operators.preempt import signal_name
+
+    assert [signal_name(v) for v in ("SIGTERM", "term", "USR1", 15, "SIGNOPE", True)] == [
+        "TERM", "TERM", "USR1", "TERM", None, None]

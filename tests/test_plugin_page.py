@@ -426,3 +426,34 @@ def test_the_overview_groups_an_nvlink_domain_and_splits_a_partitioned_rack(tmp_
     assert sorted(n.rsplit("/", 1)[1] for n in domains) == ["1", "2"]
     html = render.render_page(model.build(cluster, [], [], now=NOW))
     assert html.count('<div class="hg-group" data-group="NVLink domain 9c6f5af3-') == 2
+
+
+def test_the_page_shows_preemptions_in_progress_and_the_last_days(tmp_path):
+    from airflow_hetero_gpu.core.admission import PreemptionRules
+
+    clock = Clock(datetime.now(timezone.utc))  # the page reads the last 24 h of the real clock
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    with Ledger.from_url(url, clock=clock) as led:
+        led.preemption = PreemptionRules(min_runtime_s=0, delay_s=0)
+        led.record_health_check([HostRecord(s.name, True, host_files(s)) for s in small_hosts(1, gpus=8)],
+                                collector="test", judge=judge)
+        led.enqueue("lo", PlanRequest(8), priority=1, lease_seconds=3600, preemptible=True)
+        led.take_admission("lo")
+        clock.tick(30)
+        led.enqueue("hi", PlanRequest(8), priority=5, lease_seconds=3600)
+        clock.tick(1)
+        assert led.renew_queue_entry("hi").reason.endswith("preempting lo for it")
+    inputs = sources.read_inputs(None, sources.PageSettings(ledger_url=url))
+    html = render.render_page(model.build(inputs.cluster, inputs.reservations, queue=inputs.queue,
+                                          preemptions=inputs.preemptions, now=inputs.now))
+    body = html.split('class="hg-preemptions"')[1].split("</table>")[0]
+    assert re.search(r"lo.*hi.*<td>in progress</td>.*priority 5 &gt; 1", body, re.S)
+    with Ledger.from_url(url, clock=clock) as led:
+        clock.tick(4)
+        led.finish_preemption("lo", outcome="killed", exited_after_s=4, checkpoint="epoch 2")
+    inputs = sources.read_inputs(None, sources.PageSettings(ledger_url=url))
+    m = model.build(inputs.cluster, inputs.reservations, queue=inputs.queue, preemptions=inputs.preemptions,
+                    now=inputs.now)
+    assert m.to_json()["preemptions"][0]["state"] == "killed"
+    body = render.render_page(m).split('class="hg-preemptions"')[1].split("</table>")[0]
+    assert re.search(r"<td>killed</td>.*<td>4s</td>\s*<td class=\"hg-n\">280 GPU-s</td><td>epoch 2</td>", body, re.S)

@@ -11,10 +11,12 @@ Start it with torchrun (it reads RANK, LOCAL_RANK and WORLD_SIZE from torchrun's
 - Every rank prints ``rank R of W (local rank L) on HOST, device D`` once it joined the group;
   rank 0 prints ``epoch E loss L`` after every epoch (``--log-every``), the loss being the mean
   over all ranks, so a log shows it falling.
-- ``--checkpoint-dir``: rank 0 writes model, optimizer and epoch after every epoch, atomically
-  (temporary file, fsync, rename). On start, rank 0 loads the last checkpoint when there is one
-  and broadcasts it, so the directory only needs to exist on rank 0's host; every rank then
-  prints ``rank R resumed from epoch N``.
+- ``--checkpoint-dir``: rank 0 writes model, optimizer and epoch after every ``--checkpoint-every``
+  epochs (default 1), atomically (temporary file, fsync, rename), and prints ``checkpoint of epoch
+  N saved``. On start, rank 0 loads the last checkpoint when there is one and broadcasts it, so
+  the directory only needs to exist on rank 0's host; every rank then prints ``rank R resumed
+  from epoch N``. Environment variables in the path are expanded (``$HETERO_GPU_HOST``: a
+  directory of each host's own, as on hosts without shared storage).
 - ``--fail-at-epoch E --fail-rank R``: rank R exits with status 3 at the start of epoch E
   (a simulated crash, for tests of failure handling); ``--fail-host NAME`` instead makes the
   first local rank of the node whose ``HETERO_GPU_HOST`` is NAME crash (ranks are given out by
@@ -28,8 +30,11 @@ Start it with torchrun (it reads RANK, LOCAL_RANK and WORLD_SIZE from torchrun's
 - A loss that turns NaN or infinite (a learning rate too high, bad data) stops every rank
   after that epoch with ``loss is nan at epoch E: stopping`` on rank 0 and exit status 4,
   before the checkpoint of that epoch is written (the last good checkpoint stays).
-- SIGTERM (what torchrun and the launcher send to stop a job) stops the loop after the current
-  step (or during a hold); the process then exits with status 143.
+- SIGTERM (what torchrun and the launcher send to stop a job, and what preemption sends first)
+  stops the loop after the current step on every rank together (the ranks agree on it in each
+  step), or during a hold; rank 0 then saves the last completed epoch's checkpoint if it is not
+  on disk yet (``SIGTERM received: checkpoint of epoch N saved``, or ``kept``), and the process
+  exits with status 143. Relaunched with the same arguments, it resumes from that epoch.
 
 Needs only PyTorch: this file is copied to, or installed on, the training hosts.
 """
@@ -71,6 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=5, help="train until this epoch (1-based)")
     parser.add_argument("--checkpoint-dir", type=Path, default=None)
+    parser.add_argument("--checkpoint-every", type=int, default=1, help="write the checkpoint every N epochs")
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     parser.add_argument("--samples", type=int, default=512)
     parser.add_argument("--features", type=int, default=8)
@@ -90,10 +96,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="after this epoch, wait until --hold-file appears on rank 0's host")
     parser.add_argument("--hold-file", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.checkpoint_dir is not None:
+        args.checkpoint_dir = Path(os.path.expandvars(str(args.checkpoint_dir)))
     if (args.hold_after_epoch is None) != (args.hold_file is None):
         parser.error("--hold-after-epoch and --hold-file go together")
-    if args.epochs < 1 or args.samples < 1 or args.batch_size < 1 or args.log_every < 1:
-        parser.error("--epochs, --samples, --batch-size and --log-every must be at least 1")
+    if args.epochs < 1 or args.samples < 1 or args.batch_size < 1 or args.log_every < 1 or args.checkpoint_every < 1:
+        parser.error("--epochs, --samples, --batch-size, --log-every and --checkpoint-every must be at least 1")
     return args
 
 
@@ -193,6 +201,7 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
             f"backend {args.backend}")
 
     loss_fn = nn.MSELoss(reduction="sum")
+    ckpt = Checkpoints(args.checkpoint_dir if rank == 0 else None, args.checkpoint_every, start - 1)
     for epoch in range(start, args.epochs + 1):
         if args.fail_at_epoch == epoch and (
             (args.fail_host is None and args.fail_rank == rank)
@@ -203,8 +212,9 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
             os._exit(CRASH_EXIT_CODE)
         total = torch.zeros(3, device=device)
         for first in range(0, x.shape[0], args.batch_size):
-            if Stop.requested:
+            if stop_agreed(device):
                 say(f"rank {rank}: SIGTERM received, stopping in epoch {epoch}", err=True)
+                ckpt.on_signal(model, optimizer)
                 return SIGTERM_EXIT_CODE
             xb, yb = x[first:first + args.batch_size], y[first:first + args.batch_size]
             optimizer.zero_grad()
@@ -224,14 +234,14 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
         if rank == 0:
             if epoch % args.log_every == 0 or epoch == args.epochs:
                 say(f"epoch {epoch} loss {mean:.6f}")
-            if args.checkpoint_dir is not None:
-                save_checkpoint(args.checkpoint_dir, model, optimizer, epoch)
+            ckpt.after_epoch(model, optimizer, epoch)
         if total[2].item() > 0:
             if rank == 0:
                 say(f"stop file {args.stop_file} found: finishing after epoch {epoch}")
             break
         if args.hold_after_epoch == epoch and not hold(args.hold_file, rank, epoch, device):
             say(f"rank {rank}: SIGTERM received, stopping while holding after epoch {epoch}", err=True)
+            ckpt.on_signal(model, optimizer)
             return SIGTERM_EXIT_CODE
         if args.sleep > 0:
             deadline = time.monotonic() + args.sleep
@@ -240,6 +250,48 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
     if rank == 0:
         say("training done")
     return 0
+
+
+def stop_agreed(device: torch.device) -> bool:
+    """Whether any rank was asked to stop: one small all-reduce per step, so that every rank
+    stops at the same step and none waits in a collective for a rank that already left."""
+    flag = torch.tensor([float(Stop.requested)], device=device)
+    dist.all_reduce(flag)
+    return flag.item() > 0
+
+
+class Checkpoints:
+    """Rank 0's checkpoints (``directory`` None on the other ranks): every ``every`` epochs, and
+    the last completed epoch on SIGTERM when it is not on disk yet."""
+
+    def __init__(self, directory: Path | None, every: int, saved: int):
+        self.directory, self.every, self.saved = directory, every, saved
+        self.done: tuple[int, dict, dict] | None = None  # the last completed epoch's state, unsaved
+
+    def after_epoch(self, model: nn.Module, optimizer: torch.optim.Optimizer, epoch: int) -> None:
+        if self.directory is None:
+            return
+        if epoch % self.every == 0:
+            save_checkpoint(self.directory, model, optimizer, epoch)
+            self.saved, self.done = epoch, None
+            say(f"checkpoint of epoch {epoch} saved")
+        else:
+            import copy
+
+            self.done = (epoch, copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict()))
+
+    def on_signal(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        if self.directory is None:
+            return
+        if self.done is not None:
+            epoch, model_state, optimizer_state = self.done
+            model.load_state_dict(model_state)
+            optimizer.load_state_dict(optimizer_state)
+            save_checkpoint(self.directory, model, optimizer, epoch)
+            self.saved = epoch
+            say(f"SIGTERM received: checkpoint of epoch {epoch} saved")
+        elif self.saved > 0:
+            say(f"SIGTERM received: checkpoint of epoch {self.saved} kept")
 
 
 def hold(path: Path, rank: int, epoch: int, device: torch.device, poll: float = 0.1) -> bool:

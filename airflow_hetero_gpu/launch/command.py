@@ -70,7 +70,7 @@ _MAX_JOB_ID = 128
 KILL_WAIT_S = 5.0
 
 SWEEP_SCRIPT = r"""
-job=$1 host=$2 mode=$3 ticks=$4 launch=${5:-}
+job=$1 host=$2 mode=$3 ticks=$4 launch=${5:-} sig=${6:-TERM}
 self=$(cat /proc/$$/stat) && self=${self##*") "} && set -- $self && mypgid=$3
 find_job() {
   files=$(grep -lzxF -e "__JOB_ENV__=$job" /proc/[0-9]*/environ 2>/dev/null)
@@ -104,6 +104,7 @@ wait_gone() {
   while [ "$i" -lt "$1" ] && [ -n "$(find_job)" ]; do sleep 0.1; i=$((i + 1)); done
 }
 find_job | sed 's/^/found /'
+if [ "$mode" = signal ]; then signal_job "$sig"; exit 0; fi
 [ "$mode" = kill ] || exit 0
 if [ "$ticks" -gt 0 ]; then signal_job TERM; wait_gone "$ticks"; fi
 signal_job KILL

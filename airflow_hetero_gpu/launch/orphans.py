@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import shlex
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -70,14 +71,20 @@ class SweepResult:
         return self.error is None and not self.left
 
 
-def sweep_command(job_id: str, host: str, *, kill: bool, grace: float = 10.0) -> str:
-    """The command line that lists (or kills) the job's processes on ``host``."""
+def sweep_command(job_id: str, host: str, *, kill: bool, grace: float = 10.0, signal: str | None = None) -> str:
+    """The command line that lists (or kills) the job's processes on ``host``; with ``signal``
+    (a name such as ``TERM`` or ``USR1``) it only sends that signal to them and their groups."""
     validate_job_id(job_id)
     validate_host_name(host)
     if grace < 0 or math.isnan(grace):
         raise ValueError(f"grace must be >= 0 seconds, got {grace!r}")
     ticks = int(math.ceil(grace * 10))
-    args = [SWEEP_SCRIPT, "hetero-gpu-sweep", job_id, host, "kill" if kill else "list", str(ticks)]
+    mode = "signal" if signal else "kill" if kill else "list"
+    args = [SWEEP_SCRIPT, "hetero-gpu-sweep", job_id, host, mode, str(ticks)]
+    if signal:
+        if not re.fullmatch(r"[A-Z][A-Z0-9+-]*", signal):
+            raise ValueError(f"signal: expected a signal name such as TERM or USR1, got {signal!r}")
+        args += ["", signal]
     return "sh -c " + " ".join(shlex.quote(a) for a in args)
 
 
@@ -96,9 +103,9 @@ def parse_sweep_output(host: str, text: str) -> SweepResult:
 
 
 def sweep_host(client: paramiko.SSHClient, job_id: str, host: str, *, kill: bool,
-               grace: float = 10.0) -> SweepResult:
+               grace: float = 10.0, signal: str | None = None) -> SweepResult:
     """Run the sweep on the host behind a connected ``client``; errors land in ``.error``."""
-    command = sweep_command(job_id, host, kill=kill, grace=grace)
+    command = sweep_command(job_id, host, kill=kill, grace=grace, signal=signal)
     timeout = grace + KILL_WAIT_S + 30.0
     try:
         _, stdout, stderr = client.exec_command(command, timeout=timeout)

@@ -87,6 +87,7 @@ class RemoteJob:
         self._started = False
         self._stopping = False          # no new command may start once this is set
         self._killed = False            # kill() was asked for (not a failure clean-up)
+        self._signalled = False         # signal() was sent: hosts exiting now is no failure
         self._kill_thread: threading.Thread | None = None
         self._cleanup: dict[str, SweepResult] = {}
         self._failure: JobFailure | None = None
@@ -216,7 +217,7 @@ class RemoteJob:
         if code == 0:
             return
         with self._lock:
-            if self._stopping:
+            if self._stopping or self._signalled:
                 return
             self._failure = JobFailure(run.worker.host, run.worker.rank, code, list(run.tail), run.error)
             self._stopping = True
@@ -246,6 +247,22 @@ class RemoteJob:
             thread = self._kill_thread
         if thread is not None:
             thread.join()
+
+    def signal(self, name: str = "TERM") -> dict[str, SweepResult]:
+        """Send signal ``name`` to the job's processes (and their groups) on every started host,
+        over the job's own connections, without waiting for them to exit. From then on a host
+        that exits is not a failure: the caller waits (:meth:`wait`) and kills what is left."""
+        with self._lock:
+            self._signalled = True
+            runs = [r for r in self._runs if r.channel is not None and not r.done.is_set()]
+        if not runs:
+            return {}
+
+        def one(run: HostRun) -> SweepResult:
+            return sweep_host(run.client, self.job_id, run.worker.host, kill=False, signal=name)
+
+        with ThreadPoolExecutor(max_workers=min(self.max_parallel, len(runs))) as pool:
+            return {r.host: r for r in pool.map(one, runs)}
 
     def _start_ending(self) -> None:
         with self._lock:

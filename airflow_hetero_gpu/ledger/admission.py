@@ -131,8 +131,10 @@ def run_pass(ledger: Any, conn: Connection, now: datetime) -> AdmissionResult | 
             return None
         adm = Admission(cluster, evicted=ledger._evicted_map(conn), aging_interval_s=ledger.queue_aging_interval_s,
                         drained=drained_map(conn))
+        rules = ledger.preemption
+        running = ledger._running_jobs(conn, now, max(int(r.priority) for r in rows)) if rules is not None else ()
         result = adm.run([entry_of(r) for r in rows], now=now.timestamp(), reserved=reserved,
-                         quotas=quota_input(conn, now))
+                         quotas=quota_input(conn, now), running=running, preemption=rules)
     except HeteroGpuError as err:  # a stored file that no longer parses: the queue waits, the write goes on
         _note_all(conn, now, rows, f"admission could not run: {err}")
         return None
@@ -147,7 +149,9 @@ def run_pass(ledger: Any, conn: Connection, now: datetime) -> AdmissionResult | 
             continue
         lease = timedelta(seconds=float(row.lease_seconds))
         ident = _identity(row)
-        ledger._insert(conn, now, a.job_id, a.decision, PlanRequest(**dict(row.request)), lease, ident)
+        ledger._insert(conn, now, a.job_id, a.decision, PlanRequest(**dict(row.request)), lease, ident,
+                       {"priority": int(row.priority), "preemptible": bool(row.preemptible),
+                        "enqueued_at": row.enqueued_at})
         if a.team is not None or row.team:
             conn.execute(update(r_t).where(r_t.c.job_id == a.job_id).values(
                 team=a.team or row.team, borrowed=a.borrowed))
@@ -155,6 +159,7 @@ def run_pass(ledger: Any, conn: Connection, now: datetime) -> AdmissionResult | 
             state=ADMITTED, admitted_at=now, admission=a.to_json(), checked_at=now, position=None,
             standing=None, reason=f"admitted: {a.pool} on {_gpus(a)}", claim=None,
             renewed_at=now, expires_at=now + lease))
+    ledger._mark_preemptions(conn, now, result)
     if result.waiting:  # one statement for every waiting entry (executemany)
         conn.execute(_STANDING, [{"b_job": w.job_id, "b_now": now, "b_position": w.position, "b_standing": w.state,
                                   "b_reason": w.reason, "b_claim": w.claim.to_json() if w.claim else None}

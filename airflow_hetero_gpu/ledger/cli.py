@@ -138,9 +138,10 @@ def cmd_queue(args: argparse.Namespace) -> int:
         entries = ledger.queue()
         teams = ledger.teams() is not None  # the TEAM column once teams are configured (docs/teams.md)
         drains = ledger.drains()
+        preempted = ledger.preemptions()
     if args.json:
         print(json.dumps({"now": now.isoformat(), "entries": [e.to_json(now) for e in entries],
-                          "drained": [d.to_json() for d in drains]}, indent=2))
+                          "drained": [d.to_json() for d in drains], "preemptions": preempted}, indent=2))
         return EXIT_OK
     rows = [(e.position or "-", e.job_id, *((e.team or "default",) if teams else ()),
              "admitted" if e.admitted else (e.standing or "waiting"), e.priority,
@@ -151,6 +152,13 @@ def cmd_queue(args: argparse.Namespace) -> int:
     if not entries:
         print("(nobody waits)")
     print_drains(drains, now)
+    if preempted:  # in progress, and the last day's (docs/preemption.md)
+        print("\npreemptions (last 24 h):")
+        print(table(["VICTIM", "BY", "STATE", "DECIDED", "EXITED AFTER", "LOST GPU-S", "CHECKPOINT", "REASON"],
+                    [(p["victim"], p["preemptor"], p["state"], p["decided_at"][11:19],
+                      "" if p["exited_after_s"] is None else duration(p["exited_after_s"]),
+                      "" if p["lost_gpu_s"] is None else f"{p['lost_gpu_s']:.0f}", p["checkpoint"] or "", p["reason"])
+                     for p in preempted]))
     return EXIT_OK
 
 

@@ -5,8 +5,9 @@ and when. Every reader that plans (the operator, the queue's admission pass, ``h
 plan / pools``, the page) passes the drained hosts to the planner as an input
 (:mod:`airflow_hetero_gpu.core.drain`), so no new placement or claim lands there, on every worker
 at once. The jobs running on a drained host run on; past the deadline,
-:func:`end_past_deadline` ends them (every write's sweep of expired leases calls it, and so does
-every stored collection).
+:func:`end_past_deadline` preempts them (a task's job checkpoints, stops and resumes elsewhere;
+a reservation no task holds is released). Every write's sweep of expired leases calls it, and
+so does every stored collection.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from airflow_hetero_gpu.ledger.schema import NAME
 from airflow_hetero_gpu.ledger.schema import gpu_watch as watch_t
 from airflow_hetero_gpu.ledger.schema import host_drains as drains_t
 from airflow_hetero_gpu.ledger.schema import inventory_hosts as hosts_t
+from airflow_hetero_gpu.ledger.schema import preemptions as pre_t
 from airflow_hetero_gpu.ledger.schema import reservation_gpus as gpu_t
 from airflow_hetero_gpu.ledger.schema import reservations as res_t
 
@@ -82,26 +84,46 @@ def drained_map(conn: Connection) -> dict[str, str]:
     return {r.host: r.reason for r in conn.execute(select(drains_t.c.host, drains_t.c.reason))}
 
 
-def end_job_past_deadline(conn: Connection, job_id: str) -> None:
-    """What happens to a job still running on a drained host at the deadline: its reservation is
-    released, and the operator stops its workers at its next lease renewal (the ledger's one way
-    of ending a job today). The one place to change when jobs are preempted instead."""
-    conn.execute(delete(gpu_t).where(gpu_t.c.job_id == job_id))
-    conn.execute(delete(res_t).where(res_t.c.job_id == job_id))
+def end_job_past_deadline(conn: Connection, now: datetime, job_id: str, host: str, reason: str) -> bool:
+    """What happens to a job still running on a drained host at the deadline; True when its
+    reservation was released now.
+
+    A job a task holds (its reservation names the task) is preempted (docs/preemption.md): its
+    reservation is marked ``preempting`` for the drain, so at its next lease renewal the operator
+    signals it, waits its grace for a checkpoint, stops what is left and puts it back in the
+    queue, where it resumes on other hosts (the drained one takes no placement). A reservation no
+    task answers for (``hetero-gpu plan --reserve``) is released."""
+    row = conn.execute(select(res_t.c.dag_id, res_t.c.preempting).where(res_t.c.job_id == job_id)).first()
+    if row is None:
+        return False
+    if row.dag_id is None:
+        conn.execute(delete(gpu_t).where(gpu_t.c.job_id == job_id))
+        conn.execute(delete(res_t).where(res_t.c.job_id == job_id))
+        return True
+    if row.preempting:  # already being stopped (for the drain, or for a job)
+        return False
+    why = f"host {host} drained: {reason}; its deadline passed"
+    mark = {"by": f"drain of {host}", "drain": host, "reason": why, "at": now.isoformat(), "priority": None,
+            "team": None}
+    conn.execute(update(res_t).where(res_t.c.job_id == job_id).values(preempting=mark))
+    gpus = [[h, i] for h, i in conn.execute(select(gpu_t.c.host, gpu_t.c.gpu_index)
+                                            .where(gpu_t.c.job_id == job_id).order_by(gpu_t.c.slot))]
+    conn.execute(insert(pre_t).values(victim=job_id, preemptor=f"drain of {host}", reason=why, gpus=gpus,
+                                      decided_at=now))
+    return False
 
 
 def end_past_deadline(conn: Connection, now: datetime) -> list[str]:
-    """End the jobs on drained hosts whose deadline has passed; returns their ids."""
+    """Act on the jobs still on drained hosts whose deadline has passed (see
+    :func:`end_job_past_deadline`); returns the ids of those released now."""
     due = list(conn.execute(select(drains_t).where(drains_t.c.deadline.is_not(None), drains_t.c.deadline <= now)))
     ended: list[str] = []
     for row in due:
         jobs = holders(conn, now, row.host)
-        for job in jobs:
-            end_job_past_deadline(conn, job)
-        if jobs:
+        ended.extend(job for job in jobs if end_job_past_deadline(conn, now, job, row.host, row.reason))
+        if jobs and set(jobs) - set(row.ended or ()):
             conn.execute(update(drains_t).where(drains_t.c.host == row.host).values(
                 ended=sorted(set(row.ended or ()) | set(jobs))))
-            ended.extend(jobs)
     return sorted(set(ended))
 
 

@@ -32,6 +32,9 @@ Version history
      ``queue_entries`` and ``reservations`` (with ``borrowed``: GPUs above the team's quota).
   9. ``host_drains``: hosts taken out of placement for maintenance (one row per drained host:
      the reason, an optional deadline for its running jobs, when and by whom).
+  10. Preemption (docs/preemption.md): ``priority``, ``preemptible``, ``enqueued_at``,
+      ``checkpoint_at``, ``preempting`` on reservations, ``preemptible`` on queue entries;
+      ``preemptions`` (one row a victim).
 
 To add a version: append a step to :data:`STEPS` (never edit a released one) and update the
 table definitions below to the result.
@@ -51,7 +54,8 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import ExecutableDDLElement
 
 from airflow_hetero_gpu.ledger.schema import (
-    NAME, WHOLE_GPU, UtcDateTime, _v4_tables, _v6_tables, _v8_tables, _v9_tables, schema_version,
+    _V10_COLUMNS, NAME, WHOLE_GPU, UtcDateTime, _v4_tables, _v6_tables, _v8_tables, _v9_tables, preemptions,
+    schema_version,
 )
 
 
@@ -201,6 +205,12 @@ def _v9(conn: Connection) -> None:
     m.create_all(conn)
 
 
+def _v10(conn: Connection) -> None:
+    for table, name, type_ in _V10_COLUMNS:
+        conn.execute(AddColumn(table, Column(name, type_, nullable=True)))
+    preemptions.to_metadata(MetaData()).create(conn)
+
+
 @dataclass(frozen=True)
 class Step:
     version: int
@@ -219,6 +229,8 @@ STEPS: tuple[Step, ...] = (
     Step(7, "the inventory's parsed query.csv beside its text, for readers of large fleets", _v7),
     Step(8, "teams: quotas, fair-share usage history, team of queue entries and reservations", _v8),
     Step(9, "drained hosts: reason, deadline, who and when", _v9),
+    Step(10, "preemption: priority, preemptible, checkpoint and preempting on reservations; the preemption record",
+         _v10),
 )
 LATEST = STEPS[-1].version
 

@@ -14,7 +14,7 @@ frees an admission it did not take).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Mapping
 
 from sqlalchemy import delete, insert, select, update
@@ -123,7 +123,8 @@ class QueueMixin:
     # --- writing -------------------------------------------------------------------------------
     def enqueue(self, job_id: str, request: PlanRequest, *, priority: int = 0,
                 lease_seconds: float = DEFAULT_QUEUE_LEASE_SECONDS,
-                identity: TaskIdentity | Mapping[str, Any] | None = None, team: str | None = None) -> QueueRecord:
+                identity: TaskIdentity | Mapping[str, Any] | None = None, team: str | None = None,
+                preemptible: bool = False) -> QueueRecord:
         """Put ``job_id`` in the queue (or refresh its entry) and run an admission pass.
 
         The answer is the entry after the pass: ``admitted`` when the job may start now (its
@@ -132,7 +133,8 @@ class QueueMixin:
         or resumed task) and takes the new request, priority, identity and lease. A job id that
         already holds a live reservation for the same request is admitted to it at once (a
         different request is a :class:`ReservationConflict`). ``team``: the job's team for the
-        quotas (docs/teams.md; None: the default team).
+        quotas (docs/teams.md; None: the default team). ``preemptible``: whether the job, once
+        admitted, may be preempted (docs/preemption.md).
         """
         job_id = check_job_id(job_id)
         lease = check_lease(lease_seconds)
@@ -143,7 +145,7 @@ class QueueMixin:
         ident = TaskIdentity.coerce(identity)
         if team is not None and (not isinstance(team, str) or not team.strip()):
             raise LedgerError(f"enqueue job {job_id!r}: team: expected a non-empty team name, got {team!r}")
-        values: dict[str, Any] = {"request": request.to_json(), "priority": priority, "team": team,
+        values: dict[str, Any] = {"request": request.to_json(), "priority": priority, "team": team, "preemptible": bool(preemptible),
                                   "lease_seconds": lease.total_seconds(), **(ident.to_json() if ident else {})}
         self._warm_admission()
         with self._write(f"enqueue job {job_id!r}") as (conn, now):
@@ -181,6 +183,8 @@ class QueueMixin:
             if row.state == ADMITTED:
                 conn.execute(update(res_t).where(res_t.c.job_id == job_id)
                              .values(renewed_at=now, expires_at=now + lease))
+            elif self._may_preempt(conn, row, now):  # its preemption delay passed: a pass may preempt for it
+                self._admit(conn, now)
             return _record(conn.execute(select(q_t).where(q_t.c.job_id == job_id)).one())
 
     def take_admission(self, job_id: str) -> Reservation:
@@ -244,6 +248,21 @@ class QueueMixin:
                                            r.enqueued_at, r.job_id))
 
     # --- inside the ledger's transactions ------------------------------------------------------
+    def _may_preempt(self, conn: Connection, row: Any, now: datetime) -> bool:
+        """A waiting entry's renewal runs a pass once it waited the preemption delay and some
+        running job could be its victim (passes otherwise run only when GPUs free up, which a
+        full fleet of long jobs does not do); one indexed read decides."""
+        from sqlalchemy import func
+
+        rules = getattr(self, "preemption", None)
+        if rules is None or row.state != WAITING or (now - row.enqueued_at).total_seconds() < rules.delay_s:
+            return False
+        victim = select(res_t.c.job_id).where(
+            res_t.c.preemptible.is_(True), func.coalesce(res_t.c.priority, 0) < int(row.priority),
+            res_t.c.created_at <= now - timedelta(seconds=rules.min_runtime_s),
+            res_t.c.expires_at > now).limit(1)
+        return conn.execute(victim).first() is not None
+
     def _admit(self, conn: Connection, now: datetime) -> AdmissionResult | None:
         return admission.run_pass(self, conn, now)
 

@@ -88,6 +88,13 @@ class Reservation:
     identity: TaskIdentity | None = None
     team: str | None = None  # with teams (docs/teams.md): its team, and how many of its GPUs
     borrowed: int | None = None  # were above the team's quota when it was admitted
+    #: priority, preemptible, checkpoint_at and, while it is being stopped, preempting (docs/preemption.md)
+    preemption: dict | None = None
+
+    @property
+    def preempting(self) -> dict | None:
+        """``{by, reason, at, priority}`` while the job is being preempted, else None."""
+        return (self.preemption or {}).get("preempting")
 
     @property
     def keys(self) -> list[GpuKey]:

@@ -45,6 +45,8 @@ class ReservationsMixin:
         identity: TaskIdentity | Mapping[str, Any] | None = None,
         config: ClusterConfig | None = None,
         team: str | None = None,
+        priority: int = 0,
+        preemptible: bool = False,
     ) -> PlanResult:
         """Plan ``request`` on ``cluster`` against the ledger's live state and claim the decision.
 
@@ -56,6 +58,9 @@ class ReservationsMixin:
         counts for ``team`` (None: the default team) and a decision its quota does not allow now
         (beyond quota + borrowing limit, or no idle lendable quota to borrow) raises
         :class:`QuotaRefused` with the quota's standing; nothing is written.
+        ``priority`` and ``preemptible`` are what preemption
+        sees of the running job (docs/preemption.md; a holder that cannot stop on request keeps
+        the default ``preemptible=False``).
         """
         job_id = check_job_id(job_id)
         lease = check_lease(lease_seconds)
@@ -83,15 +88,16 @@ class ReservationsMixin:
             if result.decision is None:
                 return result
             borrowed = _quota_check(conn, now, cluster, reserved, result, team)
-            self._insert(conn, now, job_id, result.decision, request, lease, ident)
+            self._insert(conn, now, job_id, result.decision, request, lease, ident,
+                         {"priority": int(priority), "preemptible": bool(preemptible), "enqueued_at": now})
             if team is not None or borrowed is not None:
                 conn.execute(update(res_t).where(res_t.c.job_id == job_id).values(team=team, borrowed=borrowed))
             self._hook("reserve", job_id)
         return result
 
     def _insert(self, conn: Connection, now: datetime, job_id: str, decision: Decision, request: PlanRequest,
-                lease: timedelta, ident: TaskIdentity | None) -> None:
-        ident_values = ident.to_json() if ident else {}
+                lease: timedelta, ident: TaskIdentity | None, extra: Mapping[str, Any] | None = None) -> None:
+        ident_values = {**(ident.to_json() if ident else {}), **(extra or {})}
         conn.execute(insert(res_t).values(
             job_id=job_id, pool=decision.pool, gpu_count=len(decision.gpus), score=decision.score.to_json(),
             created_at=now, renewed_at=now, expires_at=now + lease, request=request.to_json(),
@@ -129,6 +135,7 @@ class ReservationsMixin:
             self._expire(conn, now, admit=False)
             conn.execute(delete(gpu_t).where(gpu_t.c.job_id == job_id))
             freed = conn.execute(delete(res_t).where(res_t.c.job_id == job_id)).rowcount > 0
+            self._close_preemptions(conn, now, [job_id], "released")
             self._admit(conn, now)  # the freed GPUs go to the queue in the same transaction
             return freed
 
@@ -154,6 +161,7 @@ class ReservationsMixin:
         if ids:
             conn.execute(delete(gpu_t).where(gpu_t.c.job_id.in_(ids)))
             conn.execute(delete(res_t).where(res_t.c.job_id.in_(ids)))
+            self._close_preemptions(conn, now, ids, "lease expired")
         return sorted(set(ids) | set(end_past_deadline(conn, now)))  # drained hosts past their deadline
 
     def get(self, job_id: str) -> Reservation | None:
@@ -320,6 +328,9 @@ def _reservation(rows: Sequence[Any]) -> Reservation:
         request=first.request, mean_distance=first.mean_distance,
         identity=TaskIdentity(*(getattr(first, f) for f in fields)) if has_identity else None,
         team=first.team, borrowed=first.borrowed,
+        preemption={"priority": first.priority or 0, "preemptible": bool(first.preemptible),
+                    "checkpoint_at": first.checkpoint_at, "preempting": first.preempting,
+                    "enqueued_at": first.enqueued_at},
     )
 
 

@@ -253,6 +253,27 @@ queue_entries.append_column(Column("team", String(NAME), nullable=True))
 reservations.append_column(Column("team", String(NAME), nullable=True))
 reservations.append_column(Column("borrowed", Integer, nullable=True))
 
+# version 10: preemption (NULL priority: 0; NULL preemptible: no; NULL enqueued_at: created_at)
+_V10_COLUMNS = (("reservations", "priority", Integer), ("reservations", "preemptible", Boolean),
+                ("reservations", "enqueued_at", UtcDateTime), ("reservations", "checkpoint_at", UtcDateTime),
+                ("reservations", "preempting", JSON), ("queue_entries", "preemptible", Boolean))
+for _table, _name, _type in _V10_COLUMNS:
+    metadata.tables[_table].append_column(Column(_name, _type, nullable=True))
+preemptions = Table(  # as version 10 creates it (freeze it inside _v10 before a later step changes it)
+    "preemptions", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("victim", String(NAME), nullable=False, index=True),
+    Column("preemptor", String(NAME), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("gpus", JSON, nullable=False),  # the victim's GPUs
+    Column("decided_at", UtcDateTime, nullable=False, index=True),
+    Column("ended_at", UtcDateTime, nullable=True),  # NULL: in progress
+    Column("outcome", String(20), nullable=True),  # exited (within the grace), killed
+    Column("exited_after_s", Float, nullable=True),
+    Column("lost_gpu_s", Float, nullable=True),
+    Column("checkpoint", Text, nullable=True),  # what the victim kept ("epoch 12")
+)
+
 
 def _v8_tables(m: MetaData) -> tuple[Table, ...]:
     """The teams' tables. Version 8 creates exactly these."""

@@ -24,12 +24,13 @@ from airflow_hetero_gpu.ledger.base import LedgerBase
 from airflow_hetero_gpu.ledger.drains import DrainsMixin
 from airflow_hetero_gpu.ledger.fleet import FleetMixin
 from airflow_hetero_gpu.ledger.health import HealthMixin
+from airflow_hetero_gpu.ledger.preemption import PreemptionMixin
 from airflow_hetero_gpu.ledger.queue import QueueMixin
 from airflow_hetero_gpu.ledger.reservations import DEFAULT_LEASE_SECONDS, ReservationsMixin
 from airflow_hetero_gpu.ledger.teams import TeamsMixin
 
 
-class Ledger(QueueMixin, TeamsMixin, FleetMixin, HealthMixin, DrainsMixin, ReservationsMixin, LedgerBase):
+class Ledger(PreemptionMixin, QueueMixin, TeamsMixin, FleetMixin, HealthMixin, DrainsMixin, ReservationsMixin, LedgerBase):
     """GPU reservations, leases, evictions and the fleet's inventory in their own SQL database
     (SPEC §8, §9).
 

@@ -39,7 +39,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_hetero_gpu.errors import HeteroGpuError
 from airflow_hetero_gpu.ledger.errors import LedgerError
-from airflow_hetero_gpu.operators import arguments
+from airflow_hetero_gpu.operators import arguments, checkpoint_carry, preempt
 from airflow_hetero_gpu.operators.messages import key_json
 
 if TYPE_CHECKING:
@@ -103,6 +103,10 @@ class HeteroTrainOperator(BaseOperator):
         failure (the task's own ``retries`` decide whether to try again).
     :param checkpoint_dir: when set, ``--checkpoint-dir DIR`` is appended to the script's arguments
         (the example script resumes from it after a restart).
+    :param preemptible: whether a waiting job of higher priority may preempt this one (default True;
+        docs/preemption.md), ``preemption_signal`` what it is sent first (default ``"SIGTERM"``),
+        ``preemption_grace`` the seconds it has to exit before it is killed (default 300), and
+        ``checkpoint_storage``: ``"shared"`` or ``"host"`` (carry ``checkpoint_dir`` to the new hosts).
     :param lease_seconds: lease of the reservation; renewed every third of it while the job runs.
         When the ledger cannot be reached (a database restart), the job runs on while the lease
         lasts and is stopped shortly before it would run out (its GPUs could be given away).
@@ -156,6 +160,8 @@ class HeteroTrainOperator(BaseOperator):
         on_no_replacement: str = "fail",
         max_restarts: int = 3,
         checkpoint_dir: str | None = None,
+        preemptible: bool = True, preemption_signal: str = "SIGTERM", preemption_grace: float = 300.0,
+        checkpoint_storage: str = "shared",
         lease_seconds: float = 120.0,
         host_timeout: float = 60.0,
         launcher: Sequence[str] = ("torchrun",),
@@ -192,6 +198,8 @@ class HeteroTrainOperator(BaseOperator):
         self.on_no_replacement = on_no_replacement
         self.max_restarts = max_restarts
         self.checkpoint_dir = checkpoint_dir
+        self.preemptible, self.preemption_signal, self.preemption_grace = preemptible, preemption_signal, preemption_grace
+        self.checkpoint_storage = checkpoint_storage
         self.lease_seconds = lease_seconds
         self.host_timeout = host_timeout
         self.launcher = launcher
@@ -214,6 +222,7 @@ class HeteroTrainOperator(BaseOperator):
 
     def _validate(self) -> None:
         arguments.validate(self)
+        preempt.check_args(self)
 
     # --- collaborators ------------------------------------------------------------------------
     @cached_property
@@ -292,7 +301,9 @@ class HeteroTrainOperator(BaseOperator):
             result = placement.reserve()
             if result.decision is None:
                 result = placement.wait(result, waiting_since)
-        return self._run(job_id, result, context)
+        while (out := self._run(job_id, result, context)).get("preempted"):  # back in the queue: run again
+            result = preempt.requeue(self, placement)
+        return out
 
     def _job_id(self, context: Context) -> str:
         if self.job_id:
@@ -366,15 +377,18 @@ class HeteroTrainOperator(BaseOperator):
                 if sweep.found:
                     self.log.warning("stopped %d leftover process(es) of job %s on %s", len(sweep.found), job_id, host)
             check_launch_paths(self._launch_spec(job_id), [targets[h] for h in decision.hosts], factory)
+            checkpoint_carry.before_launch(self, job_id, earlier, decision.hosts, lambda h: factory(targets[h]))
             factory.release(set(decision.hosts))
             kill = lambda: self._job.kill() if self._job is not None else None  # noqa: E731
+            seen = preempt.CheckpointSeen()
             lease = LeaseKeeper(lambda: self.ledger, job_id, self.lease_seconds, log=self.log, kill=kill,
-                                lease_from=self._lease_from)
+                                lease_from=self._lease_from, checkpoints=seen)
             gpu_set = GpuSetWatch(lambda: self.ledger, job_id, self.on_no_replacement,
                                   cluster=self._placement.current_cluster, kill=kill, log=self.log)
             settings = RunSettings(self._launch_spec(job_id), rdzv_port=self.rdzv_port, rdzv_host=self.rdzv_host,
                                    host_timeout=float(self.host_timeout), max_restarts=self.max_restarts,
-                                   on_line=self._on_line)
+                                   on_line=lambda h, r, s, text: (seen.line(h, text), self._on_line(h, r, s, text)),
+                                   on_preempted=lambda job, gpus, mark, lk: preempt.stop(self, job, job_id, mark, lk, seen))
             run = TrainingRun(job_id, settings, targets, factory, lease=lease, gpu_set=gpu_set, log=self.log,
                               on_job=self._set_job, on_started=factory.settle)
             gpu_set.remember(decision.gpus)
@@ -388,6 +402,8 @@ class HeteroTrainOperator(BaseOperator):
                 factory.settle()
             self._release(job_id)
             raise
+        if runs[-1].get("preempted"):  # its GPUs went back with the preemption; its hosts are kept
+            return runs[-1]
         self._release(job_id)
         self._forget_hosts(job_id)
         final = runs[-1]["gpus"]

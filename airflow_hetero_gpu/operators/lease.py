@@ -25,7 +25,7 @@ class LeaseKeeper:
     """
 
     def __init__(self, ledger: Callable[[], Any], job_id: str, lease_seconds: float, *, log: Any,
-                 kill: Callable[[], None], lease_from: float | None = None):
+                 kill: Callable[[], None], lease_from: float | None = None, checkpoints: Any = None):
         self._ledger = ledger
         self.job_id = job_id
         self.lease = float(lease_seconds)
@@ -34,6 +34,8 @@ class LeaseKeeper:
         self._kill = kill
         self.lease_from = time.monotonic() if lease_from is None else lease_from
         self.down_since: float | None = None
+        self.checkpoints = checkpoints  # preempt.CheckpointSeen: noted in the ledger at renewals
+        self.preempting: dict | None = None  # the ledger's mark: the job is preempted (docs/preemption.md)
 
     def due(self, now: float) -> bool:
         return now - self.lease_from >= self.renew_every
@@ -43,9 +45,12 @@ class LeaseKeeper:
         return self.lease_from + self.lease - time.monotonic()
 
     def renew(self, now: float) -> None:
-        """Renew now (``now`` taken before the call). A lost reservation stops the job."""
+        """Renew now (``now`` taken before the call). A lost reservation stops the job; a
+        reservation marked ``preempting`` sets :attr:`preempting` for the run loop."""
         try:
-            self._ledger().renew(self.job_id, self.lease)
+            if self.checkpoints is not None:
+                self.checkpoints.note(self._ledger(), self.job_id)
+            self.preempting = self._ledger().renew(self.job_id, self.lease).preempting
         except NoLiveReservation:
             self._kill()
             raise AirflowException(f"job {self.job_id}: the reservation was released or its lease expired; "

@@ -50,3 +50,4 @@ def key_json(key: tuple) -> dict:
     """``{"host", "index"}``, with ``"instance"`` for a MIG instance."""
     instance = key[2] if len(key) > 2 else None
     return {"host": key[0], "index": key[1], **({} if instance is None else {"instance": instance})}
+

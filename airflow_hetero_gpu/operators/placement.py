@@ -92,7 +92,7 @@ class Placement:
             op._lease_from = time.monotonic()
             result = op.ledger.reserve(self.job_id, cluster, self.request, lease_seconds=op.lease_seconds,
                                        identity=op._identity(self.context), config=self._config(cluster),
-                                       team=self.team)
+                                       team=self.team, priority=op.priority, preemptible=op.preemptible)
         except QuotaRefused as err:  # no room in the team's quota now: the queue waits, or the task fails
             self.log.info("job %s: %s", self.job_id, err)
             self.quota_refused = str(err)

@@ -84,7 +84,7 @@ class QueueWait:
         try:
             entry = self._ledger_call(op.ledger.enqueue, self.job_id, self.placement.request, priority=op.priority,
                                       lease_seconds=op.lease_seconds, identity=op._identity(self.placement.context),
-                                      team=team)
+                                      team=team, preemptible=op.preemptible)
         except BaseException:
             op._waiting_job = None
             raise

@@ -5,6 +5,9 @@ One *run* is one launch of the workers on one GPU set. While it runs, the loop t
 ledger whether the job's GPU set changed (:class:`~.gpu_set.GpuSetWatch`). A changed set
 stops the workers and starts a new run on the new set (resuming from the job's checkpoint), at
 most ``max_restarts`` times. Any worker failing ends the job with the first failure's message.
+A renewal that finds the reservation marked ``preempting`` hands the job to ``on_preempted``
+(:func:`~.preempt.stop`): the run ends as ``preempted``, its GPUs given back, and the operator
+waits in the queue to run again (docs/preemption.md).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class RunSettings:
     host_timeout: float = 60.0
     max_restarts: int = 3
     on_line: Callable[[str, int, str, str], None] | None = None
+    on_preempted: Callable[..., dict] | None = None  # (job, gpus, mark, lease) -> the preemption's record
 
 
 class TrainingRun:
@@ -63,7 +67,7 @@ class TrainingRun:
         while True:
             outcome, facts = self.run_once(gpus)
             runs.append(facts)
-            if outcome == "done":
+            if outcome in ("done", "preempted"):
                 return runs, restarts
             # outcome == "restart": the ledger's GPU set changed (replacement)
             restarts += 1
@@ -111,6 +115,9 @@ class TrainingRun:
                 self.lease.outage(err, now, margin=check_every + 1.0)
                 continue
             self.lease.reachable(now)
+            if self.lease.preempting is not None and self.settings.on_preempted is not None:
+                record = self.settings.on_preempted(job, gpus, self.lease.preempting, self.lease)
+                return "preempted", {"gpus": list(gpus), "preempted": record, "hosts": [], "exit_codes": {}}
             if next_gpus is not None:
                 self.log.warning("job %s: its GPU set changed in the ledger; stopping the workers", self.job_id)
                 job.kill()

@@ -43,7 +43,8 @@ def snapshot(user: Any, settings: sources.PageSettings | None = None, **kwargs: 
     """The page's model for one request (:func:`.sources.read_inputs`, then :func:`.model.build`)."""
     inputs = sources.read_inputs(user, settings, **kwargs)
     return page_model.build(
-        inputs.cluster, inputs.reservations, inputs.evictions, queue=inputs.queue, samples=inputs.samples,
+        inputs.cluster, inputs.reservations, inputs.evictions, queue=inputs.queue, preemptions=inputs.preemptions,
+        samples=inputs.samples,
         events=inputs.events, sources=inputs.sources, visible_dag_ids=inputs.visible_dag_ids, now=inputs.now,
         teams=inputs.teams, team_samples=inputs.team_samples,
         drains=inputs.drains,

@@ -174,6 +174,7 @@ class PageInputs:
     reservations: Sequence["Reservation"] = ()
     evictions: Sequence["Eviction"] = ()
     queue: Sequence[QueueEntry] | None = None
+    preemptions: Sequence[Mapping[str, Any]] = ()  # Ledger.preemptions(): in progress and the last day's
     samples: Sequence[Any] = ()  # ledger HostSample: host, collected_at, ok, gpus
     events: Sequence[Any] = ()  # ledger GpuEvent: at, host, index, uuid, kind, reasons, job_id
     sources: Mapping[str, Any] = field(default_factory=dict)
@@ -240,6 +241,7 @@ class PageModel:
     teams: Mapping[str, Any] | None = None  # per team and pattern: quota, in use, borrowed, lent, waiting
     team_samples: Sequence[Mapping[str, Any]] = ()
     drained: list[dict[str, Any]] = field(default_factory=list)  # {host, reason, line} per drained host
+    preemptions: list[dict[str, Any]] = field(default_factory=list)  # docs/preemption.md
     _statuses: dict[tuple[str, int], GpuStatus] | None = field(default=None, repr=False)
 
     @property
@@ -287,6 +289,7 @@ class PageModel:
             "reservations": self.reservations,
             "evictions": self.evictions,
             "queue": self.queue,
+            "preemptions": self.preemptions,
             "job_labels": self.labels,
             "drained": self.drained,
             **({"teams": dict(self.teams)} if self.teams is not None else {}),
@@ -314,6 +317,7 @@ def build(
     evictions: Iterable["Eviction"] = (),
     *,
     queue: Sequence[QueueEntry] | None = None,
+    preemptions: Sequence[Mapping[str, Any]] = (),
     samples: Sequence[Any] = (),
     events: Sequence[Any] = (),
     sources: Mapping[str, Any] | None = None,
@@ -343,6 +347,7 @@ def build(
         switches=[], reservations=res_facts, evictions=[e.to_json() for e in evictions],
         queue=None if queue is None else [q.to_json(now) for q in sorted(queue, key=lambda q: q.position)],
         labels=labels, cluster=cluster, samples=samples, events=events, teams=teams, team_samples=team_samples,
+        preemptions=[dict(p) for p in preemptions],
     )
     if cluster is None:
         return model

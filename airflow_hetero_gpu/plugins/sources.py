@@ -320,6 +320,17 @@ def read_teams(ledger: Any, since: datetime) -> tuple[dict | None, list, dict]:
     return standing, [*last_before.values(), *recent], {"status": "ok", "message": None}
 
 
+def read_preemptions(ledger: Any) -> list:
+    """Preemptions in progress and the last day's (docs/preemption.md); none without a ledger."""
+    if ledger is None:
+        return []
+    try:
+        return ledger.preemptions()
+    except Exception as err:  # noqa: BLE001 - shown as none, never raised
+        log.info("cluster page: cannot read the preemptions: %s", err)
+        return []
+
+
 def visible_dags(reservations: list, user: Any) -> set[str] | None:
     """The DAG ids among ``reservations`` that ``user`` may read (fails closed: none)."""
     dag_ids = {r.identity.dag_id for r in reservations if r.identity is not None and r.identity.dag_id}
@@ -360,6 +371,8 @@ def read_inputs(user: Any, settings: PageSettings | None = None, *, history_hour
             lead=timedelta(seconds=2 * settings.history_interval))
     queue, sources["queue"] = read_queue(ledger)
     teams, team_samples, sources["teams"] = read_teams(ledger, now - timedelta(hours=24))
+    preempted = read_preemptions(ledger)
     return PageInputs(cluster=cluster, reservations=reservations, evictions=evictions, queue=queue,
-                      samples=samples, events=events, sources=sources, teams=teams, team_samples=team_samples,
-                      visible_dag_ids=visible_dags(reservations, user), now=now, drains=drains)
+                      preemptions=preempted, samples=samples, events=events, sources=sources, teams=teams,
+                      team_samples=team_samples, visible_dag_ids=visible_dags(reservations, user), now=now,
+                      drains=drains)

@@ -10,6 +10,7 @@ prints the policy table (or ``--json``: the report), and with ``--out DIR`` writ
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import sys
@@ -19,9 +20,11 @@ from pathlib import Path
 from airflow_hetero_gpu.cli_output import EXIT_OK
 from airflow_hetero_gpu.cli_types import non_negative_float, non_negative_int, positive_int
 from airflow_hetero_gpu.core.admission.order import DEFAULT_AGING_INTERVAL_S
+from airflow_hetero_gpu.core.admission.preemption import (
+    DEFAULT_MIN_RUNTIME_S, DEFAULT_PREEMPTION_DELAY_S, DEFAULT_PREEMPTION_GRACE_S,
+)
 from airflow_hetero_gpu.errors import HeteroGpuError
 from airflow_hetero_gpu.sim.disciplines import QUEUES
-from airflow_hetero_gpu.sim.experiment import JOBS_OUT_COLUMNS
 
 DEFAULT_POLICIES = "seed,random,first-fit,best-fit,topology-only,fgd"
 DEFAULT_LOAD = 1.25
@@ -83,6 +86,22 @@ def register(subparsers) -> None:
                         f"{DEFAULT_AGING_INTERVAL_S:g}; 0: no aging)")
     p.add_argument("--backfill", type=non_negative_int, default=0, metavar="N",
                    help="fifo queue: when the head waits, try up to N jobs behind it (default 0: strict FIFO)")
+    p.add_argument("--preemption", choices=("on", "off"), default=None,
+                   help="admission queue: a waiting job may preempt running jobs of lower priority "
+                        "(docs/preemption.md; default: on when the trace has priorities)")
+    p.add_argument("--preemption-grace", type=non_negative_float, default=DEFAULT_PREEMPTION_GRACE_S, metavar="S",
+                   help=f"seconds a victim keeps its GPUs after the signal (default {DEFAULT_PREEMPTION_GRACE_S:g})")
+    p.add_argument("--min-runtime", type=non_negative_float, default=DEFAULT_MIN_RUNTIME_S, metavar="S",
+                   help=f"never preempt a job that ran less than S since it (re)started (default "
+                        f"{DEFAULT_MIN_RUNTIME_S:g})")
+    p.add_argument("--preemption-delay", type=non_negative_float, default=DEFAULT_PREEMPTION_DELAY_S, metavar="S",
+                   help=f"never preempt for a job that waited less than S (default {DEFAULT_PREEMPTION_DELAY_S:g})")
+    p.add_argument("--jobs-out", metavar="FILE",
+                   help="write one CSV line per job (job_id,team,priority,gpus,arrival_s,start_s,end_s,"
+                        "preemptions,lost_gpu_s); one policy only")
+    p.add_argument("--events-out", metavar="FILE",
+                   help="write one CSV line per start, end, preempt and stop (time_s,event,job_id,gpus,detail); "
+                        "one policy only")
     p.add_argument("--comm-cost", type=non_negative_float, default=DEFAULT_COMM_COST, metavar="C",
                    help=f"run-time slowdown per unit of d(S) above 1 (default {DEFAULT_COMM_COST}; 0: trace durations)")
     p.add_argument("--span", choices=("as-needed", "never"), default="as-needed",
@@ -96,8 +115,6 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print the JSON report instead of tables")
     p.add_argument("--teams", metavar="FILE",
                    help="team quotas (the file `hetero-gpu teams apply` takes; docs/teams.md); admission queue only")
-    p.add_argument("--jobs-out", metavar="FILE",
-                   help="write one CSV line per job of the first policy: " + ",".join(JOBS_OUT_COLUMNS))
     p.set_defaults(func=cmd_simulate)
 
 
@@ -112,19 +129,6 @@ def _read_teams(path: str, cluster):
     teams = teams_from_text(text, path)
     teams.check_fleet([g.name for g in cluster.gpus], path)
     return teams
-
-
-def _write_jobs(path: str, rows) -> None:
-    import csv
-
-    try:
-        with open(path, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(JOBS_OUT_COLUMNS)
-            for job_id, team, prio, gpus, arrival, start, end, pre, lost in rows:
-                w.writerow([job_id, team, prio, gpus, f"{arrival:.3f}", f"{start:.3f}", f"{end:.3f}", pre, f"{lost:g}"])
-    except OSError as err:
-        raise HeteroGpuError(f"--jobs-out {path}: cannot write: {err.strerror or err}") from None
 
 
 def cmd_simulate(args) -> int:
@@ -153,6 +157,12 @@ def cmd_simulate(args) -> int:
     aging = args.aging or None
     if args.teams and args.queue != "admission":
         raise HeteroGpuError(f"--teams {args.teams}: only the admission queue applies quotas, got --queue {args.queue}")
+    outputs = [o for o in ("jobs_out", "events_out") if getattr(args, o)]
+    if outputs and (len(policies) != 1 or grid is not None):
+        raise HeteroGpuError(f"--{outputs[0].replace('_', '-')}: writes the jobs of one run; give one policy "
+                             f"(--policies seed) and no --sweep, got --policies {args.policies}")
+    if args.preemption == "on" and args.queue != "admission":
+        raise HeteroGpuError(f"--preemption on: only the admission queue preempts, got --queue {args.queue}")
 
     trace = load_trace(args.trace, fractional=args.fractional, seed=args.seed, directory=args.alibaba_dir)
     nodes_path = resolve_nodes(args.nodes, args.trace, args.alibaba_dir)
@@ -167,11 +177,13 @@ def cmd_simulate(args) -> int:
     # plots show the busy window: from the 1st-percentile arrival to twice the last arrival
     since = trace.jobs[int(0.01 * (len(trace.jobs) - 1))].arrival if trace.jobs else None
 
+    preemption = _preemption(args, trace.jobs)
     setup = Setup(tuple(nodes), tuple(trace.jobs), hosts_per_leaf=args.hosts_per_leaf,
                   leaves_per_spine=args.leaves_per_spine, queue=args.queue, aging_interval_s=aging,
                   backfill=args.backfill, comm_cost=args.comm_cost,
                   span=args.span, seed=args.seed, series_since=since,
-                  series_until=2.0 * last_arrival if last_arrival > 0 else None, teams=teams)
+                  series_until=2.0 * last_arrival if last_arrival > 0 else None, teams=teams,
+                  preemption=preemption, keep_records=bool(outputs))
     specs = [RunSpec(p, args.weights if p.startswith("seed") else None) for p in policies]
     sweep_runs, sweep_index, points = [], [], []
     if grid is not None:
@@ -200,6 +212,9 @@ def cmd_simulate(args) -> int:
                 "aging_interval_s": aging if args.queue == "admission" else None, "backfill": args.backfill,
                 "comm_cost": args.comm_cost, "span": args.span, "fractional": args.fractional,
                 "limit": args.limit, "seed": args.seed, "load": None if args.time_scale else args.load,
+                "preemption": None if preemption is None else {
+                    "grace_s": preemption.grace_s, "min_runtime_s": preemption.rules.min_runtime_s,
+                    "delay_s": preemption.rules.delay_s},
                 **({"teams": teams.to_json()} if teams else {})}
     argv = sys.argv[1:] if sys.argv and Path(sys.argv[0]).name.startswith("hetero-gpu") else None
     command = "hetero-gpu " + (shlex.join(argv) if argv else f"simulate --trace {args.trace}")
@@ -219,7 +234,15 @@ def cmd_simulate(args) -> int:
         except OSError as err:
             raise HeteroGpuError(f"--out {args.out}: cannot write: {err}") from None
     if args.jobs_out:
-        _write_jobs(args.jobs_out, runs[0].jobs)
+        from airflow_hetero_gpu.core.admission.quota import DEFAULT_TEAM
+        from airflow_hetero_gpu.sim.jobs_out import write_jobs
+
+        # a job of no team is the default team's, as in the quotas and metrics.by_team
+        write_jobs(args.jobs_out, [dataclasses.replace(r, team=r.team or DEFAULT_TEAM) for r in runs[0].records])
+    if args.events_out:
+        from airflow_hetero_gpu.sim.events_out import write_events
+
+        write_events(args.events_out, runs[0].events)
     if args.json:
         print(json.dumps(report, indent=1))
     else:
@@ -227,3 +250,17 @@ def cmd_simulate(args) -> int:
         if args.out:
             print(f"report and plots written to {args.out}")
     return EXIT_OK
+
+
+def _preemption(args, jobs):
+    """The simulator's preemption settings: ``--preemption``, default on when the trace has
+    priorities (two or more distinct ones), only with the admission queue."""
+    from airflow_hetero_gpu.core.admission.preemption import PreemptionRules
+    from airflow_hetero_gpu.sim.preempt import SimPreemption
+
+    on = args.preemption == "on" if args.preemption else (
+        args.queue == "admission" and len({j.priority for j in jobs}) > 1)
+    if not on:
+        return None
+    rules = PreemptionRules(min_runtime_s=args.min_runtime, delay_s=args.preemption_delay)
+    return SimPreemption(rules, args.preemption_grace)

@@ -101,7 +101,9 @@ class AdmissionQueue:
 
     With ``teams`` (docs/teams.md) the pass applies their quotas; the queue keeps what the ledger
     keeps: the team of every running job, how many of its GPUs are borrowed, and each team's
-    borrowed GPU-seconds decayed by the half-life (the fair-share history).
+    borrowed GPU-seconds decayed by the half-life (the fair-share history). With preemption on
+    (the run's ``preempt``, docs/preemption.md) every pass sees the running jobs and the victims it
+    decides are signalled through the run.
     """
 
     def __init__(self, run: Replay, aging_interval_s: float | None, teams: Teams | None = None) -> None:
@@ -112,6 +114,8 @@ class AdmissionQueue:
         self.borrowed: dict[str, tuple[str, int]] = {}  # running job -> (team, GPUs borrowed)
         self.history: dict[str, float] = {}  # team -> decayed borrowed GPU-seconds
         self.last = 0.0
+        settings = getattr(run, "preempt", None)
+        self.rules = settings.settings.rules if settings is not None and settings.on else None
         self.admission = Admission(run.cluster, placer=PolicyPlacer(run), aging_interval_s=aging_interval_s)
         self.entries: list[QueueEntry] = []  # in queue order
         self.keys: list[tuple] = []  # their rank keys, for bisect
@@ -139,6 +143,20 @@ class AdmissionQueue:
         self.keys.insert(at, key)
         self.entries.insert(at, entry)
         self.by_id[job.id] = entry
+        if self.rules is not None:
+            self.run.wake(job.arrival + self.rules.delay_s)
+
+    def _holding(self, job_id: str) -> tuple[GpuKey, ...]:
+        view = self.run.view
+        return tuple(view.key(p) for p in view.holding[job_id])
+
+    def _running(self, now: float) -> list:
+        """The running jobs for the pass's preemption rule, with the team each started under and
+        whether it borrowed (teams off: no team, so any lower-priority job is a candidate)."""
+        run = self.run
+        return [dataclasses.replace(r, team=self.team_of.get(r.job_id) if self.teams else None,
+                                    borrowed=r.job_id in self.borrowed)
+                for r in run.preempt.running(run.jobs, self._holding, now)]
 
     def _at(self, entry: QueueEntry) -> int:
         return bisect.bisect_left(self.keys, rank_key(entry, self.aging))
@@ -167,8 +185,13 @@ class AdmissionQueue:
         run = self.run
         view = run.view
         quotas = QuotaInput(self.teams, self.team_of, self.history) if self.teams else None
+        running = self._running(now) if self.rules is not None else ()
         result = self.admission.run(self.entries, now=now, reserved=view.reserved, reserved_mask=~view.free,
-                                    explain=False, in_order=True, quotas=quotas)
+                                    explain=False, in_order=True, quotas=quotas, running=running,
+                                    preemption=self.rules)
+        for pre in result.preemptions:
+            for victim in pre.victims:
+                run.signal(victim, pre.preemptor, now)
         claims = result.claims
         if not (result.admitted or self.claimed or claims):
             return

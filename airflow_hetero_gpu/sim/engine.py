@@ -20,11 +20,17 @@ until it ends. Its run time is the trace's duration times a slowdown for the dis
 its GPUs, ``1 + comm_cost * (d(S) - 1)`` (:func:`run_time`; ``comm_cost = 0`` replays the trace's
 durations as they are). A job that asks for more GPUs than its card types have in all can
 never start and is rejected at the outset (reported, not queued).
+
+With ``preemption`` (the admission queue only) each pass may stop running jobs for a waiting
+one (:mod:`airflow_hetero_gpu.sim.preempt`): a victim frees its GPUs when its grace ends (a
+*stop* event, after the ends of that instant), goes back to the queue with its original arrival
+and later runs only the work it had not checkpointed.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -36,10 +42,11 @@ from airflow_hetero_gpu.core.model import GpuKey
 from airflow_hetero_gpu.core.admission import DEFAULT_AGING_INTERVAL_S
 from airflow_hetero_gpu.sim.disciplines import QUEUES, make_queue
 from airflow_hetero_gpu.sim.policies.base import BasePolicy, Policy
+from airflow_hetero_gpu.sim.preempt import Preempter, SimPreemption
 from airflow_hetero_gpu.sim.state import ClusterView
 from airflow_hetero_gpu.sim.trace import Job
 
-_END, _ARRIVAL = 0, 1
+_END, _STOP, _ARRIVAL, _TICK = 0, 1, 2, 3
 
 
 @dataclass
@@ -61,7 +68,9 @@ class JobRecord:
     card_type: str = ""
     team: str = ""
     priority: int = 0
-    borrowed: int = 0  # GPUs above its team's quota when it started (with teams; docs/teams.md)
+    borrowed: int = 0  # GPUs above its team's quota when it (last) started (with teams; docs/teams.md)
+    preemptions: int = 0  # times it was preempted (start: its first start, end: its last end)
+    lost_gpu_s: float = 0.0  # GPU-seconds of work lost to them
 
     @property
     def wait(self) -> float:
@@ -85,6 +94,7 @@ class SimResult:
     comm_cost: float = 0.0
     queue: str = "admission"
     extra: dict = field(default_factory=dict)
+    events: list = field(default_factory=list)  # (time_s, event, job_id, gpus, detail)
 
 
 class PolicyError(RuntimeError):
@@ -122,7 +132,7 @@ class Run:
     """The state of one replay; the queue disciplines call :meth:`place` and :meth:`start`."""
 
     def __init__(self, cluster: Cluster, jobs: Sequence[Job], policy: Policy, *, comm_cost: float,
-                 span: str, check: bool) -> None:
+                 span: str, check: bool, preemption: SimPreemption | None = None) -> None:
         self.cluster, self.jobs, self.policy = cluster, jobs, policy
         self.comm_cost, self.span, self.check = comm_cost, span, check
         self.view = ClusterView(cluster)
@@ -135,6 +145,16 @@ class Run:
         self.calls: list[float] = []
         self.one_host_seen: dict[int, bool] = {}  # whether one host had room, as the job last saw it
         self._host_max: dict[tuple[str, ...], int] = {}
+        self.preempt = Preempter(preemption)
+        self.end_seq: dict[int, int] = {}  # running job -> the seq of its live end event
+        self.now = -math.inf
+
+    def wake(self, at: float) -> None:
+        """An admission pass at ``at`` (when a preemption may become allowed: a preemptor's delay
+        or a running job's minimum run time passes), unless that is not in the future."""
+        if at > self.now and math.isfinite(at):
+            heapq.heappush(self.heap, (at, _TICK, self.seq, -1))
+            self.seq += 1
 
     def one_host_only(self, job: Job) -> bool:
         """``span="never"`` and some allowed host is large enough for the whole job."""
@@ -169,14 +189,44 @@ class Run:
         job = self.jobs[i]
         self.view.allocate(job.id, keys)
         distance = self.cluster.mean_distance(keys)
-        end = now + run_time(job.duration, distance, job.gpus, self.comm_cost)
+        slow = run_time(1.0, distance, job.gpus, self.comm_cost)
+        end = now + self.preempt.remaining(i, job.duration) * slow
         heapq.heappush(self.heap, (end, _END, self.seq, i))
+        self.end_seq[i] = self.seq
         self.seq += 1
+        first = self.records.get(i)
         self.records[i] = JobRecord(
-            job.id, job.gpus, job.arrival, now, end, tuple(keys), len({k.host for k in keys}),
-            distance, one_host or job.gpus == 1, self.spent[i], self.attempts[i], job.duration,
-            self.cluster.gpu(keys[0]).name, job.team, job.priority,
+            job.id, job.gpus, job.arrival, first.start if first else now, end, tuple(keys),
+            len({k.host for k in keys}), distance, one_host or job.gpus == 1, self.spent[i], self.attempts[i],
+            job.duration, self.cluster.gpu(keys[0]).name, job.team, job.priority,
         )
+        self.preempt.on_start(i, job.id, job.gpus, now, slow)
+        if self.preempt.on:
+            self.wake(now + self.preempt.settings.rules.min_runtime_s)
+
+    def signal(self, victim: str, preemptor: str, now: float) -> None:
+        """The admission pass chose ``victim`` for ``preemptor``: it stops when its grace ends."""
+        i = self.index[victim]
+        at = self.preempt.signal(i, self.jobs[i], preemptor, now)
+        heapq.heappush(self.heap, (at, _STOP, self.seq, i))
+        self.seq += 1
+
+    def stop(self, i: int, now: float) -> bool:
+        """A victim's grace ended: it frees its GPUs (False: it had ended first)."""
+        if not self.preempt.stop(i, self.jobs[i], now):
+            return False
+        self.end_seq.pop(i, None)
+        self.view.release(self.jobs[i].id)
+        return True
+
+    def end(self, i: int, seq: int, now: float) -> bool:
+        """Job ``i``'s end event: False when it is stale (the run it ended was preempted)."""
+        if self.end_seq.get(i) != seq:
+            return False
+        del self.end_seq[i]
+        self.view.release(self.jobs[i].id)
+        self.preempt.on_end(i, self.jobs[i].id, self.jobs[i].gpus, now)
+        return True
 
     def try_start(self, i: int, now: float) -> bool:
         """Place job ``i`` on the free GPUs and start it (the FIFO and greedy disciplines)."""
@@ -193,18 +243,22 @@ class Run:
 
 def simulate(cluster: Cluster, jobs: Sequence[Job], policy: Policy, *, queue: str = "admission",
              backfill: int = 0, aging_interval_s: float | None = DEFAULT_AGING_INTERVAL_S,
-             comm_cost: float = 0.0, span: str = "as-needed", check: bool = True, teams=None) -> SimResult:
+             comm_cost: float = 0.0, span: str = "as-needed", check: bool = True, teams=None,
+             preemption: SimPreemption | None = None) -> SimResult:
     """Replay ``jobs`` on ``cluster`` with ``policy``; deterministic for a deterministic policy.
 
-    ``backfill`` applies to ``queue="fifo"`` only; ``aging_interval_s`` and ``teams`` (the quotas
-    of :mod:`~airflow_hetero_gpu.core.admission.quota`, docs/teams.md) to ``"admission"`` only.
+    ``backfill`` applies to ``queue="fifo"`` only; ``aging_interval_s``, ``teams`` (the quotas
+    of :mod:`~airflow_hetero_gpu.core.admission.quota`, docs/teams.md) and ``preemption`` (None:
+    off) to ``"admission"`` only.
     """
     if queue not in QUEUES:
         raise ValueError(f"queue: expected one of {', '.join(QUEUES)}, got {queue!r}")
     if backfill and queue != "fifo":
         raise ValueError(f"backfill: only the fifo queue backfills a number of jobs, got queue {queue!r}")
+    if preemption is not None and queue != "admission":
+        raise ValueError(f"preemption: only the admission queue preempts, got queue {queue!r}")
     started = time.perf_counter()
-    run = Run(cluster, jobs, policy, comm_cost=comm_cost, span=span, check=check)
+    run = Run(cluster, jobs, policy, comm_cost=comm_cost, span=span, check=check, preemption=preemption)
     view = run.view
     if isinstance(policy, BasePolicy):
         policy.prepare(view, jobs)
@@ -222,11 +276,16 @@ def simulate(cluster: Cluster, jobs: Sequence[Job], policy: Policy, *, queue: st
     queued: list[int] = []
     heap = run.heap
     while heap:
-        now = heap[0][0]
+        now = run.now = heap[0][0]
         while heap and heap[0][0] == now:
-            _, kind, _, i = heapq.heappop(heap)
+            _, kind, seq, i = heapq.heappop(heap)
             if kind == _END:
-                view.release(jobs[i].id)
+                run.end(i, seq, now)
+            elif kind == _STOP:
+                if run.stop(i, now):
+                    waiting.add(i)  # back in the queue with its original arrival and priority
+            elif kind == _TICK:
+                pass
             else:
                 waiting.add(i)
         waiting.serve(now)
@@ -235,10 +294,13 @@ def simulate(cluster: Cluster, jobs: Sequence[Job], policy: Policy, *, queue: st
         queued.append(len(waiting))
     if len(waiting):  # cannot happen: every queued job fits an empty cluster and ends free GPUs
         raise AssertionError(f"{len(waiting)} jobs left in the queue")
+    for i, rec in run.records.items():
+        rec.preemptions, rec.lost_gpu_s = run.preempt.count.get(i, 0), run.preempt.lost.get(i, 0.0)
     ordered = [run.records[i] for i in sorted(run.records)]
     return SimResult(
         policy=policy.name, total_gpus=view.total_gpus, records=ordered, rejected=rejected,
         times=np.array(times), allocated=np.array(allocated), queued=np.array(queued),
         decision_s=np.array(run.calls), wall_s=time.perf_counter() - started, backfill=backfill,
         comm_cost=comm_cost, queue=queue, extra={"teams": bool(teams)} if teams else {},
+        events=run.preempt.events,
     )

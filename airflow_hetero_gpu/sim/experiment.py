@@ -17,7 +17,6 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from airflow_hetero_gpu.core.admission.order import DEFAULT_AGING_INTERVAL_S
-from airflow_hetero_gpu.core.admission.quota import DEFAULT_TEAM
 from airflow_hetero_gpu.errors import HeteroGpuError
 from airflow_hetero_gpu.sim.engine import simulate
 from airflow_hetero_gpu.sim.fleet import Node, SimCluster, build_fleet
@@ -25,8 +24,6 @@ from airflow_hetero_gpu.sim.metrics import allocation_series, summarize
 from airflow_hetero_gpu.sim.policies import make_policy
 from airflow_hetero_gpu.sim.trace import Job
 
-JOBS_OUT_COLUMNS = ("job_id", "team", "priority", "gpus", "arrival_s", "start_s", "end_s", "preemptions",
-                    "lost_gpu_s")
 WEIGHT_NAMES = ("load_balance", "fragmentation", "topology", "free_blocks")
 WEIGHT_ALIASES = {"w1": "load_balance", "w2": "fragmentation", "w3": "topology", "w4": "free_blocks"}
 DEFAULT_GRID = {
@@ -54,6 +51,8 @@ class Setup:
     series_since: float | None = None  # plot window (None: the whole run)
     series_until: float | None = None
     teams: Any = None  # core.admission.Teams: the quotas the admission queue applies (docs/teams.md)
+    preemption: Any = None  # sim.preempt.SimPreemption, None: off
+    keep_records: bool = False  # RunOutcome.records and .events (for --jobs-out, --events-out)
 
 
 @dataclass(frozen=True)
@@ -75,7 +74,8 @@ class RunOutcome:
     waits: list[float] = field(default_factory=list)
     distances: list[float] = field(default_factory=list)  # d(S) of multi-GPU jobs
     rejected: list[tuple[str, str]] = field(default_factory=list)
-    jobs: list[tuple] = field(default_factory=list)  # JOBS_OUT_COLUMNS per job that ran
+    records: list = field(default_factory=list)  # engine.JobRecord, with Setup.keep_records
+    events: list = field(default_factory=list)
 
 
 _FLEET: dict[int, SimCluster] = {}
@@ -96,7 +96,7 @@ def run_one(setup: Setup, spec: RunSpec) -> RunOutcome:
     policy = make_policy(spec.policy, seed=setup.seed, weights=spec.weights)
     result = simulate(fleet.cluster, setup.jobs, policy, queue=setup.queue, backfill=setup.backfill,
                       aging_interval_s=setup.aging_interval_s, comm_cost=setup.comm_cost, span=setup.span,
-                      teams=setup.teams)
+                      teams=setup.teams, preemption=setup.preemption)
     result.policy = spec.name
     return RunOutcome(
         spec=spec,
@@ -105,8 +105,8 @@ def run_one(setup: Setup, spec: RunSpec) -> RunOutcome:
         waits=[r.wait for r in result.records],
         distances=[r.distance for r in result.records if r.gpus > 1],
         rejected=result.rejected,
-        jobs=[(r.id, r.team or DEFAULT_TEAM, r.priority, r.gpus, r.arrival, r.start, r.end, 0, 0.0)
-              for r in result.records],
+        records=result.records if setup.keep_records else [],
+        events=result.events if setup.keep_records else [],
     )
 
 

@@ -26,6 +26,9 @@
 ``by_team``                    (with teams: ``--teams`` or a ``team`` column) per team: jobs,
                                GPU-seconds held in the busy window (``allocation_mean``'s),
                                share of the GPU-seconds used there, wait mean / p95 / max
+``preemptions``                times a running job was preempted (docs/preemption.md)
+``lost_gpu_s``                 GPU-seconds of work lost to them (time since each victim's last
+                               checkpoint at the signal × its GPUs)
 =============================  =================================================================
 """
 
@@ -100,6 +103,8 @@ def summarize(result: SimResult) -> dict[str, Any]:
                              for k in sorted({r.gpus for r in multi})},
         "jobs_by_card_type": _by_card_type(recs),
         "wait_by_gpus": _wait_by_gpus(recs),
+        "preemptions": int(sum(r.preemptions for r in recs)),
+        "lost_gpu_s": float(sum(r.lost_gpu_s for r in recs)),
         **({"by_team": by_team(recs, busy_from, last_arrival)}
            if result.extra.get("teams") or any(r.team for r in recs) else {}),
     }

@@ -12,7 +12,9 @@ Two inputs are read:
   never scheduled, get times drawn (seeded) from the timed pods, see :func:`fill_missing_times`.
 * **A plain CSV** (:func:`read_jobs_csv`) with the columns ``job_id, arrival_s, duration_s, gpus``
   and the optional ``gpu_type`` (``|``-separated allowed card types, empty: any), ``priority``
-  (an integer, empty: 0; the admission queue's priority) and ``team`` (empty: the default team).
+  (an integer, empty: 0; the admission queue's priority), ``team`` (empty: the default team),
+  ``preemptible`` (1 or 0, empty: 1) and ``checkpoint_s`` (seconds between the job's checkpoints,
+  empty or 0: none; the work since the last one is lost when it is preempted, docs/preemption.md).
 
 Every reading error is a :class:`~airflow_hetero_gpu.errors.HeteroGpuError` naming the file,
 line, column and value.
@@ -47,6 +49,8 @@ class Job:
     timed: bool = True  # False when arrival/duration were drawn, not read
     priority: int = 0  # the admission queue's priority (higher first; docs/queue.md)
     team: str = ""  # its team (docs/teams.md); empty: the default team
+    preemptible: bool = True  # may be preempted (docs/preemption.md)
+    checkpoint_s: float = 0.0  # seconds of run time between two checkpoints (0: none)
 
 
 @dataclass
@@ -86,7 +90,8 @@ def _types(text: str) -> tuple[str, ...]:
 
 # --- the user CSV ---------------------------------------------------------------------------
 def read_jobs_csv(path: str | Path) -> Trace:
-    """Read ``job_id, arrival_s, duration_s, gpus[, gpu_type][, priority][, team]`` (one job a line)."""
+    """Read ``job_id, arrival_s, duration_s, gpus[, gpu_type][, priority][, team][, preemptible][, checkpoint_s]``
+    (one job a line)."""
     path = Path(path)
     _, rows = open_csv(path, USER_COLUMNS)
     jobs: list[Job] = []
@@ -106,10 +111,21 @@ def read_jobs_csv(path: str | Path) -> Trace:
             gpu_types=_types(row.get("gpu_type", "")),
             priority=number(path, n, "priority", row.get("priority", ""), integer=True, allow_empty=True) or 0,
             team=(row.get("team") or "").strip(),
+            preemptible=_flag(path, n, "preemptible", row.get("preemptible", "")),
+            checkpoint_s=number(path, n, "checkpoint_s", row.get("checkpoint_s", ""), minimum=0,
+                                allow_empty=True) or 0.0,
         ))
     if not jobs:
         raise HeteroGpuError(f"{path}: no jobs (only a header)")
     return Trace(jobs, str(path), counts={"rows": len(jobs), "jobs": len(jobs)})
+
+
+def _flag(path, n, column: str, text: str) -> bool:
+    if text in ("", "1"):
+        return True
+    if text == "0":
+        return False
+    raise bad(path, n, column, text, "expected 1 or 0")
 
 
 # --- Alibaba cluster-trace-gpu-v2023 ---------------------------------------------------------

@@ -45,6 +45,8 @@ def _train(task_id: str, **overrides) -> HeteroTrainOperator:
         rdzv_host=cfg.get("rdzv_host"),
         **({"team": cfg["team"]} if "team" in cfg else {}),
         retries=0,
+        **{k: cfg[k] for k in ("priority", "preemptible", "preemption_signal", "preemption_grace",
+                               "checkpoint_storage") if k in cfg},
     )
     args.update(overrides)
     return HeteroTrainOperator(**args)

@@ -21,10 +21,16 @@ from airflow_hetero_gpu.core.admission.teams import (
     DEFAULT_TEAM, DEFAULT_USAGE_HALF_LIFE_S, TeamQuota, Teams, TeamsError, teams_from_mapping, teams_from_text,
 )
 from airflow_hetero_gpu.core.admission.teampass import QuotaInput
+from airflow_hetero_gpu.core.admission.preemption import (
+    DEFAULT_MIN_RUNTIME_S, DEFAULT_PREEMPTION_DELAY_S, DEFAULT_PREEMPTION_GRACE_S, Preemption, PreemptionRules,
+    RunningJob,
+)
 
 __all__ = [
     "Admission", "admit", "STATES", "AdmissionResult", "Admitted", "Claim", "QueueEntry", "Waiting",
     "describe_gpus", "DEFAULT_AGING_INTERVAL_S", "effective_priority", "ordered", "passing_window_s",
     "rank_key", "Placement", "Placer", "PlannerPlacer", "DEFAULT_TEAM", "DEFAULT_USAGE_HALF_LIFE_S",
     "BucketStanding", "QuotaBook", "QuotaInput", "TeamQuota", "Teams", "TeamsError", "teams_from_mapping", "teams_from_text",
+    "DEFAULT_MIN_RUNTIME_S", "DEFAULT_PREEMPTION_DELAY_S",
+    "DEFAULT_PREEMPTION_GRACE_S", "Preemption", "PreemptionRules", "RunningJob",
 ]

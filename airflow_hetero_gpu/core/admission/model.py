@@ -205,6 +205,7 @@ class AdmissionResult:
     waiting: list[Waiting]
     entries: Sequence[QueueEntry] = field(default=(), repr=False)  # the queue, in order
     teams: list | None = None  # with teams configured: quota.BucketStanding per team and pattern
+    preemptions: list = field(default_factory=list)  # preemption.Preemption decided in this pass
 
     @property
     def order(self) -> tuple[str, ...]:

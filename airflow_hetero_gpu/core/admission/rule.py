@@ -15,6 +15,9 @@ The rule (docs/queue.md has it with a worked example):
    gives it as if the jobs holding them had ended. No job behind it may start on a claimed GPU, so
    backfill never delays a head. A pool has one head at a time; a job whose pools all have a head
    waits behind them (it still starts at once wherever it fits outside the claims).
+5. With ``preemption`` rules and the ``running`` jobs given, a job that cannot start may instead
+   preempt running jobs of lower priority and claim the GPUs they free
+   (:mod:`~airflow_hetero_gpu.core.admission.preemption`); ``result.preemptions`` lists them.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from airflow_hetero_gpu.core.admission.order import (
     DEFAULT_AGING_INTERVAL_S, check_aging, effective_priority, ordered,
 )
 from airflow_hetero_gpu.core.admission.passstate import PassState, Shape
+from airflow_hetero_gpu.core.admission.preemption import PassPreemption, PreemptionRules, RunningJob
 from airflow_hetero_gpu.core.admission.placer import Placer, PlannerPlacer
 from airflow_hetero_gpu.core.admission.teampass import QuotaInput, TeamWalk, quota_reason
 from airflow_hetero_gpu.core.cluster import Cluster
@@ -99,7 +103,8 @@ class Admission:
 
     def run(self, queue: Sequence[QueueEntry], *, now: float, reserved: Mapping[GpuKey, str] | None = None,
             reserved_mask: np.ndarray | None = None, explain: bool = True, in_order: bool = False,
-            quotas: QuotaInput | None = None) -> AdmissionResult:
+            quotas: QuotaInput | None = None, running: Sequence[RunningJob] = (),
+            preemption: PreemptionRules | None = None) -> AdmissionResult:
         """Decide who starts now and what is claimed for the heads.
 
         ``reserved`` maps GPUs held by live reservations to their job id; ``reserved_mask``
@@ -108,13 +113,17 @@ class Admission:
         entries in ``waiting`` (the simulator). ``in_order=True``: the caller passes the queue
         already in queue order (the simulator keeps it sorted; nothing checks it). ``quotas``:
         the teams' quotas (docs/teams.md); None or no team configured: the pass without quotas.
+        ``running`` (the jobs holding GPUs) and ``preemption`` (its rules; None: off) turn
+        preemption on (docs/preemption.md).
         """
         if isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now):
             raise RequestError(f"now: expected seconds, got {now!r}")
         entries = list(queue) if in_order else ordered(queue, self.aging)
         p = PassState(self, reserved, reserved_mask)
+        pre = PassPreemption(running, preemption, now, self.aging) if preemption is not None and running else None
         if quotas is not None and quotas.teams:
-            return self._run_teams(now, entries, p, reserved, quotas, explain)
+            result = self._run_teams(now, entries, p, reserved, quotas, explain, pre)
+            return pre.annotate(result) if pre else result
         shapes: dict[int, Shape] = {}  # id(request) -> what this pass learnt about it
         by_value: dict[PlanRequest, Shape] = {}
         admitted: list[Admitted] = []
@@ -158,7 +167,7 @@ class Admission:
                 admitted.append(Admitted(entry.job_id, rank, tuple(placement.gpus), pool, decision))
                 continue
             position += 1
-            claim = claim_for(p, entry, shape)
+            claim = (pre.claim(p, entry, shape) if pre else None) or claim_for(p, entry, shape)
             if claim is not None:
                 waiting.append((position, entry, "head", claim, shape, []))
                 continue
@@ -166,10 +175,11 @@ class Admission:
             live.discard(id(shape))
             if explain:
                 waiting.append((position, entry, "waiting", None, shape, p.heads_for(shape.ok)))
-        return self._result(now, entries, admitted, waiting, p, explain)
+        result = self._result(now, entries, admitted, waiting, p, explain)
+        return pre.annotate(result) if pre else result
 
     def _run_teams(self, now: float, entries, p: PassState, reserved, quotas: QuotaInput,
-                   explain: bool) -> AdmissionResult:
+                   explain: bool, pre: PassPreemption | None = None) -> AdmissionResult:
         """The pass with quotas (:mod:`~airflow_hetero_gpu.core.admission.teampass`)."""
         by_value: dict[PlanRequest, Shape] = {}
 
@@ -179,7 +189,7 @@ class Admission:
                 shape = by_value[entry.request] = Shape(entry.request, *self.accepts(entry.request))
             return shape
 
-        walk = TeamWalk(self, p, quotas, reserved, explain)
+        walk = TeamWalk(self, p, quotas, reserved, explain, pre)
         walk.walk(entries, shape_of)
         result = self._result(now, entries, walk.admitted, walk.waiting, p, explain)
         if explain:  # the simulator (explain=False) does not read the standing
@@ -217,8 +227,10 @@ def admit(cluster: Cluster, queue: Sequence[QueueEntry], *, now: float,
           reserved: Mapping[GpuKey, str] | None = None, evicted: Mapping[GpuKey, Sequence[str]] | None = None,
           config: ClusterConfig | None = None, weights: Mapping[str, float] | None = None,
           aging_interval_s: float | None = DEFAULT_AGING_INTERVAL_S, explain: bool = True,
-          quotas: QuotaInput | None = None, drained: Mapping[str, str] | None = None) -> AdmissionResult:
+          quotas: QuotaInput | None = None, drained: Mapping[str, str] | None = None,
+          running: Sequence[RunningJob] = (), preemption: PreemptionRules | None = None) -> AdmissionResult:
     """One admission pass with the planner (the product's call): see :class:`Admission`."""
     adm = Admission(cluster, evicted=evicted, config=config, weights=weights, aging_interval_s=aging_interval_s,
                     drained=drained)
-    return adm.run(queue, now=now, reserved=reserved, explain=explain, quotas=quotas)
+    return adm.run(queue, now=now, reserved=reserved, explain=explain, quotas=quotas, running=running,
+                   preemption=preemption)

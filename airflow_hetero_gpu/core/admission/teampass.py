@@ -47,8 +47,9 @@ class TeamWalk:
     """One pass's walk with quotas; ``adm`` is the Admission, ``p`` the pass state."""
 
     def __init__(self, adm, p: PassState, quotas: QuotaInput, reserved: Mapping[GpuKey, str] | None,
-                 explain: bool) -> None:
+                 explain: bool, pre=None) -> None:
         self.adm, self.p, self.quotas, self.explain = adm, p, quotas, explain
+        self.pre = pre  # preemption.PassPreemption, or None: preemption off
         c = adm.cluster
         self.pool_card = [pool.card_type for pool in c.pools]
         gpu_card = np.array(self.pool_card, dtype=object)[c.pool_of] if len(c.gpus) else np.array([], dtype=object)
@@ -124,10 +125,14 @@ class TeamWalk:
         self.admitted.append(Admitted(entry.job_id, rank, tuple(placement.gpus), pool, decision, team, borrowed))
         return True
 
-    def _hold(self, entry, shape: Shape, pools: np.ndarray, team: str, note: tuple) -> str:
-        """A job that could use ``pools`` but did not start: head (with a claim) or waiting."""
+    def _hold(self, entry, shape: Shape, pools: np.ndarray, team: str, note: tuple, *, within: bool) -> str:
+        """A job that could use ``pools`` but did not start: head (with a claim) or waiting. With
+        preemption on, a job may first stop lower-priority jobs of its team, and a job ``within``
+        its quota also other teams' jobs that run on borrowed quota (docs/preemption.md)."""
         sub = shape if np.array_equal(pools, shape.ok) else Shape(shape.request, pools, shape.rejected)
-        claim = None if sub.dead and not entry.claim else claim_for(self.p, entry, sub)
+        claim = self.pre.claim(self.p, entry, sub, reclaim=within) if self.pre is not None else None
+        if claim is None:
+            claim = None if sub.dead and not entry.claim else claim_for(self.p, entry, sub)
         if claim is None:
             sub.dead = True
         card = self._card(sub, claim)
@@ -150,7 +155,7 @@ class TeamWalk:
                 continue
             if self._try(rank, entry, shape, pools, borrow, team):
                 continue
-            card = self._hold(entry, shape, pools, team, self._note(team, entry, within=True))
+            card = self._hold(entry, shape, pools, team, self._note(team, entry, within=True), within=True)
             self.book.keep(team, card, entry.request.gpus)
         self._borrowers(deferred)
 
@@ -169,7 +174,7 @@ class TeamWalk:
                     continue
                 if self._try(rank, entry, shape, pools, borrow, team):
                     break
-                self._hold(entry, shape, pools, team, self._note(team, entry, within=False))
+                self._hold(entry, shape, pools, team, self._note(team, entry, within=False), within=False)
             if not queue:
                 del by_team[team]
 

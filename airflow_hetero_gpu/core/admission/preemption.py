@@ -1,0 +1,280 @@
+"""Preemption, a rule of the admission pass: which running jobs a waiting job may stop to start.
+
+    rules = PreemptionRules(min_runtime_s=600, delay_s=60)
+    adm.run(queue, now=now, reserved=..., running=[RunningJob(...), ...], preemption=rules)
+    for pre in result.preemptions: ...   # pre.victims stop, pre.preemptor waits on its claim
+
+**When** (docs/preemption.md): a job that cannot start now, that has waited at least
+``delay_s`` and would head a pool, may preempt (a) running jobs of lower priority (of its own
+team; without teams, of the whole fleet) that would queue behind it, and (b), when it is within
+its team's quota, jobs of other teams that run on borrowed quota (a reclaim: whatever their
+priority, and even those that said ``preemptible=False``) (:func:`~.order.rank_key` with
+their original time enqueued: a victim goes back to the queue with its place, so one that would
+rank ahead, having waited long enough for aging to lift it, would take its GPUs straight back).
+Never a job that says ``preemptible=False``, never one that has run less than ``min_runtime_s``
+since it (re)started, never one already being stopped, and never for a job that would still
+not fit once the victims ended.
+
+**Whom**: whole jobs only. The candidates are taken in order of :func:`victim_key`: fewest
+GPU-seconds of work lost (time since the last checkpoint × GPUs) first, then borrowers before
+in-quota jobs, then lower priority, then job id; they are released one at a time until
+``plan()`` places the preemptor on GPUs that are free or held by released candidates, and the
+victims are the released candidates whose GPUs that placement uses (the smallest set in that
+order that lets it start where ``plan()`` puts it).
+
+The preemptor then heads its pool with a claim on exactly those GPUs, so nothing else takes
+them while the victims stop; while any victim still stops for it, it does not preempt again.
+Pure: no I/O, no clock; the caller passes ``now`` on the queue's clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from airflow_hetero_gpu.core.admission.model import QueueEntry
+from airflow_hetero_gpu.core.admission.order import rank_key
+from airflow_hetero_gpu.core.model import GpuKey
+from airflow_hetero_gpu.errors import RequestError
+
+DEFAULT_MIN_RUNTIME_S = 600.0
+DEFAULT_PREEMPTION_DELAY_S = 60.0
+DEFAULT_PREEMPTION_GRACE_S = 300.0
+
+
+def _seconds(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise RequestError(f"{name}: expected a number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class PreemptionRules:
+    """When preemption may happen: a victim ran at least ``min_runtime_s`` since it (re)started;
+    the preemptor waited at least ``delay_s``."""
+
+    min_runtime_s: float = DEFAULT_MIN_RUNTIME_S
+    delay_s: float = DEFAULT_PREEMPTION_DELAY_S
+
+    def __post_init__(self) -> None:
+        _seconds("min_runtime_s", self.min_runtime_s)
+        _seconds("preemption_delay_s", self.delay_s)
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    """A job holding GPUs, as preemption sees it (times on the queue's clock).
+
+    ``started_at``: its last (re)start; ``checkpoint_at``: its last checkpoint (None: none since
+    it started, so all its work since ``started_at`` would be lost). ``borrowed``: it runs on
+    quota lent by another team (always reclaimable). ``preempting``: the preemptor it is being
+    stopped for (it is no candidate again while it stops).
+    """
+
+    job_id: str
+    gpus: tuple[GpuKey, ...]
+    priority: int = 0
+    started_at: float = 0.0
+    checkpoint_at: float | None = None
+    team: str | None = None
+    preemptible: bool = True
+    borrowed: bool = False
+    preempting: str | None = None
+    enqueued_at: float | None = None  # its original time enqueued (None: started_at)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gpus", tuple(GpuKey(*k) for k in self.gpus))
+        if self.enqueued_at is None:
+            object.__setattr__(self, "enqueued_at", self.started_at)
+
+    def lost_gpu_s(self, now: float) -> float:
+        """GPU-seconds of work lost if it were stopped at ``now``: time since its last checkpoint
+        (or its start) times its GPUs."""
+        since = self.started_at if self.checkpoint_at is None else max(self.started_at, self.checkpoint_at)
+        return max(0.0, now - since) * len(self.gpus)
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """One decision: ``victims`` stop so that ``preemptor`` can start on ``gpus``."""
+
+    preemptor: str
+    priority: int
+    team: str | None
+    victims: tuple[str, ...]
+    gpus: tuple[GpuKey, ...]
+    lost_gpu_s: Mapping[str, float] = field(default_factory=dict)  # per victim
+    reasons: Mapping[str, str] = field(default_factory=dict)  # per victim: "priority 5 > 1"
+
+    @property
+    def total_lost_gpu_s(self) -> float:
+        return float(sum(self.lost_gpu_s.values()))
+
+    def to_json(self) -> dict:
+        return {"preemptor": self.preemptor, "priority": self.priority, "team": self.team,
+                "victims": list(self.victims), "gpus": [list(k) for k in self.gpus],
+                "lost_gpu_s": dict(self.lost_gpu_s), "reasons": dict(self.reasons)}
+
+
+def team_of(entry: QueueEntry) -> str | None:
+    """The waiting job's team (None where teams are not configured)."""
+    return getattr(entry, "team", None)
+
+
+def reclaims(entry: QueueEntry, job: RunningJob) -> bool:
+    """Whether stopping ``job`` for ``entry`` is a reclaim: ``job`` runs on borrowed quota and
+    belongs to another team than ``entry`` (which the caller knows to be within its quota)."""
+    team = team_of(entry)
+    return job.borrowed and team is not None and job.team != team
+
+
+def reason(entry: QueueEntry, victim: RunningJob, reclaim: bool = False) -> str:
+    """``priority 5 > 1`` (``team prod, ...`` with teams; ``; reclaim of prod's quota`` when
+    the victim runs on quota lent to it)."""
+    sign = ">" if entry.priority > victim.priority else ("=" if entry.priority == victim.priority else "<")
+    text = f"priority {entry.priority} {sign} {victim.priority}"
+    team = team_of(entry)
+    if team is not None:
+        text = f"team {team}, {text}"
+    if reclaim and reclaims(entry, victim):
+        text += f"; reclaim of {team}'s quota"
+    return text
+
+
+def eligible(entry: QueueEntry, job: RunningJob, now: float, rules: PreemptionRules,
+             aging_interval_s: float | None = None, *, reclaim: bool = False) -> bool:
+    """Whether ``job`` may be stopped for ``entry``: the priority rule (a lower-priority job of its
+    own team, or of the whole fleet without teams, that would rank behind it back in the queue),
+    or, with ``reclaim`` (``entry`` is within its team's quota), any job of another team that
+    runs on borrowed quota, whatever its priority and even if it said ``preemptible=False``."""
+    if job.preempting is not None:
+        return False
+    if now - job.started_at < rules.min_runtime_s:
+        return False
+    if reclaim and reclaims(entry, job):
+        return True
+    if not job.preemptible:
+        return False
+    if job.priority >= entry.priority or rank_key(job, aging_interval_s) < rank_key(entry, aging_interval_s):
+        return False
+    team = team_of(entry)
+    return team is None or job.team is None or job.team == team
+
+
+def victim_key(now: float):
+    """Order of the candidates: least work lost, borrowers first, lowest priority, job id."""
+    return lambda j: (j.lost_gpu_s(now), not j.borrowed, j.priority, j.job_id)
+
+
+def in_progress(running: Iterable[RunningJob]) -> dict[str, list[str]]:
+    """Preemptor -> the victims still stopping for it."""
+    out: dict[str, list[str]] = {}
+    for j in running:
+        if j.preempting is not None:
+            out.setdefault(j.preempting, []).append(j.job_id)
+    return out
+
+
+def choose(p, entry: QueueEntry, ok_pools: np.ndarray, running: Sequence[RunningJob], now: float,
+           rules: PreemptionRules, taken: set[str], aging_interval_s: float | None = None, *,
+           reclaim: bool = False) -> Preemption | None:
+    """The victims that let ``entry`` start, or None (see the module docstring).
+
+    ``p`` is the pass's :class:`~airflow_hetero_gpu.core.admission.passstate.PassState`,
+    ``ok_pools`` the pools the job accepts, ``taken`` the jobs already chosen as victims in this
+    pass (updated here).
+    """
+    if now - entry.enqueued_at < rules.delay_s:
+        return None
+    open_pools = ok_pools & ~p.headed
+    if not open_pools.any():
+        return None
+    c = p.cluster
+    candidates = sorted((j for j in running
+                         if j.job_id not in taken and eligible(entry, j, now, rules, aging_interval_s, reclaim=reclaim)),
+                        key=victim_key(now))
+    if not candidates:
+        return None
+    closed = p.claimed | ~open_pools[c.pool_of]
+    room = (p.usable & ~closed).astype(bool)
+    free = np.bincount(c.pool_of[room & ~p.blocked], minlength=len(c.pools))
+    released = np.zeros(len(c.gpus), dtype=bool)
+    picked: list[RunningJob] = []
+    need = entry.request.gpus
+    for job in candidates:
+        keys = [k for k in job.gpus if k in c.position]
+        if len(keys) != len(job.gpus):
+            continue  # it holds a GPU the cluster no longer lists: it cannot be placed on anyway
+        pos = p.positions(keys)
+        if closed[pos].any() or not p.held[pos].all():
+            continue  # its GPUs are claimed for a head ahead, or in a pool this job may not use
+        released[pos] = True
+        picked.append(job)
+        gained = np.bincount(c.pool_of[released & room], minlength=len(c.pools))
+        if int((free + gained)[open_pools].max()) < need:
+            continue
+        placement = p.adm.placer(entry, closed | (p.held & ~released), p.holders, idle=released)
+        if not placement.placed:
+            continue
+        used = set(GpuKey(*k) for k in placement.gpus)
+        victims = [j for j in picked if used & set(j.gpus)]
+        if not victims:
+            return None  # it fits without stopping anyone: not a preemption (cannot happen after try_start)
+        taken.update(j.job_id for j in victims)
+        return Preemption(entry.job_id, entry.priority, team_of(entry), tuple(j.job_id for j in victims),
+                          tuple(sorted(used)), {j.job_id: round(j.lost_gpu_s(now), 3) for j in victims},
+                          {j.job_id: reason(entry, j, reclaim) for j in victims})
+    return None
+
+
+def describe(victims: Sequence[str]) -> str:
+    """``preempting j1, j2 for it``: the note on a preemptor's reason."""
+    return f"preempting {', '.join(victims)} for it"
+
+
+class PassPreemption:
+    """Preemption during one admission pass: what the pass decided and who still stops for whom."""
+
+    def __init__(self, running: Sequence[RunningJob], rules: PreemptionRules, now: float,
+                 aging_interval_s: float | None = None) -> None:
+        self.running = list(running)
+        self.aging = aging_interval_s
+        self.rules = rules
+        self.now = now
+        self.stopping = in_progress(self.running)  # preemptor -> victims still stopping
+        self.taken: set[str] = set()
+        self.decided: list[Preemption] = []
+
+    def claim(self, p, entry: QueueEntry, shape, *, reclaim: bool = False):
+        """A new preemption for ``entry`` and its claim on the GPUs it frees, or None (the caller
+        then claims as usual). A preemptor whose victims still stop keeps its usual claim.
+        ``reclaim``: the job is within its team's quota, so jobs of other teams on borrowed quota
+        are candidates too."""
+        if entry.job_id in self.stopping:
+            return None
+        pre = choose(p, entry, shape.ok, self.running, self.now, self.rules, self.taken, self.aging, reclaim=reclaim)
+        if pre is None:
+            return None
+        from airflow_hetero_gpu.core.admission.claims import _record
+
+        self.decided.append(pre)
+        return _record(p, entry, p.positions(pre.gpus), kept=False)
+
+    def annotate(self, result):
+        """The preemptors' reasons say whom they preempt."""
+        notes = {pre.preemptor: list(pre.victims) for pre in self.decided}
+        for job, victims in self.stopping.items():
+            notes.setdefault(job, victims)
+        if notes:
+            result.waiting = [dataclasses.replace(w, reason=f"{w.reason}; {describe(notes[w.job_id])}")
+                              if w.job_id in notes and w.reason else w for w in result.waiting]
+        result.preemptions = list(self.decided)
+        return result
+
+
+__all__ = ["DEFAULT_MIN_RUNTIME_S", "DEFAULT_PREEMPTION_DELAY_S", "DEFAULT_PREEMPTION_GRACE_S", "PreemptionRules",
+           "RunningJob", "Preemption", "choose", "eligible", "reclaims", "victim_key", "in_progress", "describe", "reason", "PassPreemption"]

@@ -1,0 +1,156 @@
+"""Preemption in the ledger (part of ``Ledger``; docs/preemption.md).
+
+The admission pass (:mod:`airflow_hetero_gpu.ledger.admission`) gives the core's preemption rule
+the running jobs (:meth:`PreemptionMixin._running_jobs`) and, for each victim it chose, marks the
+victim's reservation ``preempting`` and opens a row of ``preemptions``, in its own transaction.
+The victim's holder sees the mark at its next lease renewal (``Reservation.preempting``), stops
+the job, and calls :meth:`PreemptionMixin.finish_preemption`: in one transaction its GPUs are
+freed, the record is closed with the lost work, the job is back in the queue with its original
+priority and time enqueued, and an admission pass runs (the preemptor starts). So a victim is
+never half-stopped in the ledger: it holds its GPUs, or it waits in the queue.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, delete, insert, select, update
+from sqlalchemy.engine import Connection
+
+from airflow_hetero_gpu.core.admission import PreemptionRules, RunningJob
+from airflow_hetero_gpu.ledger.checks import check_job_id, check_lease
+from airflow_hetero_gpu.ledger.errors import LedgerError, NoLiveReservation
+from airflow_hetero_gpu.ledger.schema import preemptions as pre_t
+from airflow_hetero_gpu.ledger.schema import queue_entries as q_t
+from airflow_hetero_gpu.ledger.schema import reservation_gpus as gpu_t
+from airflow_hetero_gpu.ledger.schema import reservations as res_t
+
+OUTCOMES = ("exited", "killed")
+
+
+class PreemptionMixin:
+    """Preemption's rows: the marks on victims, their ending, the record."""
+
+    _preemption: Any = ()  # not read yet
+
+    @property
+    def preemption(self) -> PreemptionRules | None:
+        """The admission pass's preemption rules (None: off): ``[hetero_gpu] preemption``,
+        ``preemption_min_runtime`` and ``preemption_delay`` (docs/preemption.md) unless set here."""
+        if self._preemption == ():
+            from airflow_hetero_gpu.settings import preemption_settings
+
+            self._preemption = preemption_settings()
+        return self._preemption
+
+    @preemption.setter
+    def preemption(self, rules: PreemptionRules | None) -> None:
+        self._preemption = rules
+
+    # --- inside the admission pass -------------------------------------------------------------
+    def _running_jobs(self, conn: Connection, now: datetime, below: int) -> list[RunningJob]:
+        """The running jobs for the pass's preemption rule; none (one indexed read) when no
+        preemptible job runs at a priority below ``below``, the highest waiting priority, and no
+        job runs on borrowed quota (a reclaim's candidates)."""
+        from sqlalchemy import func
+
+        from sqlalchemy import and_, or_
+
+        candidate = or_(and_(res_t.c.preemptible.is_(True), func.coalesce(res_t.c.priority, 0) < int(below)),
+                        func.coalesce(res_t.c.borrowed, 0) > 0)  # a borrower is always reclaimable
+        some = select(res_t.c.job_id).where(candidate, res_t.c.expires_at > now).limit(1)
+        if conn.execute(some).first() is None:
+            return []
+        out = []
+        for res in self._load(conn, now):
+            row = res.preemption or {}
+            start = res.created_at.timestamp()
+            ckpt = row.get("checkpoint_at")
+            enqueued = row.get("enqueued_at")
+            out.append(RunningJob(res.job_id, tuple(res.keys), int(row.get("priority") or 0), start,
+                                  ckpt.timestamp() if ckpt else None, res.team, bool(row.get("preemptible")),
+                                  bool(res.borrowed), (row.get("preempting") or {}).get("by"),
+                                  enqueued.timestamp() if enqueued else None))
+        return out
+
+    def _mark_preemptions(self, conn: Connection, now: datetime, result: Any) -> None:
+        """Mark every victim of the pass's preemptions and open its record."""
+        for pre in getattr(result, "preemptions", ()):
+            for victim in pre.victims:
+                mark = {"by": pre.preemptor, "reason": pre.reasons[victim], "at": now.isoformat(),
+                        "priority": pre.priority, "team": pre.team}
+                conn.execute(update(res_t).where(res_t.c.job_id == victim).values(preempting=mark))
+                gpus = [list(k) for k in (self._reserved_of(conn, victim))]
+                conn.execute(insert(pre_t).values(victim=victim, preemptor=pre.preemptor, reason=pre.reasons[victim],
+                                                  gpus=gpus, decided_at=now))
+
+    def _close_preemptions(self, conn: Connection, now: datetime, job_ids: list[str], outcome: str) -> None:
+        """Close the open records of victims whose GPUs went another way (released by their
+        holder, or their lease passed): no victim stays "in progress" forever."""
+        conn.execute(update(pre_t).where(pre_t.c.victim.in_(job_ids), pre_t.c.ended_at.is_(None))
+                     .values(ended_at=now, outcome=outcome))
+
+    def _reserved_of(self, conn: Connection, job_id: str) -> list[tuple[str, int]]:
+        return [(h, i) for h, i in conn.execute(select(gpu_t.c.host, gpu_t.c.gpu_index)
+                                                .where(gpu_t.c.job_id == job_id).order_by(gpu_t.c.slot))]
+
+    # --- the victim's holder -------------------------------------------------------------------
+    def note_checkpoint(self, job_id: str, at: datetime | None = None) -> None:
+        """The job wrote a checkpoint (at ``at``, default now): the work before it is not lost."""
+        job_id = check_job_id(job_id)
+        with self._write(f"note a checkpoint of job {job_id!r}") as (conn, now):
+            conn.execute(update(res_t).where(res_t.c.job_id == job_id).values(checkpoint_at=at or now))
+
+    def finish_preemption(self, job_id: str, *, outcome: str, exited_after_s: float,
+                          checkpoint: str | None = None, lease_seconds: float | None = None) -> dict:
+        """The victim stopped: free its GPUs, close its record (lost work: the time since its last
+        checkpoint, or its start, × its GPUs), put it back in the queue with its original priority,
+        time enqueued and team, and run an admission pass, all in one transaction. Returns the record."""
+        job_id = check_job_id(job_id)
+        if outcome not in OUTCOMES:
+            raise LedgerError(f"finish_preemption: outcome: expected one of {', '.join(OUTCOMES)}, got {outcome!r}")
+        self._warm_admission()
+        with self._write(f"finish the preemption of job {job_id!r}") as (conn, now):
+            self._expire(conn, now, admit=False)
+            row = conn.execute(select(res_t).where(res_t.c.job_id == job_id)).first()
+            if row is None or not row.preempting:
+                raise NoLiveReservation(job_id, "finish the preemption of")
+            since = max(row.created_at, row.checkpoint_at) if row.checkpoint_at else row.created_at
+            lost = max(0.0, (now - since).total_seconds()) * int(row.gpu_count)
+            lease = check_lease(lease_seconds if lease_seconds is not None else
+                                max(3.0, (row.expires_at - row.renewed_at).total_seconds()))
+            conn.execute(delete(gpu_t).where(gpu_t.c.job_id == job_id))
+            conn.execute(delete(res_t).where(res_t.c.job_id == job_id))
+            open_row = and_(pre_t.c.victim == job_id, pre_t.c.ended_at.is_(None))
+            conn.execute(update(pre_t).where(open_row).values(
+                ended_at=now, outcome=outcome, exited_after_s=round(float(exited_after_s), 3),
+                lost_gpu_s=round(lost, 3), checkpoint=checkpoint))
+            ident = {f: getattr(row, f) for f in ("dag_id", "run_id", "task_id", "map_index", "try_number")}
+            conn.execute(delete(q_t).where(q_t.c.job_id == job_id))
+            conn.execute(insert(q_t).values(
+                job_id=job_id, request=row.request, priority=int(row.priority or 0),
+                enqueued_at=row.enqueued_at or row.created_at, renewed_at=now, expires_at=now + lease,
+                lease_seconds=lease.total_seconds(), state="waiting", preemptible=bool(row.preemptible), team=row.team,
+                **ident))
+            self._admit(conn, now)
+            mark = dict(row.preempting)
+            return {**mark, "victim": job_id, "lost_gpu_s": round(lost, 3), "outcome": outcome,
+                    "exited_after_s": round(float(exited_after_s), 3), "checkpoint": checkpoint,
+                    "gpus": int(row.gpu_count)}
+
+    # --- reading -------------------------------------------------------------------------------
+    def preemptions(self, since: timedelta = timedelta(days=1)) -> list[dict]:
+        """Preemptions in progress and those decided within ``since``, newest first."""
+        with self._read("read the preemptions") as (conn, now):
+            rows = conn.execute(select(pre_t).where((pre_t.c.ended_at.is_(None)) | (pre_t.c.decided_at >= now - since))
+                                .order_by(pre_t.c.decided_at.desc(), pre_t.c.id.desc()))
+
+            def iso(t):
+                return t.isoformat() if t is not None else None
+
+            return [{"victim": r.victim, "preemptor": r.preemptor, "reason": r.reason, "gpus": r.gpus,
+                     "decided_at": iso(r.decided_at), "ended_at": iso(r.ended_at),
+                     "state": "in progress" if r.ended_at is None else r.outcome,
+                     "exited_after_s": r.exited_after_s, "lost_gpu_s": r.lost_gpu_s, "checkpoint": r.checkpoint}
+                    for r in rows]

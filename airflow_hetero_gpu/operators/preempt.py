@@ -1,0 +1,187 @@
+"""Being preempted, the victim's side (docs/preemption.md).
+
+The ledger's admission pass marks the job's reservation ``preempting``; the run loop sees the
+mark at its next lease renewal (:class:`~.lease.LeaseKeeper`) and calls :func:`stop`:
+
+1. send ``preemption_signal`` (default ``SIGTERM``) to the job's processes and their groups on
+   every host, over the job's own SSH connections;
+2. wait up to ``preemption_grace`` seconds for every host to exit (a script that saves its
+   checkpoint on the signal and exits has acknowledged), then end what is left as a kill does
+   (SIGTERM, a short grace, SIGKILL);
+3. ``Ledger.finish_preemption``: the GPUs are freed, the record closed with the lost work, the job
+   queued again with its original priority and time enqueued — one transaction — and the
+   preemptor admitted;
+4. log one line that explains it and count it (``hetero_gpu.preemptions``).
+
+The task does not fail: the operator waits in the queue again (deferred when ``deferrable``)
+and, admitted, relaunches with the same arguments, so the script resumes from its checkpoint.
+With ``checkpoint_storage="host"`` the newest checkpoint is carried from the host it is on to the
+new hosts first (:mod:`~.checkpoint_carry`).
+"""
+
+from __future__ import annotations
+
+import re
+import signal as signals
+import threading
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+CHECKPOINT_STORAGE = ("shared", "host")
+#: what a training script prints when it saved a checkpoint (the example scripts do)
+CHECKPOINT_LINE = re.compile(r"\bcheckpoint of epoch (\d+) (?:saved|kept)\b")
+
+
+def signal_name(value: Any) -> str | None:
+    """``"SIGTERM"``, ``"TERM"``, ``15`` -> ``"TERM"``; None when it names no signal."""
+    try:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return signals.Signals(value).name[3:]
+        if isinstance(value, str):
+            name = value.strip().upper()
+            return signals.Signals[name if name.startswith("SIG") else f"SIG{name}"].name[3:]
+    except (KeyError, ValueError):
+        return None
+    return None
+
+
+def check_args(op: Any) -> None:
+    """The preemption arguments of a :class:`HeteroTrainOperator` (one line per mistake)."""
+    if not isinstance(op.preemptible, bool):
+        raise op._fail(f"preemptible: expected True or False, got {op.preemptible!r}")
+    if signal_name(op.preemption_signal) in (None, "KILL", "STOP"):
+        raise op._fail(f"preemption_signal: expected a signal the job can catch, such as 'SIGTERM' or "
+                       f"'SIGUSR1', got {op.preemption_signal!r}")
+    grace = op.preemption_grace
+    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not grace >= 0:
+        raise op._fail(f"preemption_grace: expected a number of seconds >= 0, got {grace!r}")
+    if op.checkpoint_storage not in CHECKPOINT_STORAGE:
+        raise op._fail(f"checkpoint_storage: expected 'shared' or 'host', got {op.checkpoint_storage!r}")
+    if op.checkpoint_storage == "host" and not op.checkpoint_dir:
+        raise op._fail("checkpoint_storage='host' needs checkpoint_dir (the directory to carry between hosts)")
+
+
+class CheckpointSeen:
+    """The newest checkpoint the job reported (``checkpoint of epoch N saved``, printed by its
+    rank 0, on whichever host the rendezvous put it)."""
+
+    def __init__(self) -> None:
+        self.epoch: int | None = None
+        self.at: datetime | None = None
+        self.host: str | None = None
+        self.noted: datetime | None = None  # the last one written to the ledger
+
+    def line(self, host: str, text: str) -> None:
+        m = CHECKPOINT_LINE.search(text)
+        if m:
+            self.epoch, self.at, self.host = int(m.group(1)), datetime.now(timezone.utc), host
+
+    def note(self, ledger: Any, job_id: str) -> None:
+        """Tell the ledger of a checkpoint it has not heard of yet (at a lease renewal)."""
+        if self.at is not None and self.at != self.noted:
+            ledger.note_checkpoint(job_id, self.at)
+            self.noted = self.at
+
+
+def stop(op: Any, job: Any, job_id: str, mark: dict, lease: Any, seen: CheckpointSeen) -> dict:
+    """Stop the running ``job`` for its preemptor and give its GPUs back (see the module
+    docstring); returns the ledger's record of the preemption. The lease (``lease``, a
+    :class:`~.lease.LeaseKeeper`) is renewed throughout: a grace longer than the lease must not
+    let the GPUs go to another job while the victim still runs."""
+    sig = signal_name(op.preemption_signal) or "TERM"
+    grace = float(op.preemption_grace)
+    signalled = datetime.now(timezone.utc)
+    op.log.warning("job %s: preempted by %s (%s); sending SIG%s to it on every host, %g s to exit",
+                   job_id, preemptor(mark), mark.get("reason"), sig, grace)
+    t0 = time.monotonic()
+    for host, sweep in job.signal(sig).items():
+        if sweep.error:
+            op.log.warning("job %s: signalling %s: %s", job_id, host, sweep.error)
+    if _ended(job, grace, lease):
+        outcome = "exited"
+    else:
+        op.log.warning("job %s: still running %g s after SIG%s; ending it", job_id, grace, sig)
+        killer = threading.Thread(target=job.kill, name=f"{job_id}:preempt-kill", daemon=True)
+        killer.start()
+        while killer.is_alive():
+            killer.join(lease.renew_every)
+            _renew(lease)
+        job.wait()
+        outcome = "killed"
+    took = time.monotonic() - t0
+    if seen.at is not None and seen.at != seen.noted:
+        seen.note(op.ledger, job_id)
+    checkpoint = f"epoch {seen.epoch}" if seen.epoch is not None else None
+    record = op.ledger.finish_preemption(job_id, outcome=outcome, exited_after_s=took, checkpoint=checkpoint,
+                                         lease_seconds=float(op.lease_seconds))
+    op.log.warning("job %s: %s", job_id, explain(record, signalled))
+    _count(record)
+    return record
+
+
+def _renew(lease: Any) -> None:
+    from airflow_hetero_gpu.ledger.errors import LedgerError
+
+    try:
+        lease.renew(time.monotonic())
+    except LedgerError as err:  # unreachable for a moment: the lease still runs
+        lease.log.warning("job %s: renewing the lease while it stops failed: %s", lease.job_id, err)
+
+
+def _ended(job: Any, seconds: float, lease: Any) -> bool:
+    """Wait up to ``seconds`` for every host of ``job`` to exit, renewing the lease meanwhile."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            job.wait(timeout=min(left, lease.renew_every))
+            return True
+        except TimeoutError:
+            _renew(lease)
+
+
+def preemptor(mark: dict) -> str:
+    """``job J``, or ``the drain of HOST`` when a drain's deadline stops the job."""
+    return f"the drain of {mark['drain']}" if mark.get("drain") else f"job {mark.get('by')}"
+
+
+def explain(record: dict, signalled: datetime) -> str:
+    """``preempted by job J (priority 5 > 1): signalled at 12:00:03, exited after 41 s, checkpoint
+    of epoch 12 kept, about 90 GPU-seconds of work lost; back in the queue``."""
+    how = (f"exited after {record['exited_after_s']:.0f} s" if record["outcome"] == "exited"
+           else f"killed after {record['exited_after_s']:.0f} s (it did not exit within the grace)")
+    kept = f"checkpoint of {record['checkpoint']} kept" if record.get("checkpoint") else "no checkpoint seen"
+    return (f"preempted by {preemptor(record)} ({record.get('reason')}): signalled at "
+            f"{signalled.strftime('%H:%M:%S')} UTC, {how}, {kept}, about {record['lost_gpu_s']:.0f} GPU-seconds "
+            f"of work lost; back in the queue with its priority and place, it resumes when admitted")
+
+
+def _count(record: dict) -> None:
+    try:
+        from airflow_hetero_gpu.healthcheck.metrics import METRIC_PREFIX, Metrics
+
+        stats = Metrics().stats
+        stats.incr(f"{METRIC_PREFIX}.preemptions", tags={"outcome": record["outcome"]})
+        stats.incr(f"{METRIC_PREFIX}.preemption.{record['outcome']}")
+    except Exception:  # noqa: BLE001 - a metric never stops a job
+        pass
+
+
+def requeue(op: Any, placement: Any) -> Any:
+    """Wait in the queue again (the ledger put the entry there) until admitted; the new decision."""
+    from airflow.sdk.exceptions import AirflowException
+
+    from airflow_hetero_gpu.operators.queue_wait import QueueWait
+
+    wait = QueueWait(placement)
+    entry = op.ledger.queue_entry(placement.job_id)
+    if entry is None:
+        raise AirflowException(f"job {placement.job_id}: preempted, but its queue entry is gone")
+    op._waiting_job = placement.job_id
+    wait.say(entry)
+    if entry.admitted:
+        return wait.take()
+    return wait.wait(entry, time.time())

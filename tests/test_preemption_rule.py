@@ -1,0 +1,185 @@
+"""Preemption as a rule of the admission pass (core/admission/preemption.py) on a hand-made cluster.
+
+Cluster (as tests/test_admission.py): hgx-a1 and hgx-a2, 8 × A100 each (NV12); rtx-1, 4 × RTX 4090.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_hetero_gpu.core.admission import Admission, PreemptionRules, QueueEntry, RunningJob
+from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
+from airflow_hetero_gpu.errors import RequestError
+from tests.test_admission import _cluster, _keys
+
+RULES = PreemptionRules(min_runtime_s=600, delay_s=60)
+NOW = 10_000.0
+
+
+def _run(spec: str, job: str, priority=0, started=0.0, checkpoint=None, preemptible=True, preempting=None,
+         borrowed=False, team=None):
+    keys = [k for part in spec.split(" ") for k in _keys(part)]
+    return RunningJob(job, tuple(keys), priority, started, checkpoint, team, preemptible, borrowed, preempting)
+
+
+def _pass(queue, running, rules=RULES, now=NOW):
+    reserved = {k: j.job_id for j in running for k in j.gpus}
+    return Admission(_cluster()).run(queue, now=now, reserved=reserved, running=running, preemption=rules)
+
+
+def _hi(gpus=8, priority=5, at=NOW - 120):
+    return QueueEntry("hi", PlanRequest(gpus, "A100*"), priority, at)
+
+
+def test_the_victim_is_the_job_losing_least_work_and_the_preemptor_claims_its_gpus():
+    running = [_run("hgx-a1:0-7", "lo-a", 1, started=0, checkpoint=NOW - 100),    # loses 800 GPU-s
+               _run("hgx-a2:0-7", "lo-b", 1, started=0, checkpoint=NOW - 30)]     # loses 240 GPU-s
+    result = _pass([_hi()], running)
+    assert [p.victims for p in result.preemptions] == [("lo-b",)]
+    pre = result.preemptions[0]
+    assert pre.lost_gpu_s == {"lo-b": 240.0} and pre.reasons == {"lo-b": "priority 5 > 1"}
+    head = result.get("hi")
+    assert head.state == "head" and set(head.claim.gpus) == set(_keys("hgx-a2:0-7"))
+    assert "preempting lo-b for it" in head.reason
+
+
+def test_whole_jobs_only_and_the_smallest_set_on_the_host_plan_chooses():
+    # four 2-GPU jobs on hgx-a1 and one 8-GPU job on hgx-a2; the 8-GPU preemptor needs a whole host:
+    # the four small ones lose least each, but together 4 jobs; releasing in order of lost work
+    # reaches 8 on hgx-a1 only after all four: the set is exactly them, never a part of hgx-a2's job
+    running = [_run(f"hgx-a1:{2 * i}-{2 * i + 1}", f"s{i}", 0, checkpoint=NOW - 10 * (i + 1)) for i in range(4)]
+    running.append(_run("hgx-a2:0-7", "big", 0, checkpoint=NOW - 500))
+    pre = _pass([_hi()], running).preemptions[0]
+    assert sorted(pre.victims) == ["s0", "s1", "s2", "s3"]
+    assert set(pre.gpus) == set(_keys("hgx-a1:0-7"))
+
+
+def test_a_four_gpu_preemptor_stops_only_what_it_needs():
+    running = [_run(f"hgx-a1:{2 * i}-{2 * i + 1}", f"s{i}", 0, checkpoint=NOW - 10 * (i + 1)) for i in range(4)]
+    running.append(_run("hgx-a2:0-7", "big", 0, checkpoint=NOW - 50))  # loses 400 GPU-s
+    pre = _pass([_hi(gpus=4)], running).preemptions[0]
+    assert sorted(pre.victims) == ["s0", "s1"] and pre.lost_gpu_s == {"s0": 20.0, "s1": 40.0}
+    # the 8-GPU job losing least of all (40 GPU-s) goes alone rather than two small ones (60)
+    running[-1] = _run("hgx-a2:0-7", "big", 0, checkpoint=NOW - 5)
+    assert _pass([_hi(gpus=4)], running).preemptions[0].victims == ("big",)
+
+
+@pytest.mark.parametrize("why, running, entry", [
+    ("equal priority", [_run("hgx-a1:0-7", "a", 5), _run("hgx-a2:0-7", "b", 5)], _hi()),
+    ("ran less than min_runtime", [_run("hgx-a1:0-7", "a", 1, started=NOW - 599),
+                                   _run("hgx-a2:0-7", "b", 1, started=NOW - 10)], _hi()),
+    ("preemptible=False", [_run("hgx-a1:0-7", "a", 1, preemptible=False),
+                           _run("hgx-a2:0-7", "b", 1, preemptible=False)], _hi()),
+    ("waited less than the delay", [_run("hgx-a1:0-7", "a", 1), _run("hgx-a2:0-7", "b", 1)], _hi(at=NOW - 59)),
+    ("would not fit afterwards: 16 GPUs but one victim is not preemptible",
+     [_run("hgx-a1:0-7", "a", 1), _run("hgx-a2:0-7", "b", 1, preemptible=False)], _hi(gpus=16)),
+    ("already being stopped for another job", [_run("hgx-a1:0-7", "a", 1, preempting="x"),
+                                               _run("hgx-a2:0-7", "b", 1, preempting="x")], _hi()),
+    ("another team's job", [_run("hgx-a1:0-7", "a", 1, team="research"),
+                            _run("hgx-a2:0-7", "b", 1, team="research")], None),
+])
+def test_no_preemption(why, running, entry):
+    if entry is None:  # a preemptor of team prod (the teams' field on the entry)
+        entry = _hi()
+        object.__setattr__(entry, "team", "prod")
+    result = _pass([entry], running)
+    assert result.preemptions == [], why
+    if why == "preemptible=False":
+        assert "preempting" not in result.get("hi").reason
+
+
+def test_non_preemptible_job_is_skipped_for_a_preemptible_one_that_loses_more():
+    running = [_run("hgx-a1:0-7", "keep", 0, preemptible=False, checkpoint=NOW - 1),
+               _run("hgx-a2:0-7", "lose", 0, checkpoint=NOW - 5000)]
+    assert _pass([_hi()], running).preemptions[0].victims == ("lose",)
+
+
+def test_borrowers_go_before_in_quota_jobs_at_equal_lost_work_then_lower_priority():
+    running = [_run("hgx-a1:0-7", "in-quota", 0, checkpoint=NOW - 60),
+               _run("hgx-a2:0-7", "borrower", 2, checkpoint=NOW - 60, borrowed=True)]
+    assert _pass([_hi()], running).preemptions[0].victims == ("borrower",)
+    running = [_run("hgx-a1:0-7", "p2", 2, checkpoint=NOW - 60), _run("hgx-a2:0-7", "p1", 1, checkpoint=NOW - 60)]
+    assert _pass([_hi()], running).preemptions[0].victims == ("p1",)
+
+
+def test_a_preemptor_whose_victims_still_stop_does_not_preempt_again_and_others_do_not_share_victims():
+    running = [_run("hgx-a1:0-7", "a", 1, preempting="hi"), _run("hgx-a2:0-7", "b", 1)]
+    result = _pass([_hi()], running)
+    assert result.preemptions == []
+    assert "preempting a for it" in result.get("hi").reason
+    # two preemptors in one pass take different victims
+    running = [_run("hgx-a1:0-7", "a", 1), _run("hgx-a2:0-7", "b", 1)]
+    q = [_hi(), QueueEntry("hi2", PlanRequest(8, "A100*"), 4, NOW - 300)]
+    result = _pass(q, running)
+    # one pool (A100), one head: the second waits behind the first and preempts nothing
+    assert [p.preemptor for p in result.preemptions] == ["hi"]
+
+
+def test_without_rules_or_running_jobs_the_pass_is_unchanged():
+    running = [_run("hgx-a1:0-7", "a", 1), _run("hgx-a2:0-7", "b", 1)]
+    reserved = {k: j.job_id for j in running for k in j.gpus}
+    adm = Admission(_cluster())
+    plain = adm.run([_hi()], now=NOW, reserved=reserved)
+    off = adm.run([_hi()], now=NOW, reserved=reserved, running=running, preemption=None)
+    assert plain.preemptions == off.preemptions == []
+    assert plain.get("hi").reason == off.get("hi").reason
+
+
+def test_bad_rules_are_one_line_errors():
+    with pytest.raises(RequestError, match="min_runtime_s: expected a number of seconds >= 0, got -1"):
+        PreemptionRules(min_runtime_s=-1)
+    assert GpuKey("hgx-a1", 0) in _run("hgx-a1:0", "x").gpus
+
+
+def test_a_victim_that_would_queue_ahead_of_the_preemptor_is_not_chosen():
+    # aging: one level an hour; the preemptor (priority 5) was enqueued at NOW - 120. A priority-1
+    # job enqueued more than 4 h before that would rank ahead of it back in the queue and take
+    # its GPUs straight back: never a victim. One enqueued 3 h before is.
+    old = _run("hgx-a1:0-7", "old", 1, checkpoint=NOW - 1)
+    object.__setattr__(old, "enqueued_at", NOW - 120 - 4 * 3600 - 1)
+    recent = _run("hgx-a2:0-7", "recent", 1, checkpoint=NOW - 900)
+    object.__setattr__(recent, "enqueued_at", NOW - 120 - 3 * 3600)
+    assert _pass([_hi()], [old, recent]).preemptions[0].victims == ("recent",)
+
+
+# --- reclaim: a job within its team's quota stops other teams' borrowers ----------------------
+def _teams_pass(queue, running, teams):
+    from airflow_hetero_gpu.core.admission import QuotaInput, teams_from_mapping
+
+    reserved = {k: j.job_id for j in running for k in j.gpus}
+    quotas = QuotaInput(teams_from_mapping({"teams": teams}), {j.job_id: j.team for j in running})
+    return Admission(_cluster()).run(queue, now=NOW, reserved=reserved, running=running, preemption=RULES,
+                                     quotas=quotas)
+
+
+TEAMS = {"prod": {"quota": {"A100*": 8}}, "intern": {"quota": {"*": 0}}}
+
+
+def _interns(borrowed=True, preemptible=True):
+    return [_run("hgx-a1:0-7", "intern-1", 5, checkpoint=NOW - 100, borrowed=borrowed, team="intern",
+                 preemptible=preemptible),
+            _run("hgx-a2:0-7", "intern-2", 5, checkpoint=NOW - 30, borrowed=borrowed, team="intern",
+                 preemptible=preemptible)]
+
+
+def test_a_job_within_its_quota_reclaims_it_from_a_borrower_of_higher_priority():
+    prod = QueueEntry("prod-1", PlanRequest(8, "A100*"), 0, NOW - 120, team="prod")
+    result = _teams_pass([prod], _interns(preemptible=False), TEAMS)  # a borrower is always reclaimable
+    (pre,) = result.preemptions
+    assert pre.victims == ("intern-2",)  # the one losing least work
+    assert pre.reasons["intern-2"] == "team prod, priority 0 < 5; reclaim of prod's quota"
+    assert set(result.get("prod-1").claim.gpus) == set(_keys("hgx-a2:0-7"))
+
+
+def test_no_reclaim_beyond_the_quota_nor_from_jobs_within_theirs():
+    from airflow_hetero_gpu.core.admission.preemption import eligible
+
+    beyond = QueueEntry("prod-2", PlanRequest(16, "A100*"), 0, NOW - 120, team="prod")  # 16 > its quota of 8
+    assert _teams_pass([beyond], _interns(), TEAMS).preemptions == []
+    prod = QueueEntry("prod-1", PlanRequest(8, "A100*"), 0, NOW - 120, team="prod")
+    borrower, owner = _interns()[0], _interns(borrowed=False)[0]
+    assert eligible(prod, borrower, NOW, RULES, reclaim=True)
+    assert not eligible(prod, owner, NOW, RULES, reclaim=True)  # within its own quota, higher priority
+    assert not eligible(prod, borrower, NOW, RULES, reclaim=False)  # a borrower of the job's own round
+    young = _run("hgx-a1:0-7", "intern-3", 5, started=NOW - 60, borrowed=True, team="intern")
+    assert not eligible(prod, young, NOW, RULES, reclaim=True)  # min_runtime holds for reclaims too
