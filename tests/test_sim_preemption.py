@@ -115,3 +115,28 @@ def test_bad_trace_values_and_options_are_one_line_errors(tmp_path, capsys):
     argv, _, _ = _simulate(tmp_path, FULL, "--queue", "fifo", "--preemption", "on")
     assert main(argv) == 2
     assert "--preemption on: only the admission queue preempts" in capsys.readouterr().err
+
+
+# must-show 3: the lending scenario with preemption. intern (quota 16) fills all 32 GPUs with
+# long high-priority jobs while prod (quota 16) is idle: 16 of them run on prod's lent quota.
+# prod's first job (8 GPUs, priority 0) then reclaims its quota: it stops one borrower.
+LEND_TEAMS = "teams:\n  prod: {quota: {\"*\": 16}}\n  intern: {quota: {\"*\": 16}}\n"
+LEND = ("job_id,arrival_s,duration_s,gpus,team,priority,preemptible,checkpoint_s\n"
+        + "".join(f"intern{i},0,7200,8,intern,5,0,300\n" for i in range(4))
+        + "prod0,900,600,8,prod,0,1,0\n")
+
+
+def test_must_show_3_a_returning_lender_reclaims_within_grace_plus_a_minute(tmp_path, capsys):
+    (tmp_path / "teams.yaml").write_text(LEND_TEAMS)
+    metrics, jobs, events = _run(tmp_path, capsys, LEND, "--teams", str(tmp_path / "teams.yaml"))
+    prod = jobs["prod0"]
+    assert float(prod["start_s"]) - float(prod["arrival_s"]) <= 300 + 60
+    preempts = [e for e in events if e["event"] == "preempt"]
+    assert len(preempts) == 1 and preempts[0]["detail"] == "prod0"  # one borrower, though preemptible=0
+    victim = jobs[preempts[0]["job_id"]]
+    assert victim["team"] == "intern" and victim["preemptions"] == "1"
+    assert float(victim["end_s"]) > 7200  # it resumed and finished later
+    # without preemption the lender waits for a borrower to end
+    metrics, jobs, events = _run(tmp_path, capsys, LEND, "--teams", str(tmp_path / "teams.yaml"),
+                                 "--preemption", "off")
+    assert float(jobs["prod0"]["start_s"]) == 7200 and not [e for e in events if e["event"] == "preempt"]
