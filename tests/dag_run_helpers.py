@@ -93,3 +93,11 @@ def leftovers(job_marker: str) -> str:
     """Processes on this machine (every emulated host) whose command line names ``job_marker``."""
     r = subprocess.run(["pgrep", "-af", job_marker], capture_output=True, text=True)
     return "\n".join(line for line in r.stdout.splitlines() if "pgrep" not in line)
+
+
+def run_leftovers(log: str, dag_task: str = "hg_train_test.train") -> str:
+    """:func:`leftovers` of the jobs ``log`` names (``<dag>.<task>.<hash>``): this run's own, not
+    those of other tests running beside it on the machine. A log naming no job is an error."""
+    jobs = sorted(set(re.findall(re.escape(dag_task) + r"\.[0-9a-f]{12}\b", log)))
+    assert jobs, f"the log names no job {dag_task}.*"
+    return "\n".join(found for found in (leftovers(job) for job in jobs) if found)

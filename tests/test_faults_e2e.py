@@ -22,7 +22,7 @@ from airflow_hetero_gpu.ledger import Ledger
 from airflow_hetero_gpu.testing import procs
 from airflow_hetero_gpu.testing.postgres import PostgresServer, PostgresUnavailable
 from cluster_fixtures import emulated_cluster  # noqa: F401
-from dag_run_helpers import airflow_home, finish, leftovers, losses, start_dag, two_hosts  # noqa: F401
+from dag_run_helpers import airflow_home, finish, leftovers, run_leftovers, losses, start_dag, two_hosts  # noqa: F401
 from ledger_files import new_ledger
 
 pytest.importorskip("torch", reason="torch (CPU build) is needed to train the example model")
@@ -180,7 +180,7 @@ def test_ledger_postgres_restarted_mid_training(airflow_home, two_hosts, tmp_pat
     assert len(found) == 6 and found[-1] < found[0]
     assert "reservation released" in log
     assert _live(url) == []
-    assert leftovers("hg_train_test.train") == ""
+    assert run_leftovers(log) == ""
 
 
 def test_ledger_down_longer_than_the_lease_stops_the_job(airflow_home, two_hosts, tmp_path, private_postgres):
@@ -200,7 +200,7 @@ def test_ledger_down_longer_than_the_lease_stops_the_job(airflow_home, two_hosts
     assert re.search(r"no reservation left to release \(its lease had expired\)|reservation released", log), \
         log[-6000:]
     assert _live(url) == []
-    assert leftovers("hg_train_test.train") == ""
+    assert run_leftovers(log) == ""
 
 
 def _kill_dags_test(proc, pump) -> None:

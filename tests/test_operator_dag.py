@@ -13,7 +13,7 @@ import pytest
 from airflow_hetero_gpu.ledger import Ledger
 from airflow_hetero_gpu.testing.airflow_env import airflow_env, migrate
 from cluster_fixtures import emulated_cluster  # noqa: F401
-from dag_run_helpers import DAGS, airflow_home, finish, leftovers, losses, run_dag, start_dag, two_hosts  # noqa: F401
+from dag_run_helpers import DAGS, airflow_home, finish, leftovers, run_leftovers, losses, run_dag, start_dag, two_hosts  # noqa: F401
 
 pytest.importorskip("torch", reason="torch (CPU build) is needed to train the example model")
 
@@ -46,7 +46,7 @@ def test_a_crashing_worker_fails_the_task_and_cleans_up(airflow_home, two_hosts,
     assert not out.exists()
     with Ledger.from_url(cfg["ledger_url"]) as ledger:
         assert ledger.live_reservations() == []
-    assert leftovers("hg_train_test.train") == ""
+    assert run_leftovers(log) == ""
 
 
 def test_shell_metacharacters_stay_literal(airflow_home, two_hosts, tmp_path):

@@ -50,6 +50,8 @@ def too_large(cluster: Cluster, request: PlanRequest, pools: list[Pool], listed:
     """Why ``request`` wants more GPUs than any of ``pools`` has at all, or None."""
     if not pools or request.gpus <= max(pool_capacity(cluster, p) for p in pools):
         return None
+    if all(p.mig for p in pools):  # the planner's own line says why (NCCL cannot span MIG instances)
+        return None
     by_size = sorted(pools, key=lambda p: (-pool_capacity(cluster, p), p.id))
     sizes = [f"{p.id} has {pool_capacity(cluster, p)}" + (" (MIG: 1-GPU jobs only)" if p.mig else "")
              for p in by_size[:listed]]
