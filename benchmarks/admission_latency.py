@@ -94,6 +94,44 @@ def queue(n: int, seed: int = 5) -> list[QueueEntry]:
     return out
 
 
+TEAMS = {"research": {"quota": {"*": 4000}, "weight": 2}, "prod": {"quota": {"*": 2000}},
+         "intern": {"quota": {"*": 1000}, "borrowing_limit": {"*": 1000}}}
+
+
+def shared_fleet(cluster, held, entries, now: float):
+    """The same passes on a shared fleet: three teams with quotas (every job a team's), and
+    preemption on with every running job a candidate (priority 0, running for an hour). None
+    where the package has neither (a baseline revision)."""
+    try:
+        from airflow_hetero_gpu.core.admission import PreemptionRules, QuotaInput, RunningJob, teams_from_mapping
+    except ImportError:
+        return None
+    names = sorted(TEAMS)
+    teams = teams_from_mapping({"teams": TEAMS})
+
+    def team(job: str) -> str:
+        return names[sum(map(ord, job)) % len(names)]
+
+    def running_of(reserved):
+        by_job: dict[str, list] = {}
+        for key, job in reserved.items():
+            by_job.setdefault(job, []).append(key)
+        return [RunningJob(job, tuple(keys), 0, now - 3600, now - 600, team(job)) for job, keys in by_job.items()]
+
+    rules = PreemptionRules()
+    teamed = {id(e): dataclasses.replace(e, team=team(e.job_id)) for e in entries}
+
+    def run(queue, reserved, running=None):
+        quotas = QuotaInput(teams, {job: team(job) for job in set(reserved.values())})
+        return Admission(cluster).run([teamed.get(id(e), e) for e in queue], now=now, reserved=reserved,
+                                      quotas=quotas, running=running or running_of(reserved), preemption=rules)
+
+    def steady(reserved, queue):
+        return queue, reserved
+
+    return run, steady
+
+
 def measure(gpus: int, jobs: int, repeat: int) -> dict:
     cluster = synthetic_cluster(gpus)
     held = reservations(cluster, 0.98)
@@ -139,9 +177,15 @@ def measure(gpus: int, jobs: int, repeat: int) -> dict:
                f"{len(steady.admitted)}, {states['head']} heads, {states['waiting']} waiting, "
                f"{states['impossible']} impossible, {sum(1 for w in steady.waiting if w.claim and w.claim.kept)} "
                f"claims kept")
+    timings = [("plan (k=8)", t_plan, 1), ("plan, mask", t_mask, 1), ("first pass", t_first, first_calls),
+               ("steady pass", t_steady, steady_calls)]
+    shared = shared_fleet(cluster, held, entries, now)
+    if shared is not None:  # the code has team quotas and preemption: the same passes with both on
+        run_shared, steady_shared = shared
+        timings += [("first, teams", timed(lambda: run_shared(entries, held), repeat), None),
+                    ("steady, teams", timed(lambda: run_shared(*steady_shared(held2, steady_queue)), repeat), None)]
     rows = {}
-    for name, (w, c), n in (("plan (k=8)", t_plan, 1), ("plan, mask", t_mask, 1), ("first pass", t_first, first_calls),
-                            ("steady pass", t_steady, steady_calls)):
+    for name, (w, c), n in timings:
         rows[name] = {"wall_p50": statistics.median(w), "wall_p95": p95(w), "cpu_p50": statistics.median(c),
                       "cpu_p95": p95(c), "calls": n}
     admitted = sorted([a.job_id, [list(k) for k in a.gpus]] for a in first.admitted)  # as JSON gives it back
@@ -175,10 +219,11 @@ def main() -> None:
     for name, r in rows.items():
         cols = ""
         if base:
-            b = base["rows"][name]
-            cols = f" {b['cpu_p50'] * 1e3:>9.2f} {r['cpu_p50'] / b['cpu_p50']:>7.2f}"
+            b = base["rows"].get(name)
+            cols = f" {b['cpu_p50'] * 1e3:>9.2f} {r['cpu_p50'] / b['cpu_p50']:>7.2f}" if b else f" {'-':>9} {'-':>7}"
+        calls = "" if r["calls"] is None else r["calls"]
         print(f"{name:>14} {r['wall_p50'] * 1e3:>9.2f} {r['wall_p95'] * 1e3:>9.2f} {r['wall_p50'] / mp:>7.1f} "
-              f"{r['cpu_p50'] * 1e3:>8.2f} {r['cpu_p95'] * 1e3:>8.2f} {r['cpu_p50'] / mc:>7.1f}{cols} {r['calls']:>13}")
+              f"{r['cpu_p50'] * 1e3:>8.2f} {r['cpu_p95'] * 1e3:>8.2f} {r['cpu_p50'] / mc:>7.1f}{cols} {calls:>13}")
     if base:
         same = "the same jobs on the same GPUs" if base["admitted"] == out["admitted"] else "OTHER jobs or GPUs"
         print(f"base: the package at {baseline.revision(args.baseline)}, timed in a subprocess of this run; "

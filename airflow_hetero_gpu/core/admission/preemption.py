@@ -146,7 +146,7 @@ def reason(entry: QueueEntry, victim: RunningJob, reclaim: bool = False) -> str:
 
 
 def eligible(entry: QueueEntry, job: RunningJob, now: float, rules: PreemptionRules,
-             aging_interval_s: float | None = None, *, reclaim: bool = False) -> bool:
+             aging_interval_s: float | None = None, *, reclaim: bool = False, job_rank=None) -> bool:
     """Whether ``job`` may be stopped for ``entry``: the priority rule (a lower-priority job of its
     own team, or of the whole fleet without teams, that would rank behind it back in the queue),
     or, with ``reclaim`` (``entry`` is within its team's quota), any job of another team that
@@ -159,7 +159,9 @@ def eligible(entry: QueueEntry, job: RunningJob, now: float, rules: PreemptionRu
         return True
     if not job.preemptible:
         return False
-    if job.priority >= entry.priority or rank_key(job, aging_interval_s) < rank_key(entry, aging_interval_s):
+    if job.priority >= entry.priority:
+        return False
+    if (job_rank or rank_key)(job, aging_interval_s) < rank_key(entry, aging_interval_s):
         return False
     team = team_of(entry)
     return team is None or job.team is None or job.team == team
@@ -181,7 +183,7 @@ def in_progress(running: Iterable[RunningJob]) -> dict[str, list[str]]:
 
 def choose(p, entry: QueueEntry, ok_pools: np.ndarray, running: Sequence[RunningJob], now: float,
            rules: PreemptionRules, taken: set[str], aging_interval_s: float | None = None, *,
-           reclaim: bool = False) -> Preemption | None:
+           reclaim: bool = False, in_victim_order: bool = False, job_rank=None) -> Preemption | None:
     """The victims that let ``entry`` start, or None (see the module docstring).
 
     ``p`` is the pass's :class:`~airflow_hetero_gpu.core.admission.passstate.PassState`,
@@ -194,9 +196,11 @@ def choose(p, entry: QueueEntry, ok_pools: np.ndarray, running: Sequence[Running
     if not open_pools.any():
         return None
     c = p.cluster
-    candidates = sorted((j for j in running
-                         if j.job_id not in taken and eligible(entry, j, now, rules, aging_interval_s, reclaim=reclaim)),
-                        key=victim_key(now))
+    candidates = [j for j in running
+                  if j.job_id not in taken and eligible(entry, j, now, rules, aging_interval_s, reclaim=reclaim,
+                                                        job_rank=job_rank)]
+    if not in_victim_order:
+        candidates.sort(key=victim_key(now))
     if not candidates:
         return None
     closed = p.claimed | ~open_pools[c.pool_of]
@@ -241,8 +245,12 @@ class PassPreemption:
 
     def __init__(self, running: Sequence[RunningJob], rules: PreemptionRules, now: float,
                  aging_interval_s: float | None = None) -> None:
-        self.running = list(running)
+        # in victim order once per pass (the order depends on ``now`` only), each job's rank in the
+        # queue once: a pass asks about the same running jobs for every waiting job
+        self.running = sorted(running, key=victim_key(now))
         self.aging = aging_interval_s
+        ranks = {j.job_id: rank_key(j, aging_interval_s) for j in self.running}
+        self._rank = lambda job, _aging: ranks[job.job_id]
         self.rules = rules
         self.now = now
         self.stopping = in_progress(self.running)  # preemptor -> victims still stopping
@@ -256,7 +264,8 @@ class PassPreemption:
         are candidates too."""
         if entry.job_id in self.stopping:
             return None
-        pre = choose(p, entry, shape.ok, self.running, self.now, self.rules, self.taken, self.aging, reclaim=reclaim)
+        pre = choose(p, entry, shape.ok, self.running, self.now, self.rules, self.taken, self.aging, reclaim=reclaim,
+                     in_victim_order=True, job_rank=self._rank)
         if pre is None:
             return None
         from airflow_hetero_gpu.core.admission.claims import _record

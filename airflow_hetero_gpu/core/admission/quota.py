@@ -105,6 +105,7 @@ class QuotaBook:
         self._buckets: dict[tuple[str, str], tuple[str, ...]] = {}
         self._fill_cache: dict[str, tuple[dict, dict]] | None = None
         self._failed: dict[tuple[str, str], QuotaCheck] = {}  # smallest refused borrow per (team, card)
+        self._allowed: tuple[object, dict[tuple[str, str, int], QuotaCheck]] = (None, {})  # see check()
 
     # --- per team ----------------------------------------------------------------------------
     def buckets(self, team: str, card_type: str) -> tuple[str, ...]:
@@ -229,9 +230,18 @@ class QuotaBook:
         refused = self._failed.get((team, card_type))
         if refused is not None and refused.gpus <= gpus:  # a larger borrow is refused too
             return QuotaCheck(card_type, gpus, borrow, False, self._why(team, card_type, gpus))
+        # an allowed borrow stays allowed until the book changes (every change drops _fill_cache,
+        # which room() above has just rebuilt): one max-flow per (team, card type, GPUs) and state
+        if self._allowed[0] is not self._fill_cache:
+            self._allowed = (self._fill_cache, {})
+        hit = self._allowed[1].get((team, card_type, gpus))
+        if hit is not None:
+            return hit
         out = self._check_borrow(team, card_type, gpus, borrow)
         if not out.allowed:
             self._failed[(team, card_type)] = out
+        else:
+            self._allowed[1][(team, card_type, gpus)] = out
         return out
 
     def _check_borrow(self, team: str, card_type: str, gpus: int, borrow: int) -> QuotaCheck:
