@@ -6,10 +6,8 @@ neither), nothing left behind."""
 
 from __future__ import annotations
 
-import multiprocessing
 import random
 import time
-from multiprocessing.connection import wait
 
 from sqlalchemy import create_engine, func, select
 
@@ -20,19 +18,19 @@ from airflow_hetero_gpu.ledger.schema import preemptions, queue_entries, reserva
 from airflow_hetero_gpu.ledger.url import parse_url
 from postgres_fixtures import ledger_db_url  # noqa: F401  (fixture)
 from test_ledger_queue import fill
+from worker_race import race
 
 PROCS = 32
 ROUNDS = 2
 WAIT_S = 300
 RULES = PreemptionRules(min_runtime_s=0, delay_s=0)
 
-ctx = multiprocessing.get_context("fork")
 
 
 def _admitted(led: Ledger, job: str):
     entry = led.queue_entry(job) or led.renew_queue_entry(job)
     while not entry.admitted:
-        time.sleep(0.03)
+        time.sleep(0.2)  # polled as the operator does every few seconds
         entry = led.renew_queue_entry(job)
     return led.take_admission(job)
 
@@ -55,7 +53,7 @@ def _worker(url: str, idx: int, barrier, out) -> None:
                     keys = [tuple(k) for k in res.keys]
                     mark = None
                     while time.monotonic() - took < left:
-                        time.sleep(0.02)
+                        time.sleep(0.05)
                         mark = led.renew(job, 60).preempting  # the run loop's renewal
                         if mark is not None:
                             break
@@ -89,39 +87,16 @@ def _raw(url: str) -> tuple[int, int, int]:
 def test_concurrent_preemptions_hold_no_gpu_twice_and_leave_no_victim_half_stopped(ledger_db_url):  # noqa: F811
     with Ledger.from_url(ledger_db_url) as led:
         fill(led, hosts=4, gpus=8)  # 32 GPUs
-    barrier = ctx.Barrier(PROCS)
-    pipes = [ctx.Pipe(duplex=False) for _ in range(PROCS)]
-    procs = [ctx.Process(target=_worker, args=(ledger_db_url, i, barrier, pipes[i][1]), daemon=True)
-             for i in range(PROCS)]
-    for p in procs:
-        p.start()
     segments: list[tuple[str, tuple]] = []
     errors: list[str] = []
     done = 0
-    try:
-        readers = {pipes[i][0]: i for i in range(PROCS)}
-        deadline = time.monotonic() + WAIT_S
-        while readers:
-            assert time.monotonic() < deadline, f"workers stopped reporting: {sorted(readers.values())}"
-            for r in wait(list(readers), timeout=5):
-                try:
-                    what, idx, job, data = r.recv()
-                except EOFError:
-                    del readers[r]
-                    continue
-                if what == "ran":
-                    segments.append((job, data))
-                elif what == "error":
-                    errors.append(f"worker {idx}: {data}")
-                    del readers[r]
-                else:
-                    done += 1
-                    del readers[r]
-    finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
+    for what, idx, job, data in race(_worker, ledger_db_url, PROCS, WAIT_S):
+        if what == "ran":
+            segments.append((job, data))
+        elif what == "error":
+            errors.append(f"worker {idx}: {data}")
+        else:
+            done += 1
     assert errors == [] and done == PROCS
     finished = {job for job, (_k, _t, _f, by) in segments if by is None}
     assert len(finished) == PROCS * ROUNDS  # every job ran to its end, preempted or not

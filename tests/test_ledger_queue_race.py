@@ -3,11 +3,9 @@ them killed while they wait: no GPU held twice, no job admitted twice, nothing l
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import random
 import time
-from multiprocessing.connection import wait
 
 from sqlalchemy import create_engine, func, select
 
@@ -17,13 +15,13 @@ from airflow_hetero_gpu.ledger.schema import queue_entries, reservation_gpus
 from airflow_hetero_gpu.ledger.url import parse_url
 from postgres_fixtures import ledger_db_url  # noqa: F401  (fixture)
 from test_ledger_queue import fill
+from worker_race import race
 
 PROCS = 32
 ROUNDS = 3
 DEAD_LEASE_S = 3.0
 WAIT_S = 300
 
-ctx = multiprocessing.get_context("fork")
 
 
 def _worker(url: str, idx: int, barrier, out) -> None:
@@ -41,7 +39,7 @@ def _worker(url: str, idx: int, barrier, out) -> None:
                 entry = led.enqueue(job, PlanRequest(rng.choice([1, 1, 1, 2, 2, 4, 8])), priority=rng.choice([0, 1]),
                                     lease_seconds=60)
                 while not entry.admitted:
-                    time.sleep(0.05)  # a holder polls its own entry (one row) as the operator does
+                    time.sleep(0.2)  # a holder polls its own entry (one row), as the operator does every few seconds
                     entry = led.renew_queue_entry(job)
                 res = led.take_admission(job)
                 took = time.monotonic()
@@ -68,42 +66,17 @@ def _raw_counts(url: str) -> tuple[int, int]:
 def test_concurrent_enqueue_and_release_hold_no_gpu_twice_and_leave_nothing(ledger_db_url):  # noqa: F811
     with Ledger.from_url(ledger_db_url) as led:
         fill(led, hosts=4, gpus=8)  # 32 GPUs
-    barrier = ctx.Barrier(PROCS)
-    pipes = [ctx.Pipe(duplex=False) for _ in range(PROCS)]
-    procs = [ctx.Process(target=_worker, args=(ledger_db_url, i, barrier, pipes[i][1]), daemon=True)
-             for i in range(PROCS)]
-    for p in procs:
-        p.start()
     runs: dict[str, tuple] = {}
     dead: set[str] = set()
     errors: list[str] = []
-    try:
-        readers = {pipes[i][0]: i for i in range(PROCS)}
-        deadline = time.monotonic() + WAIT_S
-        while readers:
-            assert time.monotonic() < deadline, f"workers stopped reporting: {sorted(readers.values())}"
-            for r in wait(list(readers), timeout=5):
-                try:
-                    what, idx, job, data = r.recv()
-                except EOFError:
-                    del readers[r]
-                    continue
-                if what == "ran":
-                    assert job not in runs, f"{job} ran twice"
-                    runs[job] = data
-                elif what == "dead":
-                    dead.add(job)
-                    del readers[r]
-                elif what == "error":
-                    errors.append(f"worker {idx}: {data}")
-                    del readers[r]
-                else:
-                    del readers[r]
-    finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
+    for what, idx, job, data in race(_worker, ledger_db_url, PROCS, WAIT_S):
+        if what == "ran":
+            assert job not in runs, f"{job} ran twice"
+            runs[job] = data
+        elif what == "dead":
+            dead.add(job)
+        elif what == "error":
+            errors.append(f"worker {idx}: {data}")
     assert errors == []
     live_workers = [i for i in range(PROCS) if i % 8 != 7]
     assert len(runs) == len(live_workers) * ROUNDS and len(dead) == PROCS // 8

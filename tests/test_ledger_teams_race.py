@@ -5,16 +5,15 @@ every job admitted once, nothing left behind."""
 
 from __future__ import annotations
 
-import multiprocessing
 import random
 import time
-from multiprocessing.connection import wait
 
 from airflow_hetero_gpu.core.admission import teams_from_mapping
 from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
 from airflow_hetero_gpu.ledger import Ledger
 from postgres_fixtures import ledger_db_url  # noqa: F401  (fixture)
 from test_ledger_queue import fill
+from worker_race import race
 
 PROCS = 32
 ROUNDS = 3
@@ -27,7 +26,6 @@ FILES = [
                "b": {"quota": {"*": 8}, "borrowing_limit": {"*": 0}}, "c": {"quota": {"*": 8}, "weight": 3}}},
 ]
 
-ctx = multiprocessing.get_context("fork")
 
 
 def _worker(url: str, idx: int, barrier, out) -> None:
@@ -46,7 +44,7 @@ def _worker(url: str, idx: int, barrier, out) -> None:
                 job = f"{team}{idx}-r{rnd}"
                 entry = led.enqueue(job, PlanRequest(rng.choice([1, 1, 2, 4])), team=team, lease_seconds=60)
                 while not entry.admitted:
-                    time.sleep(0.05)
+                    time.sleep(0.2)  # a holder polls its own entry, as the operator does every few seconds
                     entry = led.renew_queue_entry(job)
                 res = led.take_admission(job)
                 took = time.monotonic()
@@ -63,38 +61,14 @@ def test_concurrent_operations_keep_every_team_within_quota_plus_borrowing_limit
     with Ledger.from_url(ledger_db_url) as led:
         fill(led, hosts=4, gpus=8)  # 32 GPUs
         led.apply_teams(teams_from_mapping(FILES[0]))
-    barrier = ctx.Barrier(PROCS)
-    pipes = [ctx.Pipe(duplex=False) for _ in range(PROCS)]
-    procs = [ctx.Process(target=_worker, args=(ledger_db_url, i, barrier, pipes[i][1]), daemon=True)
-             for i in range(PROCS)]
-    for p in procs:
-        p.start()
     runs: dict[str, tuple] = {}
     errors: list[str] = []
-    try:
-        readers = {pipes[i][0]: i for i in range(PROCS)}
-        deadline = time.monotonic() + WAIT_S
-        while readers:
-            assert time.monotonic() < deadline, f"workers stopped reporting: {sorted(readers.values())}"
-            for r in wait(list(readers), timeout=5):
-                try:
-                    what, idx, job, data = r.recv()
-                except EOFError:
-                    del readers[r]
-                    continue
-                if what == "ran":
-                    assert job not in runs, f"{job} ran twice"
-                    runs[job] = data
-                elif what == "error":
-                    errors.append(f"worker {idx}: {data}")
-                    del readers[r]
-                else:
-                    del readers[r]
-    finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
+    for what, idx, job, data in race(_worker, ledger_db_url, PROCS, WAIT_S):
+        if what == "ran":
+            assert job not in runs, f"{job} ran twice"
+            runs[job] = data
+        elif what == "error":
+            errors.append(f"worker {idx}: {data}")
     assert errors == []
     assert len(runs) == sum(1 for i in range(PROCS) if i % 4 != 3) * ROUNDS
     assert all(freed for *_, freed in runs.values())

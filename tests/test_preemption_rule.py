@@ -75,13 +75,8 @@ def test_a_four_gpu_preemptor_stops_only_what_it_needs():
      [_run("hgx-a1:0-7", "a", 1), _run("hgx-a2:0-7", "b", 1, preemptible=False)], _hi(gpus=16)),
     ("already being stopped for another job", [_run("hgx-a1:0-7", "a", 1, preempting="x"),
                                                _run("hgx-a2:0-7", "b", 1, preempting="x")], _hi()),
-    ("another team's job", [_run("hgx-a1:0-7", "a", 1, team="research"),
-                            _run("hgx-a2:0-7", "b", 1, team="research")], None),
 ])
 def test_no_preemption(why, running, entry):
-    if entry is None:  # a preemptor of team prod (the teams' field on the entry)
-        entry = _hi()
-        object.__setattr__(entry, "team", "prod")
     result = _pass([entry], running)
     assert result.preemptions == [], why
     if why == "preemptible=False":
@@ -183,3 +178,20 @@ def test_no_reclaim_beyond_the_quota_nor_from_jobs_within_theirs():
     assert not eligible(prod, borrower, NOW, RULES, reclaim=False)  # a borrower of the job's own round
     young = _run("hgx-a1:0-7", "intern-3", 5, started=NOW - 60, borrowed=True, team="intern")
     assert not eligible(prod, young, NOW, RULES, reclaim=True)  # min_runtime holds for reclaims too
+
+
+def test_teams_configured_a_job_preempts_only_its_own_teams_jobs_by_priority():
+    research = [_run("hgx-a1:0-7", "a", 1, team="research"), _run("hgx-a2:0-7", "b", 1, team="research")]
+    prod = QueueEntry("hi", PlanRequest(8, "A100*"), 5, NOW - 120, team="prod")
+    teams = {"prod": {"quota": {"A100*": 8}}, "research": {"quota": {"A100*": 16}}}
+    assert _teams_pass([prod], research, teams).preemptions == []  # neither its team's nor borrowed
+    mine = [_run("hgx-a1:0-7", "a", 1, team="prod"), _run("hgx-a2:0-7", "b", 1, team="research")]
+    (pre,) = _teams_pass([prod], mine, teams).preemptions
+    assert pre.victims == ("a",) and pre.reasons["a"] == "team prod, priority 5 > 1"
+
+
+def test_without_teams_the_whole_fleet_is_one_team_and_reasons_name_none():
+    running = [_run("hgx-a1:0-7", "a", 1, team="research"), _run("hgx-a2:0-7", "b", 1, team="research")]
+    entry = QueueEntry("hi", PlanRequest(8, "A100*"), 5, NOW - 120, team="prod")  # the operator sends one
+    (pre,) = _pass([entry], running).preemptions
+    assert pre.team is None and set(pre.reasons.values()) == {"priority 5 > 1"}

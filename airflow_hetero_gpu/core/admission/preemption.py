@@ -244,7 +244,10 @@ class PassPreemption:
     """Preemption during one admission pass: what the pass decided and who still stops for whom."""
 
     def __init__(self, running: Sequence[RunningJob], rules: PreemptionRules, now: float,
-                 aging_interval_s: float | None = None) -> None:
+                 aging_interval_s: float | None = None, *, teams: bool = True) -> None:
+        # ``teams`` False (no team configured): the whole fleet is one team, whatever team names
+        # the jobs carry (the operator always sends one), and reasons name none
+        self.teams = teams
         # in victim order once per pass (the order depends on ``now`` only), each job's rank in the
         # queue once: a pass asks about the same running jobs for every waiting job
         self.running = sorted(running, key=victim_key(now))
@@ -264,6 +267,8 @@ class PassPreemption:
         are candidates too."""
         if entry.job_id in self.stopping:
             return None
+        if not self.teams and entry.team is not None:
+            entry = dataclasses.replace(entry, team=None)
         pre = choose(p, entry, shape.ok, self.running, self.now, self.rules, self.taken, self.aging, reclaim=reclaim,
                      in_victim_order=True, job_rank=self._rank)
         if pre is None:

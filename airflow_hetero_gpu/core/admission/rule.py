@@ -120,8 +120,10 @@ class Admission:
             raise RequestError(f"now: expected seconds, got {now!r}")
         entries = list(queue) if in_order else ordered(queue, self.aging)
         p = PassState(self, reserved, reserved_mask)
-        pre = PassPreemption(running, preemption, now, self.aging) if preemption is not None and running else None
-        if quotas is not None and quotas.teams:
+        teams = quotas is not None and bool(quotas.teams)
+        pre = (PassPreemption(running, preemption, now, self.aging, teams=teams)
+               if preemption is not None and running else None)
+        if teams:
             result = self._run_teams(now, entries, p, reserved, quotas, explain, pre)
             return pre.annotate(result) if pre else result
         shapes: dict[int, Shape] = {}  # id(request) -> what this pass learnt about it
