@@ -42,7 +42,7 @@ def _run(tmp_path, capsys, trace, *extra):
     return report["policies"][0]["metrics"], {r["job_id"]: r for r in _read(jobs)}, _read(events)
 
 
-def test_must_show_1_the_urgent_job_starts_within_grace_plus_a_minute_and_one_victim_loses_little(tmp_path, capsys):
+def test_the_urgent_job_starts_within_grace_plus_a_minute_and_one_victim_loses_little(tmp_path, capsys):
     metrics, jobs, events = _run(tmp_path, capsys, FULL)
     hi = jobs["hi"]
     wait = float(hi["start_s"]) - float(hi["arrival_s"])
@@ -64,7 +64,7 @@ def test_must_show_1_the_urgent_job_starts_within_grace_plus_a_minute_and_one_vi
         assert jobs[other]["preemptions"] == "0" and float(jobs[other]["end_s"]) == 7200
 
 
-def test_must_show_1_without_preemption_the_urgent_job_waits_for_a_job_to_end(tmp_path, capsys):
+def test_without_preemption_the_urgent_job_waits_for_a_job_to_end(tmp_path, capsys):
     metrics, jobs, events = _run(tmp_path, capsys, FULL, "--preemption", "off")
     assert float(jobs["hi"]["start_s"]) == 7200
     assert metrics["preemptions"] == 0 and metrics["lost_gpu_s"] == 0
@@ -80,7 +80,7 @@ def test_a_job_that_is_not_preemptible_is_never_chosen(tmp_path, capsys):
     assert not [e for e in events if e["event"] == "preempt"] and float(jobs["hi"]["start_s"]) == 7200
 
 
-def test_must_show_2_no_thrashing_under_a_stream_of_urgent_short_jobs(tmp_path, capsys):
+def test_no_thrashing_under_a_stream_of_urgent_short_jobs(tmp_path, capsys):
     # four 2-hour low-priority jobs and, for two hours, an urgent 8-GPU 5-minute job every 4 minutes
     trace = HEADER + "".join(f"lo{i},{i},7200,8,0,1,600\n" for i in range(4))
     trace += "".join(f"hi{n:02d},{600 + 240 * n},300,8,5,1,0\n" for n in range(30))
@@ -117,7 +117,7 @@ def test_bad_trace_values_and_options_are_one_line_errors(tmp_path, capsys):
     assert "--preemption on: only the admission queue preempts" in capsys.readouterr().err
 
 
-# must-show 3: the lending scenario with preemption. intern (quota 16) fills all 32 GPUs with
+# The lending scenario with preemption. intern (quota 16) fills all 32 GPUs with
 # long high-priority jobs while prod (quota 16) is idle: 16 of them run on prod's lent quota.
 # prod's first job (8 GPUs, priority 0) then reclaims its quota: it stops one borrower.
 LEND_TEAMS = "teams:\n  prod: {quota: {\"*\": 16}}\n  intern: {quota: {\"*\": 16}}\n"
@@ -126,7 +126,7 @@ LEND = ("job_id,arrival_s,duration_s,gpus,team,priority,preemptible,checkpoint_s
         + "prod0,900,600,8,prod,0,1,0\n")
 
 
-def test_must_show_3_a_returning_lender_reclaims_within_grace_plus_a_minute(tmp_path, capsys):
+def test_a_returning_lender_reclaims_within_grace_plus_a_minute(tmp_path, capsys):
     (tmp_path / "teams.yaml").write_text(LEND_TEAMS)
     metrics, jobs, events = _run(tmp_path, capsys, LEND, "--teams", str(tmp_path / "teams.yaml"))
     prod = jobs["prod0"]
