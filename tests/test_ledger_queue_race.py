@@ -9,13 +9,13 @@ import time
 
 from sqlalchemy import create_engine, func, select
 
-from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
+from airflow_hetero_gpu.core.model import PlanRequest
 from airflow_hetero_gpu.ledger import Ledger
 from airflow_hetero_gpu.ledger.schema import queue_entries, reservation_gpus
 from airflow_hetero_gpu.ledger.url import parse_url
 from postgres_fixtures import ledger_db_url  # noqa: F401  (fixture)
 from test_ledger_queue import fill
-from worker_race import race
+from worker_race import assert_no_gpu_held_twice, race
 
 PROCS = 32
 ROUNDS = 3
@@ -83,15 +83,7 @@ def test_concurrent_enqueue_and_release_hold_no_gpu_twice_and_leave_nothing(ledg
     # every job was admitted once and released its own reservation once
     assert all(freed for _keys, _took, _freed_at, freed in runs.values())
     # no GPU held by two jobs at once: the holding intervals of one GPU never overlap
-    by_gpu: dict[GpuKey, list[tuple[float, float, str]]] = {}
-    for job, (keys, took, freed_at, _) in runs.items():
-        assert len(keys) == len(set(keys))
-        for k in keys:
-            by_gpu.setdefault(GpuKey(*k), []).append((took, freed_at, job))
-    for gpu, spans in by_gpu.items():
-        spans.sort()
-        for (_a0, a1, ja), (b0, _b1, jb) in zip(spans, spans[1:]):
-            assert a1 <= b0, f"{gpu} held by {ja} and {jb} at once"
+    assert_no_gpu_held_twice((job, keys, took, freed_at) for job, (keys, took, freed_at, _) in runs.items())
     # the killed waiters' entries (and any admission they never took) go once their lease passes:
     # every write sweeps; wait on the ledger's rows (the timeout is only a safety net)
     with Ledger.from_url(ledger_db_url) as led:

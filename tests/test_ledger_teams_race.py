@@ -9,11 +9,11 @@ import random
 import time
 
 from airflow_hetero_gpu.core.admission import teams_from_mapping
-from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
+from airflow_hetero_gpu.core.model import PlanRequest
 from airflow_hetero_gpu.ledger import Ledger
 from postgres_fixtures import ledger_db_url  # noqa: F401  (fixture)
 from test_ledger_queue import fill
-from worker_race import race
+from worker_race import assert_no_gpu_held_twice, race
 
 PROCS = 32
 ROUNDS = 3
@@ -72,14 +72,7 @@ def test_concurrent_operations_keep_every_team_within_quota_plus_borrowing_limit
     assert errors == []
     assert len(runs) == sum(1 for i in range(PROCS) if i % 4 != 3) * ROUNDS
     assert all(freed for *_, freed in runs.values())
-    by_gpu: dict[GpuKey, list[tuple[float, float, str]]] = {}
-    for job, (keys, took, freed_at, _) in runs.items():
-        for k in keys:
-            by_gpu.setdefault(GpuKey(*k), []).append((took, freed_at, job))
-    for gpu, spans in by_gpu.items():
-        spans.sort()
-        for (_a0, a1, ja), (b0, _b1, jb) in zip(spans, spans[1:]):
-            assert a1 <= b0, f"{gpu} held by {ja} and {jb} at once"
+    assert_no_gpu_held_twice((job, keys, took, freed_at) for job, (keys, took, freed_at, _) in runs.items())
     with Ledger.open_existing(ledger_db_url) as led:
         samples = led.team_samples()
         assert led.queue() == [] and led.live_reservations() == []

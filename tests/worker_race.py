@@ -40,3 +40,19 @@ def race(worker: Callable, url: str, procs: int, wait_s: float) -> list[tuple]:
             if p.is_alive():
                 p.kill()
     return messages
+
+
+def assert_no_gpu_held_twice(holds) -> None:
+    """No GPU held by two jobs at once: ``holds`` are ``(job, keys, took, freed_at)``, one per
+    holding of a job; each lists a GPU once, and the holding intervals of one GPU never overlap."""
+    from airflow_hetero_gpu.core.model import GpuKey
+
+    by_gpu: dict[GpuKey, list[tuple[float, float, str]]] = {}
+    for job, keys, took, freed_at in holds:
+        assert len(keys) == len(set(keys))
+        for k in keys:
+            by_gpu.setdefault(GpuKey(*k), []).append((took, freed_at, job))
+    for gpu, spans in by_gpu.items():
+        spans.sort()
+        for (_a0, a1, ja), (b0, _b1, jb) in zip(spans, spans[1:]):
+            assert a1 <= b0, f"{gpu} held by {ja} and {jb} at once"
