@@ -195,3 +195,35 @@ def test_without_teams_the_whole_fleet_is_one_team_and_reasons_name_none():
     entry = QueueEntry("hi", PlanRequest(8, "A100*"), 5, NOW - 120, team="prod")  # the operator sends one
     (pre,) = _pass([entry], running).preemptions
     assert pre.team is None and set(pre.reasons.values()) == {"priority 5 > 1"}
+
+
+@pytest.mark.parametrize("aging", [3600.0, None])
+def test_the_pass_finds_candidates_with_numpy_exactly_as_the_rule_says_one_job_at_a_time(aging):
+    """Candidates (the pass's arrays) against eligible() and victim_key() on random jobs: the same
+    jobs, in the same order, for every waiting job, with and without reclaim."""
+    import random
+
+    from airflow_hetero_gpu.core.admission.preemption import Candidates, eligible, victim_key
+
+    rng = random.Random(7)
+    teams = [None, "prod", "research"]
+    running = []
+    for i in range(300):
+        started = rng.choice([NOW - 5000, NOW - 700, NOW - 100, rng.uniform(0, NOW)])
+        running.append(RunningJob(
+            f"r{rng.randrange(1000):03d}-{i}", tuple(GpuKey("h", g) for g in range(rng.choice([1, 2, 8]))),
+            rng.choice([0, 1, 2, 5]), started, rng.choice([None, started + 50, started - 10, NOW - 20]),
+            rng.choice(teams), rng.random() < 0.8, rng.random() < 0.3,
+            rng.choice([None, None, None, "other"]), rng.choice([None, started - 300, 0.0, NOW - 3600])))
+    cands = Candidates(running, NOW, RULES, aging)
+    assert [j.job_id for j in cands.jobs] == [j.job_id for j in sorted(running, key=victim_key(NOW))]
+    checked = 0
+    for n in range(60):
+        entry = QueueEntry(f"w{n}", PlanRequest(1), rng.choice([0, 1, 2, 5, 9]),
+                           rng.choice([NOW - 7200, NOW - 600, rng.uniform(0, NOW), 0.0]), team=rng.choice(teams))
+        for reclaim in (False, True):
+            mask = cands.eligible(entry, reclaim=reclaim)
+            want = [eligible(entry, j, NOW, RULES, aging, reclaim=reclaim) for j in cands.jobs]
+            assert mask.tolist() == want, (entry, reclaim)
+            checked += sum(want)
+    assert checked > 100  # the random jobs make both answers common

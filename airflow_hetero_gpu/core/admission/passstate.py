@@ -50,8 +50,11 @@ class PassState:
             keys = list(reserved or {})
             found = list(map(c.position.get, keys))  # GpuKeys as the ledger gives them: no copies
             found = [p if p is not None else c.position.get(GpuKey(*k)) for p, k in zip(found, keys)]
-            held[[p for p in found if p is not None]] = True
+            pos = np.array([-1 if p is None else p for p in found] if None in found else found, dtype=np.int64)
+            held[pos[pos >= 0]] = True
+            self._reserved_pos: np.ndarray | None = pos
         else:
+            self._reserved_pos = None
             held = np.array(reserved_mask, dtype=bool)
             if held.shape != (n,):
                 raise ValueError(f"reserved_mask: expected {n} entries, got {held.shape}")
@@ -68,6 +71,17 @@ class PassState:
         self.head_of: dict[int, Claim] = {}
         self.extra: dict[GpuKey, str] = {}
         self.holders = ChainMap(self.extra, reserved if reserved is not None else {})
+
+    def reserved_positions(self) -> np.ndarray:
+        """Each live reservation's GPU position, in the order of ``reserved`` (-1: a GPU the
+        cluster no longer lists)."""
+        if self._reserved_pos is None:
+            reserved = self.holders.maps[1]
+            get = self.cluster.position.get
+            self._reserved_pos = np.fromiter(
+                (-1 if (q := get(k)) is None and (q := get(GpuKey(*k))) is None else q for k in reserved),
+                dtype=np.int64, count=len(reserved))
+        return self._reserved_pos
 
     def positions(self, keys) -> np.ndarray:
         return np.fromiter((self.cluster.position[GpuKey(*k)] for k in keys), dtype=np.int64, count=len(keys))

@@ -183,12 +183,14 @@ def in_progress(running: Iterable[RunningJob]) -> dict[str, list[str]]:
 
 def choose(p, entry: QueueEntry, ok_pools: np.ndarray, running: Sequence[RunningJob], now: float,
            rules: PreemptionRules, taken: set[str], aging_interval_s: float | None = None, *,
-           reclaim: bool = False, in_victim_order: bool = False, job_rank=None) -> Preemption | None:
+           reclaim: bool = False, in_victim_order: bool = False, job_rank=None,
+           candidates: Sequence[RunningJob] | None = None) -> Preemption | None:
     """The victims that let ``entry`` start, or None (see the module docstring).
 
     ``p`` is the pass's :class:`~airflow_hetero_gpu.core.admission.passstate.PassState`,
     ``ok_pools`` the pools the job accepts, ``taken`` the jobs already chosen as victims in this
-    pass (updated here).
+    pass (updated here). ``candidates``: the eligible jobs of ``running`` not yet taken, in
+    victim order, when the caller has already picked them (:class:`PassPreemption` does, with numpy).
     """
     if now - entry.enqueued_at < rules.delay_s:
         return None
@@ -196,16 +198,18 @@ def choose(p, entry: QueueEntry, ok_pools: np.ndarray, running: Sequence[Running
     if not open_pools.any():
         return None
     c = p.cluster
-    candidates = [j for j in running
-                  if j.job_id not in taken and eligible(entry, j, now, rules, aging_interval_s, reclaim=reclaim,
-                                                        job_rank=job_rank)]
-    if not in_victim_order:
-        candidates.sort(key=victim_key(now))
+    if candidates is None:
+        candidates = [j for j in running
+                      if j.job_id not in taken and eligible(entry, j, now, rules, aging_interval_s, reclaim=reclaim,
+                                                            job_rank=job_rank)]
+        if not in_victim_order:
+            candidates.sort(key=victim_key(now))
     if not candidates:
         return None
     closed = p.claimed | ~open_pools[c.pool_of]
     room = (p.usable & ~closed).astype(bool)
     free = np.bincount(c.pool_of[room & ~p.blocked], minlength=len(c.pools))
+    gained = np.zeros(len(c.pools), dtype=free.dtype)
     released = np.zeros(len(c.gpus), dtype=bool)
     picked: list[RunningJob] = []
     need = entry.request.gpus
@@ -218,7 +222,7 @@ def choose(p, entry: QueueEntry, ok_pools: np.ndarray, running: Sequence[Running
             continue  # its GPUs are claimed for a head ahead, or in a pool this job may not use
         released[pos] = True
         picked.append(job)
-        gained = np.bincount(c.pool_of[released & room], minlength=len(c.pools))
+        gained += np.bincount(c.pool_of[pos[room[pos]]], minlength=len(c.pools))
         if int((free + gained)[open_pools].max()) < need:
             continue
         placement = p.adm.placer(entry, closed | (p.held & ~released), p.holders, idle=released)
@@ -235,6 +239,62 @@ def choose(p, entry: QueueEntry, ok_pools: np.ndarray, running: Sequence[Running
     return None
 
 
+class Candidates:
+    """The running jobs of one pass as arrays, in victim order, so that the jobs a waiting job may
+    stop are found with numpy: a pass on a fleet of 10,000 GPUs asks about some 1,500 running jobs
+    for every waiting job that could preempt. :meth:`eligible` is :func:`eligible` for all of them
+    at once (``tests/test_preemption_rule.py`` checks the two agree)."""
+
+    def __init__(self, running: Sequence[RunningJob], now: float, rules: PreemptionRules,
+                 aging_interval_s: float | None) -> None:
+        n = len(running)
+        nan = math.nan
+        cols = np.array([(j.started_at, nan if j.checkpoint_at is None else j.checkpoint_at, len(j.gpus), j.borrowed,
+                          j.priority, j.preempting is None, j.preemptible, j.enqueued_at) for j in running],
+                        dtype=np.float64).reshape(n, 8)
+        started, ckpt, ngpus, borrowed, priority, idle, preemptible, enqueued = cols.T
+        since = np.where(np.isnan(ckpt), started, np.fmax(started, ckpt))
+        lost = np.maximum(0.0, now - since) * ngpus
+        borrowed = borrowed.astype(bool)
+        priority = priority.astype(np.int64)
+        ids = np.array([j.job_id for j in running], dtype=str)
+        order = np.lexsort((ids, priority, ~borrowed, lost))  # victim_key(now), as numpy sorts it
+        self.jobs = [running[i] for i in order.tolist()]
+        self.aging = aging_interval_s
+        # what does not depend on the waiting job: not already stopping, ran long enough
+        self.open = (idle.astype(bool) & (now - started >= rules.min_runtime_s))[order]
+        self.borrowed = borrowed[order]
+        self.preemptible = preemptible.astype(bool)[order]
+        self.priority = priority[order]
+        enqueued = enqueued[order]
+        self.team = np.array([j.team for j in self.jobs] + [None], dtype=object)[:n]
+        self.no_team = np.fromiter((t is None for t in self.team), dtype=bool, count=n)
+        # rank_key's first element (the virtual enqueue time, or -priority without aging)
+        self.rank0 = -self.priority.astype(np.float64) if aging_interval_s is None else \
+            enqueued - self.priority * aging_interval_s
+        self.taken = np.zeros(n, dtype=bool)
+        self.index = {j.job_id: i for i, j in enumerate(self.jobs)}
+
+    def eligible(self, entry: QueueEntry, *, reclaim: bool = False) -> np.ndarray:
+        """Mask over :attr:`jobs`: those ``entry`` may stop (see :func:`eligible`), not yet taken."""
+        base = self.open & ~self.taken
+        team = team_of(entry)
+        same_team = self.no_team | (self.team == team) if team is not None else np.ones_like(base)
+        mine = rank_key(entry, self.aging)
+        behind = self.rank0 > mine[0]
+        tie = np.flatnonzero(self.rank0 == mine[0])
+        for i in tie.tolist():  # the same first element: the rest of the key decides
+            behind[i] = not rank_key(self.jobs[i], self.aging) < mine
+        ok = base & self.preemptible & (self.priority < entry.priority) & behind & same_team
+        if reclaim and team is not None:
+            ok |= base & self.borrowed & (self.team != team)
+        return ok
+
+    def take(self, job_ids) -> None:
+        for job in job_ids:
+            self.taken[self.index[job]] = True
+
+
 def describe(victims: Sequence[str]) -> str:
     """``preempting j1, j2 for it``: the note on a preemptor's reason."""
     return f"preempting {', '.join(victims)} for it"
@@ -248,17 +308,22 @@ class PassPreemption:
         # ``teams`` False (no team configured): the whole fleet is one team, whatever team names
         # the jobs carry (the operator always sends one), and reasons name none
         self.teams = teams
-        # in victim order once per pass (the order depends on ``now`` only), each job's rank in the
-        # queue once: a pass asks about the same running jobs for every waiting job
-        self.running = sorted(running, key=victim_key(now))
+        # the running jobs as arrays in victim order, built at the first waiting job that could
+        # preempt (a pass where nobody can does not pay for it)
+        self._running = running
+        self._candidates: Candidates | None = None
         self.aging = aging_interval_s
-        ranks = {j.job_id: rank_key(j, aging_interval_s) for j in self.running}
-        self._rank = lambda job, _aging: ranks[job.job_id]
         self.rules = rules
         self.now = now
-        self.stopping = in_progress(self.running)  # preemptor -> victims still stopping
+        self.stopping = in_progress(running)  # preemptor -> victims still stopping
         self.taken: set[str] = set()
         self.decided: list[Preemption] = []
+
+    @property
+    def candidates(self) -> Candidates:
+        if self._candidates is None:
+            self._candidates = Candidates(self._running, self.now, self.rules, self.aging)
+        return self._candidates
 
     def claim(self, p, entry: QueueEntry, shape, *, reclaim: bool = False):
         """A new preemption for ``entry`` and its claim on the GPUs it frees, or None (the caller
@@ -269,10 +334,16 @@ class PassPreemption:
             return None
         if not self.teams and entry.team is not None:
             entry = dataclasses.replace(entry, team=None)
-        pre = choose(p, entry, shape.ok, self.running, self.now, self.rules, self.taken, self.aging, reclaim=reclaim,
-                     in_victim_order=True, job_rank=self._rank)
+        if self.now - entry.enqueued_at < self.rules.delay_s or not (shape.ok & ~p.headed).any():
+            return None  # what choose() checks first, before the candidates are built
+        cands = self.candidates
+        jobs = cands.jobs
+        chosen = [jobs[i] for i in np.flatnonzero(cands.eligible(entry, reclaim=reclaim)).tolist()]
+        pre = choose(p, entry, shape.ok, jobs, self.now, self.rules, self.taken, self.aging, reclaim=reclaim,
+                     candidates=chosen)
         if pre is None:
             return None
+        cands.take(pre.victims)
         from airflow_hetero_gpu.core.admission.claims import _record
 
         self.decided.append(pre)
@@ -291,4 +362,4 @@ class PassPreemption:
 
 
 __all__ = ["DEFAULT_MIN_RUNTIME_S", "DEFAULT_PREEMPTION_DELAY_S", "DEFAULT_PREEMPTION_GRACE_S", "PreemptionRules",
-           "RunningJob", "Preemption", "choose", "eligible", "reclaims", "victim_key", "in_progress", "describe", "reason", "PassPreemption"]
+           "RunningJob", "Preemption", "Candidates", "choose", "eligible", "reclaims", "victim_key", "in_progress", "describe", "reason", "PassPreemption"]

@@ -28,6 +28,7 @@ accounts.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
@@ -49,6 +50,38 @@ def share_value(borrowed_now: int, decayed_gpu_s: float, weight: float, half_lif
     """The fair-share value (lower goes first): usage above quota, now plus decayed history
     (as an average number of GPUs), per unit of weight."""
     return (borrowed_now + decayed_gpu_s * math.log(2) / half_life_s) / weight
+
+
+@functools.lru_cache(maxsize=4096)
+def max_cover(need: tuple[tuple[str, int], ...], lenders: tuple[tuple[tuple[str, str], int], ...],
+              uncovered: int) -> tuple[int, tuple[tuple[tuple[str, str], int], ...]]:
+    """The cover of borrowed GPUs ``need`` ((card type, GPUs), ...) by ``lenders`` (((team,
+    pattern), GPUs it lends), ...) and the ``uncovered`` GPUs of the fleet: a maximum flow from card
+    types to the lenders whose pattern matches them. Returns how many are covered and how many
+    each lender covers. A pure function of its arguments, so its answers are kept across passes:
+    a steady queue asks the same questions of the same accounts every pass."""
+    total = sum(n for _, n in need)
+    g = nx.DiGraph()
+    for c, n in need:
+        g.add_edge("src", ("type", c), capacity=n)
+        if uncovered:
+            g.add_edge(("type", c), "uncovered", capacity=n)
+        for (team, p), supply in lenders:
+            if matches(c, p):
+                g.add_edge(("type", c), ("lender", team, p), capacity=n)
+    if uncovered:
+        g.add_edge("uncovered", "sink", capacity=uncovered)
+    for (team, p), supply in lenders:
+        g.add_edge(("lender", team, p), "sink", capacity=supply)
+    if "sink" not in g:
+        return 0, ()
+    value, flow = nx.maximum_flow(g, "src", "sink")
+    lent = []
+    for (team, p), _ in lenders:
+        got = flow.get(("lender", team, p), {}).get("sink", 0)
+        if got:
+            lent.append(((team, p), int(got)))
+    return min(int(value), total), tuple(lent)
 
 
 # --- one pass's accounts -------------------------------------------------------------------------
@@ -106,6 +139,7 @@ class QuotaBook:
         self._fill_cache: dict[str, tuple[dict, dict]] | None = None
         self._failed: dict[tuple[str, str], QuotaCheck] = {}  # smallest refused borrow per (team, card)
         self._allowed: tuple[object, dict[tuple[str, str, int], QuotaCheck]] = (None, {})  # see check()
+        self.version = 0  # every change of the accounts adds one (callers keep answers per version)
 
     # --- per team ----------------------------------------------------------------------------
     def buckets(self, team: str, card_type: str) -> tuple[str, ...]:
@@ -191,34 +225,11 @@ class QuotaBook:
 
     def cover(self, demand: Mapping[str, int]) -> tuple[int, dict[tuple[str, str], int]]:
         """How many of the borrowed GPUs lenders can cover, and how many each lender covers."""
-        need = {c: n for c, n in demand.items() if n > 0}
+        need = tuple(sorted((c, n) for c, n in demand.items() if n > 0))
         if not need:
             return 0, {}
-        lenders = self._lenders()
-        total = sum(need.values())
-        g = nx.DiGraph()
-        for c, n in need.items():
-            g.add_edge("src", ("type", c), capacity=n)
-            if self.uncovered:
-                g.add_edge(("type", c), "uncovered", capacity=n)
-            for (team, p), supply in lenders.items():
-                if matches(c, p):
-                    g.add_edge(("type", c), ("lender", team, p), capacity=n)
-        if self.uncovered:
-            g.add_edge("uncovered", "sink", capacity=self.uncovered)
-        for (team, p), supply in lenders.items():
-            g.add_edge(("lender", team, p), "sink", capacity=supply)
-        if "sink" not in g:
-            return 0, {}
-        value, flow = nx.maximum_flow(g, "src", "sink")
-        lent = {}
-        for (team, p) in lenders:
-            node = ("lender", team, p)
-            if node in flow:
-                got = flow[node].get("sink", 0)
-                if got:
-                    lent[(team, p)] = int(got)
-        return min(int(value), total), lent
+        value, lent = max_cover(need, tuple(sorted(self._lenders().items())), self.uncovered)
+        return value, dict(lent)
 
     # --- a job -------------------------------------------------------------------------------
     def check(self, team: str, card_type: str, gpus: int) -> QuotaCheck:
@@ -265,6 +276,7 @@ class QuotaBook:
         self.usage[key] = self.usage.get(key, 0) + gpus
         self._fill_cache = None
         self._failed.clear()
+        self.version += 1
 
     def keep(self, team: str, card_type: str, gpus: int) -> None:
         """A job within quota waits: its quota is kept for it (not lent)."""
@@ -272,6 +284,7 @@ class QuotaBook:
         self.pending[key] = self.pending.get(key, 0) + gpus
         self._fill_cache = None
         self._failed.clear()
+        self.version += 1
 
     def explain(self, team: str, card_type: str, gpus: int) -> str:
         """``team intern: 4/4 of its quota in use, may borrow 4; borrowable now 0 (prod lends 0 of
