@@ -203,12 +203,18 @@ def measure(gpus: int, jobs: int, repeat: int) -> dict:
         first_running = running_shared(held)  # the ledger builds it from its rows: outside the timing
         timings += [("first, teams", timed(lambda: run_shared(entries, held, first_running), repeat), None),
                     ("steady, teams", timed(lambda: run_shared(*state), repeat), None)]
+    decisions = None
+    if shared is not None:  # what the passes with teams decide, to compare with the baseline's
+        def decided(result):
+            return {"admitted": sorted([a.job_id, [list(k) for k in a.gpus]] for a in result.admitted),
+                    "preempted": sorted([p.preemptor, list(p.victims)] for p in result.preemptions)}
+        decisions = {"first": decided(run_shared(entries, held, first_running)), "steady": decided(run_shared(*state))}
     rows = {}
     for name, (w, c), n in timings:
         rows[name] = {"wall_p50": statistics.median(w), "wall_p95": p95(w), "cpu_p50": statistics.median(c),
                       "cpu_p95": p95(c), "calls": n}
     admitted = sorted([a.job_id, [list(k) for k in a.gpus]] for a in first.admitted)  # as JSON gives it back
-    return {"summary": summary, "rows": rows, "admitted": admitted}
+    return {"summary": summary, "rows": rows, "admitted": admitted, "teams": decisions}
 
 
 def main() -> None:
@@ -247,6 +253,9 @@ def main() -> None:
         same = "the same jobs on the same GPUs" if base["admitted"] == out["admitted"] else "OTHER jobs or GPUs"
         print(f"base: the package at {baseline.revision(args.baseline)}, timed in a subprocess of this run; "
               f"its first pass admitted {same}")
+        if out["teams"] is not None and base.get("teams") is not None:
+            same = "the same" if base["teams"] == out["teams"] else "OTHER"
+            print(f"with teams, its first and steady passes made {same} admissions and preemptions")
 
 
 if __name__ == "__main__":

@@ -49,8 +49,10 @@ class PassState:
             held = np.zeros(n, dtype=bool)
             keys = list(reserved or {})
             found = list(map(c.position.get, keys))  # GpuKeys as the ledger gives them: no copies
-            found = [p if p is not None else c.position.get(GpuKey(*k)) for p, k in zip(found, keys)]
-            pos = np.array([-1 if p is None else p for p in found] if None in found else found, dtype=np.int64)
+            if None in found:  # keys of another tuple type, or GPUs the cluster no longer lists
+                found = [p if p is not None else c.position.get(GpuKey(*k)) for p, k in zip(found, keys)]
+                found = [-1 if p is None else p for p in found]
+            pos = np.array(found, dtype=np.int64)
             held[pos[pos >= 0]] = True
             self._reserved_pos: np.ndarray | None = pos
         else:

@@ -30,6 +30,7 @@ Pure: no I/O, no clock; the caller passes ``now`` on the queue's clock.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
@@ -249,31 +250,32 @@ class Candidates:
                  aging_interval_s: float | None) -> None:
         n = len(running)
         nan = math.nan
-        cols = np.array([(j.started_at, nan if j.checkpoint_at is None else j.checkpoint_at, len(j.gpus), j.borrowed,
-                          j.priority, j.preempting is None, j.preemptible, j.enqueued_at) for j in running],
-                        dtype=np.float64).reshape(n, 8)
-        started, ckpt, ngpus, borrowed, priority, idle, preemptible, enqueued = cols.T
+        started = np.array([j.started_at for j in running], dtype=np.float64)
+        ckpt = np.array([nan if j.checkpoint_at is None else j.checkpoint_at for j in running], dtype=np.float64)
         since = np.where(np.isnan(ckpt), started, np.fmax(started, ckpt))
-        lost = np.maximum(0.0, now - since) * ngpus
-        borrowed = borrowed.astype(bool)
-        priority = priority.astype(np.int64)
+        lost = np.maximum(0.0, now - since) * np.array([len(j.gpus) for j in running], dtype=np.float64)
+        borrowed = np.array([j.borrowed for j in running], dtype=bool)
+        priority = np.array([j.priority for j in running], dtype=np.int64)
+        idle = np.array([j.preempting is None for j in running], dtype=bool)
+        preemptible = np.array([j.preemptible for j in running], dtype=bool)
+        enqueued = np.array([j.enqueued_at for j in running], dtype=np.float64)
         ids = np.array([j.job_id for j in running], dtype=str)
         order = np.lexsort((ids, priority, ~borrowed, lost))  # victim_key(now), as numpy sorts it
+        self.ids = ids[order]
         self.jobs = [running[i] for i in order.tolist()]
         self.aging = aging_interval_s
         # what does not depend on the waiting job: not already stopping, ran long enough
-        self.open = (idle.astype(bool) & (now - started >= rules.min_runtime_s))[order]
+        self.open = (idle & (now - started >= rules.min_runtime_s))[order]
         self.borrowed = borrowed[order]
-        self.preemptible = preemptible.astype(bool)[order]
+        self.preemptible = preemptible[order]
         self.priority = priority[order]
         enqueued = enqueued[order]
         self.team = np.array([j.team for j in self.jobs] + [None], dtype=object)[:n]
-        self.no_team = np.fromiter((t is None for t in self.team), dtype=bool, count=n)
+        self.no_team = np.equal(self.team, None).astype(bool)
         # rank_key's first element (the virtual enqueue time, or -priority without aging)
         self.rank0 = -self.priority.astype(np.float64) if aging_interval_s is None else \
             enqueued - self.priority * aging_interval_s
         self.taken = np.zeros(n, dtype=bool)
-        self.index = {j.job_id: i for i, j in enumerate(self.jobs)}
 
     def eligible(self, entry: QueueEntry, *, reclaim: bool = False) -> np.ndarray:
         """Mask over :attr:`jobs`: those ``entry`` may stop (see :func:`eligible`), not yet taken."""
@@ -291,8 +293,7 @@ class Candidates:
         return ok
 
     def take(self, job_ids) -> None:
-        for job in job_ids:
-            self.taken[self.index[job]] = True
+        self.taken |= np.isin(self.ids, list(job_ids))
 
 
 def describe(victims: Sequence[str]) -> str:
@@ -325,6 +326,15 @@ class PassPreemption:
             self._candidates = Candidates(self._running, self.now, self.rules, self.aging)
         return self._candidates
 
+    @functools.cached_property
+    def bounds(self) -> tuple[float, bool]:
+        """The lowest priority of a running job that may be preempted at all, and whether any
+        runs on borrowed quota: a waiting job above neither has no candidate, and the pass need
+        not build :class:`Candidates` for it."""
+        free = [j for j in self._running if j.preempting is None]
+        lowest = min((j.priority for j in free if j.preemptible), default=math.inf)
+        return lowest, any(j.borrowed for j in free)
+
     def claim(self, p, entry: QueueEntry, shape, *, reclaim: bool = False):
         """A new preemption for ``entry`` and its claim on the GPUs it frees, or None (the caller
         then claims as usual). A preemptor whose victims still stop keeps its usual claim.
@@ -336,6 +346,9 @@ class PassPreemption:
             entry = dataclasses.replace(entry, team=None)
         if self.now - entry.enqueued_at < self.rules.delay_s or not (shape.ok & ~p.headed).any():
             return None  # what choose() checks first, before the candidates are built
+        lowest, borrowers = self.bounds
+        if entry.priority <= lowest and not (reclaim and borrowers):
+            return None  # no running job has a lower priority, and none is reclaimable
         cands = self.candidates
         jobs = cands.jobs
         chosen = [jobs[i] for i in np.flatnonzero(cands.eligible(entry, reclaim=reclaim)).tolist()]

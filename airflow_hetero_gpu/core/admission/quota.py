@@ -140,6 +140,7 @@ class QuotaBook:
         self._failed: dict[tuple[str, str], QuotaCheck] = {}  # smallest refused borrow per (team, card)
         self._allowed: tuple[object, dict[tuple[str, str, int], QuotaCheck]] = (None, {})  # see check()
         self.version = 0  # every change of the accounts adds one (callers keep answers per version)
+        self.team_versions: dict[str, int] = {}  # the same per team (see team_version)
 
     # --- per team ----------------------------------------------------------------------------
     def buckets(self, team: str, card_type: str) -> tuple[str, ...]:
@@ -241,10 +242,10 @@ class QuotaBook:
         refused = self._failed.get((team, card_type))
         if refused is not None and refused.gpus <= gpus:  # a larger borrow is refused too
             return QuotaCheck(card_type, gpus, borrow, False, self._why(team, card_type, gpus))
-        # an allowed borrow stays allowed until the book changes (every change drops _fill_cache,
-        # which room() above has just rebuilt): one max-flow per (team, card type, GPUs) and state
-        if self._allowed[0] is not self._fill_cache:
-            self._allowed = (self._fill_cache, {})
+        # an allowed borrow stays allowed until the book changes: one cover per (team, card type,
+        # GPUs) and state
+        if self._allowed[0] != self.version:
+            self._allowed = (self.version, {})
         hit = self._allowed[1].get((team, card_type, gpus))
         if hit is not None:
             return hit
@@ -274,17 +275,25 @@ class QuotaBook:
         """A job of ``team`` started on ``gpus`` GPUs of ``card_type``."""
         key = (team, card_type)
         self.usage[key] = self.usage.get(key, 0) + gpus
-        self._fill_cache = None
-        self._failed.clear()
-        self.version += 1
+        self._changed(team)
 
     def keep(self, team: str, card_type: str, gpus: int) -> None:
         """A job within quota waits: its quota is kept for it (not lent)."""
         key = (team, card_type)
         self.pending[key] = self.pending.get(key, 0) + gpus
-        self._fill_cache = None
+        self._changed(team)
+
+    def _changed(self, team: str) -> None:
+        """``team``'s accounts changed: its fill is computed again; every borrow is asked again."""
+        if self._fill_cache is not None:
+            self._fill_cache.pop(team, None)
         self._failed.clear()
         self.version += 1
+        self.team_versions[team] = self.team_versions.get(team, 0) + 1
+
+    def team_version(self, team: str) -> int:
+        """Changes whenever ``team``'s own accounts do (what :meth:`room` answers depends on)."""
+        return self.team_versions.get(team, 0)
 
     def explain(self, team: str, card_type: str, gpus: int) -> str:
         """``team intern: 4/4 of its quota in use, may borrow 4; borrowable now 0 (prod lends 0 of

@@ -65,13 +65,27 @@ class Admission:
         self.evicted = {GpuKey(*k): tuple(v) for k, v in (evicted or {}).items()}
         self.aging = check_aging(aging_interval_s)
         self.placer = placer or PlannerPlacer(cluster, evicted=self.evicted, config=self.config, drained=self.drained)
-        self._base = cluster_state(cluster, PlanRequest(1), {}, self.evicted, self.config, drained=self.drained)
+        static = self._static(cluster, config, weights)
+        self._base, self.loaded, self.host_pool, self._accepts = static
         self.on_drained = self._base.on_drained
         self.healthy = self._base.healthy  # healthy and not evicted
+
+    def _static(self, cluster: Cluster, config: ClusterConfig | None, weights) -> tuple:
+        """What depends only on the cluster, its configuration, the evictions and the drained
+        hosts: kept on the cluster object for the next pass over it with the same evictions and
+        drains (the ledger keeps its cluster between passes), built here otherwise."""
+        key = None
+        if (config is None or config is cluster.config) and not weights:
+            key = (frozenset(self.evicted.items()), frozenset(self.drained.items()))
+            kept = cluster.__dict__.setdefault("_admission_static", {})
+            hit = kept.get(key)
+            if hit is not None:
+                return hit
+        base = cluster_state(cluster, PlanRequest(1), {}, self.evicted, self.config, drained=self.drained)
         # loaded above the busy threshold by something the ledger does not know about (unless held)
-        self.loaded = cluster.base_load > self.config.thresholds.busy_utilization
+        loaded = cluster.base_load > self.config.thresholds.busy_utilization
         if self.config.thresholds.foreign_processes == "block":  # in use outside the scheduler
-            self.loaded = self.loaded | cluster.has_processes
+            loaded = loaded | cluster.has_processes
         # each host's pool, -1 for a host without GPUs or with GPUs in several pools
         starts = cluster.host_start
         has_gpus = np.diff(starts) > 0
@@ -79,13 +93,17 @@ class Admission:
         first[has_gpus] = cluster.pool_of[starts[:-1][has_gpus]]
         mixed = np.zeros(len(cluster.hosts), dtype=bool)
         np.logical_or.at(mixed, cluster.host_of, cluster.pool_of != first[cluster.host_of])
-        self.host_pool = np.where(mixed, -1, first)
-        self._accepts: dict[PlanRequest, tuple[np.ndarray, dict[str, str]]] = {}
+        out = (base, loaded, np.where(mixed, -1, first), {})
+        if key is not None:
+            if len(kept) >= 8:  # evictions and drains come and go: keep the latest few
+                kept.pop(next(iter(kept)))
+            kept[key] = out
+        return out
 
     def accepts(self, request: PlanRequest) -> tuple[np.ndarray, dict[str, str]]:
         """Which pools pass the planner's primary filters for ``request`` (a mask over
         ``cluster.pools``), and the first failing filter's reason for the others. Depends only on
-        the cluster and the evictions, so it is cached for the life of this object."""
+        the cluster, the evictions and the drains, so it is kept with them (see :meth:`_static`)."""
         hit = self._accepts.get(request)
         if hit is None:
             state = dataclasses.replace(self._base, request=request)

@@ -53,14 +53,15 @@ class TeamWalk:
         self.pre = pre  # preemption.PassPreemption, or None: preemption off
         c = adm.cluster
         self.pool_card = [pool.card_type for pool in c.pools]
-        cards = sorted(set(self.pool_card))
-        gpu_code = np.array([cards.index(t) for t in self.pool_card], dtype=np.int64)[c.pool_of] \
-            if len(c.gpus) else np.zeros(0, dtype=np.int64)
+        self.cards = cards = sorted(set(self.pool_card))
+        self.pool_code = np.array([cards.index(t) for t in self.pool_card], dtype=np.int64)
+        gpu_code = self.pool_code[c.pool_of] if len(c.gpus) else np.zeros(0, dtype=np.int64)
         healthy = np.bincount(gpu_code[adm.healthy], minlength=len(cards))
         self.book = QuotaBook(quotas.teams, {t: int(n) for t, n in zip(cards, healthy.tolist()) if n},
                               self._usage(p, quotas, reserved or {}, cards, gpu_code), quotas.history,
                               reasons=explain)
-        self._pools_at, self._pools_memo = -1, {}  # see _pools()
+        self._pools_memo: dict[tuple, tuple] = {}  # see _pools()
+        self._rooms: dict[tuple[str, int], np.ndarray] = {}  # see _room()
         self.admitted: list[Admitted] = []
         self.waiting: list[tuple] = []
         self.waiting_gpus: list[tuple[str, str, int]] = []  # (team, card type, GPUs) for the standing
@@ -94,34 +95,37 @@ class TeamWalk:
         borrowed GPUs per such pool, and the quota's reason when there are none. Quota is a
         matter of card type: one question per card type, not per pool; the answer stands until
         the quota book changes (jobs asking the same of the same book share it)."""
-        key = (team, id(shape), gpus, borrowing)
-        if self._pools_at != self.book.version:
-            self._pools_at, self._pools_memo = self.book.version, {}
+        # within quota the answer depends on the team's own accounts only; a borrow on everyone's
+        version = self.book.version if borrowing else self.book.team_version(team)
+        key = (team, id(shape), gpus, borrowing, version)
         hit = self._pools_memo.get(key)
         if hit is None:
             hit = self._pools_memo[key] = self._ask_pools(team, shape, gpus, borrowing)
         return hit
 
+    def _room(self, team: str) -> np.ndarray:
+        """The team's unused quota per card type (of :attr:`cards`), until its accounts change."""
+        key = (team, self.book.team_version(team))
+        hit = self._rooms.get(key)
+        if hit is None:
+            hit = self._rooms[key] = np.array([self.book.room(team, c) for c in self.cards], dtype=np.int64)
+        return hit
+
     def _ask_pools(self, team: str, shape: Shape, gpus: int, borrowing: bool) -> tuple[np.ndarray, dict[int, int], str]:
-        ok = np.zeros_like(shape.ok)
-        borrow: dict[int, int] = {}
+        if not borrowing:
+            return shape.ok & (self._room(team)[self.pool_code] >= gpus), {}, ""
+        codes = list(dict.fromkeys(self.pool_code[shape.ok].tolist()))  # in pool order: the first refusal says why
+        allowed = np.zeros(len(self.cards), dtype=bool)
+        borrowed = np.zeros(len(self.cards), dtype=np.int64)
         why = ""
-        answers: dict[str, tuple[bool, int, str]] = {}
-        for i in np.flatnonzero(shape.ok).tolist():
-            card = self.pool_card[i]
-            answer = answers.get(card)
-            if answer is None:
-                if not borrowing:
-                    answer = (self.book.room(team, card) >= gpus, 0, "")
-                else:
-                    chk = self.book.check(team, card, gpus)
-                    answer = (chk.allowed, chk.borrow, chk.why)
-                answers[card] = answer
-            if answer[0]:
-                ok[i] = True
-                borrow[i] = answer[1]
-            elif not why:
-                why = answer[2]
+        for code in codes:
+            card = self.cards[code]
+            chk = self.book.check(team, card, gpus)
+            allowed[code], borrowed[code] = chk.allowed, chk.borrow
+            if not chk.allowed and not why:
+                why = chk.why
+        ok = shape.ok & allowed[self.pool_code]
+        borrow = {i: int(borrowed[self.pool_code[i]]) for i in np.flatnonzero(ok).tolist()}
         return ok, borrow, why
 
     def _card(self, shape: Shape, claim) -> str:
