@@ -265,3 +265,23 @@ def test_wait_notes_repeat_the_warning_while_the_pools_lack_healthy_gpus():
     assert notes.note("waiting", "2nd in the queue") == ("info", "2nd in the queue")
     assert notes.note("waiting", "2nd in the queue") is None
     assert notes.note("impossible", "x")[0] == "warning"
+
+
+def test_what_a_pass_keeps_on_the_cluster_is_not_shared_with_a_copy_or_other_evictions():
+    """Admission keeps the primary filters and loads of a cluster for the next pass over it; a
+    shallow copy with other loads (the planner's released cluster) and other evictions or drains
+    get their own."""
+    import copy
+
+    cluster = _cluster()
+    adm = Admission(cluster)
+    assert Admission(cluster).loaded is adm.loaded  # kept for the next pass
+    busy = copy.copy(cluster)
+    busy.base_load = cluster.base_load.copy()
+    busy.base_load[:] = 100.0
+    assert Admission(busy).loaded.all() and not adm.loaded.any()
+    key = GpuKey("hgx-a1", 0)
+    evicted = Admission(cluster, evicted={key: ["xid 79"]})
+    assert not evicted.healthy[cluster.position[key]] and adm.healthy[cluster.position[key]]
+    drained = Admission(cluster, drained={"hgx-a2": "maintenance"})
+    assert drained.on_drained.sum() == 8 and not adm.on_drained.any()

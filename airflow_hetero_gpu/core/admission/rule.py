@@ -77,7 +77,10 @@ class Admission:
         key = None
         if (config is None or config is cluster.config) and not weights:
             key = (frozenset(self.evicted.items()), frozenset(self.drained.items()))
-            kept = cluster.__dict__.setdefault("_admission_static", {})
+            owner, kept = cluster.__dict__.get("_admission_static", (None, None))
+            if owner is not cluster:  # none yet, or a shallow copy's (with other loads): its own
+                kept = {}
+                cluster.__dict__["_admission_static"] = (cluster, kept)
             hit = kept.get(key)
             if hit is not None:
                 return hit
