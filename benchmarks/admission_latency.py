@@ -13,7 +13,14 @@ Three timings, median and p95 of ``--repeat`` runs each (after one warm-up):
   admission pass uses for its placer calls);
 * ``first pass``: ``Admission(...)`` built and run on the queue with no claims yet;
 * ``steady pass``: the next write: the jobs the first pass admitted now hold their GPUs, the
-  others wait with the claims it made (kept, so the heads are not planned again).
+  others wait with the claims it made (kept, so the heads are not planned again);
+* ``first, teams`` / ``steady, teams``: the same with three teams' quotas and preemption on
+  (every running job a candidate); the steady one once the passes have settled;
+* ``first, preemption`` / ``steady, preemption``: preemption on without teams (the default of a
+  deployment with no teams file).
+
+With ``--baseline REV`` every row is timed for the package at REV too (in a subprocess), and the
+run says whether both made the same admissions and preemptions.
 
     python benchmarks/admission_latency.py [--gpus 10000] [--jobs 100] [--repeat 20] [--baseline REV]
 """
@@ -98,10 +105,11 @@ TEAMS = {"research": {"quota": {"*": 4000}, "weight": 2}, "prod": {"quota": {"*"
          "intern": {"quota": {"*": 1000}, "borrowing_limit": {"*": 1000}}}
 
 
-def shared_fleet(cluster, held, entries, now: float):
-    """The same passes on a shared fleet: three teams with quotas (every job a team's), and
-    preemption on with every running job a candidate (priority 0, running for an hour). None
-    where the package has neither (a baseline revision)."""
+def shared_fleet(cluster, held, entries, now: float, with_teams: bool = True):
+    """The same passes on a shared fleet: three teams with quotas (every job a team's; with
+    ``with_teams`` False none, as a deployment without a teams file), and preemption on with every
+    running job a candidate (priority 0, running for an hour). None where the package has neither
+    (a baseline revision)."""
     try:
         from airflow_hetero_gpu.core.admission import PreemptionRules, QuotaInput, RunningJob, teams_from_mapping
     except ImportError:
@@ -118,14 +126,16 @@ def shared_fleet(cluster, held, entries, now: float):
             by_job.setdefault(job, []).append(key)
         stopping = preempting or {}
         return [RunningJob(job, tuple(keys), 0, now if job in started else now - 3600,
-                           None if job in started else now - 600, team(job), borrowed=job in borrowed,
+                           None if job in started else now - 600, team(job) if with_teams else None,
+                           borrowed=job in borrowed,
                            preempting=stopping.get(job)) for job, keys in by_job.items()]
 
     rules = PreemptionRules()
-    teamed = {id(e): dataclasses.replace(e, team=team(e.job_id)) for e in entries}
+    teamed = {id(e): dataclasses.replace(e, team=team(e.job_id) if with_teams else None) for e in entries}
 
     team_of = {job: team(job) for job in {*held.values(), *(e.job_id for e in entries)}}
-    quotas = QuotaInput(teams, team_of)  # the ledger reads it with the reservations: outside the timing
+    # the ledger reads them with the reservations: outside the timing
+    quotas = QuotaInput(teams, team_of) if with_teams else None
 
     def run(queue, reserved, running=None):
         return Admission(cluster).run([teamed.get(id(e), e) for e in queue], now=now, reserved=reserved,
@@ -133,18 +143,27 @@ def shared_fleet(cluster, held, entries, now: float):
                                       preemption=rules)
 
     def steady():
-        """The next write after the first pass with teams, as the ledger sees it: the jobs it
-        admitted hold their GPUs (those on borrowed quota marked so), the others wait with the
-        claims it made, and the victims of its preemptions are stopping for their preemptors."""
-        first = run(entries, held)
-        reserved = {**held, **{k: a.job_id for a in first.admitted for k in a.gpus}}
-        borrowed = {a.job_id for a in first.admitted if getattr(a, "borrowed", 0)}
-        preempting = {v: pre.preemptor for pre in first.preemptions for v in pre.victims}
-        claimed = {j: c.gpus for j, c in first.claims.items()}
-        started = {a.job_id for a in first.admitted}
-        queue = [dataclasses.replace(teamed[id(e)], claim=claimed.get(e.job_id, ())) for e in entries
-                 if e.job_id not in started]
-        return queue, reserved, running_of(reserved, borrowed, preempting, started)
+        """The queue once the passes settle, as the ledger sees it at the next write: passes run
+        until one decides nothing new (at most five); after each, the jobs it admitted hold their
+        GPUs (just started; those on borrowed quota marked so), the others wait with the claims it
+        made, and the victims of its preemptions are stopping for their preemptors."""
+        queue = [teamed[id(e)] for e in entries]
+        reserved, running = dict(held), running_of(held)
+        borrowed: set[str] = set()
+        preempting: dict[str, str] = {}
+        started: set[str] = set()
+        for _ in range(5):
+            result = run(queue, reserved, running)
+            if not result.admitted and not result.preemptions:
+                break
+            reserved |= {k: a.job_id for a in result.admitted for k in a.gpus}
+            borrowed |= {a.job_id for a in result.admitted if getattr(a, "borrowed", 0)}
+            preempting |= {v: pre.preemptor for pre in result.preemptions for v in pre.victims}
+            started |= {a.job_id for a in result.admitted}
+            claimed = {j: c.gpus for j, c in result.claims.items()}
+            queue = [dataclasses.replace(e, claim=claimed.get(e.job_id, ())) for e in queue if e.job_id not in started]
+            running = running_of(reserved, borrowed, preempting, started)
+        return queue, reserved, running
 
     return run, steady, running_of
 
@@ -196,19 +215,23 @@ def measure(gpus: int, jobs: int, repeat: int) -> dict:
                f"claims kept")
     timings = [("plan (k=8)", t_plan, 1), ("plan, mask", t_mask, 1), ("first pass", t_first, first_calls),
                ("steady pass", t_steady, steady_calls)]
-    shared = shared_fleet(cluster, held, entries, now)
-    if shared is not None:  # the code has team quotas and preemption: the same passes with both on
+    decisions = None
+    for label, with_teams in (("preemption", False), ("teams", True)):
+        shared = shared_fleet(cluster, held, entries, now, with_teams)
+        if shared is None:  # the code has neither team quotas nor preemption
+            break
         run_shared, steady_shared, running_shared = shared
         state = steady_shared()
         first_running = running_shared(held)  # the ledger builds it from its rows: outside the timing
-        timings += [("first, teams", timed(lambda: run_shared(entries, held, first_running), repeat), None),
-                    ("steady, teams", timed(lambda: run_shared(*state), repeat), None)]
-    decisions = None
-    if shared is not None:  # what the passes with teams decide, to compare with the baseline's
+        timings += [(f"first, {label}", timed(lambda: run_shared(entries, held, first_running), repeat), None),
+                    (f"steady, {label}", timed(lambda: run_shared(*state), repeat), None)]
+
         def decided(result):
             return {"admitted": sorted([a.job_id, [list(k) for k in a.gpus]] for a in result.admitted),
                     "preempted": sorted([p.preemptor, list(p.victims)] for p in result.preemptions)}
-        decisions = {"first": decided(run_shared(entries, held, first_running)), "steady": decided(run_shared(*state))}
+        # what the passes decide, to compare with the baseline's
+        decisions = (decisions or {}) | {f"first, {label}": decided(run_shared(entries, held, first_running)),
+                                         f"steady, {label}": decided(run_shared(*state))}
     rows = {}
     for name, (w, c), n in timings:
         rows[name] = {"wall_p50": statistics.median(w), "wall_p95": p95(w), "cpu_p50": statistics.median(c),
@@ -255,7 +278,8 @@ def main() -> None:
               f"its first pass admitted {same}")
         if out["teams"] is not None and base.get("teams") is not None:
             same = "the same" if base["teams"] == out["teams"] else "OTHER"
-            print(f"with teams, its first and steady passes made {same} admissions and preemptions")
+            print(f"with preemption, and with teams, its first and steady passes made {same} admissions and "
+                  f"preemptions")
 
 
 if __name__ == "__main__":
