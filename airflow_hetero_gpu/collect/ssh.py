@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 import logging
+import math
 import os
 import re
 import time
@@ -56,6 +57,7 @@ from airflow_hetero_gpu.collect.nvml import agent_command
 from airflow_hetero_gpu.collect.reasons import HostFailure, classify_connect_error  # noqa: F401
 from airflow_hetero_gpu.collect.persistent import drop_client
 from airflow_hetero_gpu.collect.reuse import accepts_connect_timeout
+from airflow_hetero_gpu.collect.shards import ShardWorkers
 from airflow_hetero_gpu.collect.targets import SshTarget
 from airflow_hetero_gpu.fsutil import atomic_write
 
@@ -218,7 +220,8 @@ def collect_captures(targets: Sequence[SshTarget] | Iterable[SshTarget], out_dir
                      connect_timeout: float = 10, command_timeout: float = 30, retries: int = 2,
                      read_kernel_log: bool = True, use_nvml: bool = False,
                      nvml_python: str = "python3", durable: bool = True,
-                     on_host: Callable[[HostResult], None] | None = None) -> CollectReport:
+                     on_host: Callable[[HostResult], None] | None = None,
+                     workers: ShardWorkers | None = None) -> CollectReport:
     """Collect every target into the capture directory ``out_dir`` (SPEC section 2).
 
     At most ``max_parallel`` hosts are worked on at once (the soft open-file limit is raised to
@@ -232,6 +235,9 @@ def collect_captures(targets: Sequence[SshTarget] | Iterable[SshTarget], out_dir
     see :func:`collect_host` (False for a temporary directory). ``on_host(result)`` is called
     with each host's result as soon as the host is done, from the worker thread that collected it
     (the health check records hosts as they answer instead of when the last one has).
+    ``workers``: share the hosts among these worker processes (:mod:`.shards`; each runs this
+    function on its share with the factory they were built for, ``client_factory`` is not used);
+    ``max_parallel`` is then the total over them.
     """
     targets = list(targets)
     names = [t.host_name for t in targets]
@@ -242,8 +248,9 @@ def collect_captures(targets: Sequence[SshTarget] | Iterable[SshTarget], out_dir
         raise ValueError(f"max_parallel must be >= 1, got {max_parallel}")
     if use_nvml:
         agent_command(nvml_python)  # ValueError for anything but a plain name or path
-    workers = min(max_parallel, len(targets))
-    ensure_open_files(workers)  # OpenFilesLimitError (a ValueError) when the hard limit is too low
+    threads = min(max_parallel, len(targets))
+    if workers is None:
+        ensure_open_files(threads)  # OpenFilesLimitError (a ValueError) when the hard limit is too low
     out = Path(out_dir)
     (out / "hosts").mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -266,12 +273,21 @@ def collect_captures(targets: Sequence[SshTarget] | Iterable[SshTarget], out_dir
             same_address[t.host_name] = HostResult(
                 t.host_name, str(t), False, f"duplicate of {first} (same address and port {t.endpoint}): "
                                             "not collected", duplicate_of=first)
-    if targets:
-        with ThreadPoolExecutor(max_workers=workers,
+    todo = [t for t in targets if t.host_name not in same_address]
+    if todo and workers is not None:
+        options = dict(max_parallel=math.ceil(max_parallel / workers.count), connect_timeout=connect_timeout,
+                       command_timeout=command_timeout, retries=retries, read_kernel_log=read_kernel_log,
+                       use_nvml=use_nvml, nvml_python=nvml_python, durable=durable)
+        done = workers.run(workers.shares(todo), out, options, on_host)
+        results = [same_address.get(t.host_name) or done[t.host_name] for t in targets]
+    elif todo:
+        with ThreadPoolExecutor(max_workers=threads,
                                 thread_name_prefix="hetero-gpu-collect") as pool:
-            futures = {t.host_name: pool.submit(one, t) for t in targets if t.host_name not in same_address}
+            futures = {t.host_name: pool.submit(one, t) for t in todo}
             results = [same_address[t.host_name] if t.host_name in same_address else futures[t.host_name].result()
                        for t in targets]
+    else:
+        results = [same_address[t.host_name] for t in targets]
     _mark_same_gpus(results)
     return CollectReport(out_dir=out, hosts=results, seconds=time.monotonic() - started)
 
