@@ -68,7 +68,7 @@ class _Worker:
     def __init__(self) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
-        self.proc = subprocess.Popen([sys.executable, "-m", "airflow_hetero_gpu.collect.shards"],
+        self.proc = subprocess.Popen([sys.executable, "-m", "airflow_hetero_gpu.collect.shards", str(os.getpid())],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
 
     def alive(self) -> bool:
@@ -230,8 +230,11 @@ def serve(stdin: Any, stdout: Any) -> None:
     def send(message: Any) -> None:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         with lock:
-            stdout.write(data)
-            stdout.flush()
+            try:
+                stdout.write(data)
+                stdout.flush()
+            except BrokenPipeError:  # the parent is gone: nobody to collect for
+                os._exit(1)
 
     factory: Any = None
     try:
@@ -255,9 +258,11 @@ def serve(stdin: Any, stdout: Any) -> None:
             factory.close()
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m airflow_hetero_gpu.collect.shards PARENT_PID``: requests on stdin, results on stdout."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops its workers
-    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    parent = int((sys.argv[1:] if argv is None else argv)[0])  # gone already if getppid() differs
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     logging.disable(logging.CRITICAL)  # each host's outcome goes back to the parent, which reports it
     stdin, stdout = sys.stdin.buffer, os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed goes to stderr, never into the results' stream
