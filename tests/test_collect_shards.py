@@ -35,7 +35,7 @@ def _workers_of(pid: int) -> list[int]:
         except OSError:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == pid and b"airflow_hetero_gpu.collect.shards" in cmdline:
+        if ppid == pid and b"airflow_hetero_gpu.collect.shard_worker" in cmdline:
             found.append(int(entry))
     return found
 

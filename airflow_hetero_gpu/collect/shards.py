@@ -17,8 +17,8 @@ Only a factory that can be built again in another process is shared out: the pla
 workers live as long as the collector (:meth:`ShardWorkers.close`) and keep their hosts'
 connections between collections; a host always goes to the same worker.
 
-No worker outlives its parent: it stops when its input closes, when the parent is gone (checked
-every second) or on SIGTERM, which :meth:`ShardWorkers.close` sends after a short wait; Ctrl-C is
+The worker side is :mod:`.shard_worker`. No worker outlives its parent: it stops when its input
+closes, when the parent is gone (checked every second) or on SIGTERM, which :meth:`ShardWorkers.close` sends after a short wait; Ctrl-C is
 the parent's to handle (the workers ignore SIGINT and are stopped by the parent).
 """
 
@@ -28,7 +28,6 @@ import logging
 import math
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import threading
@@ -68,7 +67,7 @@ class _Worker:
     def __init__(self) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
-        self.proc = subprocess.Popen([sys.executable, "-m", "airflow_hetero_gpu.collect.shards", str(os.getpid())],
+        self.proc = subprocess.Popen([sys.executable, "-m", "airflow_hetero_gpu.collect.shard_worker", str(os.getpid())],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
 
     def alive(self) -> bool:
@@ -130,10 +129,11 @@ class ShardWorkers:
         return worker
 
     def run(self, shares: Sequence[Sequence[Any]], out_dir: Path, options: dict[str, Any],
-            on_host: Callable[[Any], None] | None) -> dict[str, Any]:
+            on_host: Callable[[Any], None] | None, lost: Callable[[Any, str], Any]) -> dict[str, Any]:
         """Collect ``shares[i]`` (SshTargets) in worker ``i``: ``{host name: HostResult}``.
 
-        ``options``: :func:`~airflow_hetero_gpu.collect.ssh.collect_captures` keywords.
+        ``options``: :func:`~airflow_hetero_gpu.collect.ssh.collect_captures` keywords;
+        ``lost(target, reason)``: the result of a host whose worker died before reporting it.
         Raises what a worker's collection raised (the open-file limit, an unwritable directory).
         """
         if len(shares) != self.count:
@@ -144,7 +144,7 @@ class ShardWorkers:
         try:
             for i in busy:
                 self._worker(i).send(("collect", self.spec, self.keep, list(shares[i]), str(out_dir), options))
-            readers = [threading.Thread(target=self._read, args=(i, shares[i], results, errors, on_host),
+            readers = [threading.Thread(target=self._read, args=(i, shares[i], results, errors, on_host, lost),
                                         name=f"hetero-gpu-collect-worker-{i}", daemon=True) for i in busy]
             for reader in readers:
                 reader.start()
@@ -160,9 +160,7 @@ class ShardWorkers:
         return results
 
     def _read(self, index: int, share: Sequence[Any], results: dict[str, Any], errors: list[BaseException],
-              on_host: Callable[[Any], None] | None) -> None:
-        from airflow_hetero_gpu.collect.ssh import HostResult  # noqa: PLC0415
-
+              on_host: Callable[[Any], None] | None, lost: Callable[[Any, str], Any]) -> None:
         worker = self._workers[index]
         assert worker is not None and worker.proc.stdout is not None
         while True:
@@ -175,7 +173,7 @@ class ShardWorkers:
                 with self._lock:
                     for target in share:
                         if target.host_name not in results:
-                            results[target.host_name] = HostResult(target.host_name, str(target), False, reason)
+                            results[target.host_name] = lost(target, reason)
                 self._workers[index] = None
                 return
             if kind == "host":
@@ -200,74 +198,4 @@ class ShardWorkers:
                 worker.stop(wait)
 
 
-# ---------------------------------------------------------------------------------------------
-# The worker process
-# ---------------------------------------------------------------------------------------------
-
-def _watch_parent(parent: int) -> None:
-    while True:
-        if os.getppid() != parent:
-            os._exit(1)
-        threading.Event().wait(1.0)
-
-
-def _error(exc: BaseException) -> BaseException:
-    try:
-        pickle.dumps(exc)
-        return exc
-    except Exception:  # noqa: BLE001 - an exception that does not pickle is sent as its text
-        return RuntimeError(f"{type(exc).__name__}: {exc}")
-
-
-def serve(stdin: Any, stdout: Any) -> None:
-    """The worker's loop: one collection per request until the input closes."""
-    from airflow_hetero_gpu.collect.clients import paramiko_client_factory  # noqa: PLC0415
-    from airflow_hetero_gpu.collect.persistent import KeptConnections  # noqa: PLC0415
-    from airflow_hetero_gpu.collect.ssh import collect_captures  # noqa: PLC0415
-
-    lock = threading.Lock()
-
-    def send(message: Any) -> None:
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        with lock:
-            try:
-                stdout.write(data)
-                stdout.flush()
-            except BrokenPipeError:  # the parent is gone: nobody to collect for
-                os._exit(1)
-
-    factory: Any = None
-    try:
-        while True:
-            try:
-                _, spec, keep, targets, out_dir, options = pickle.load(stdin)
-            except EOFError:
-                return
-            try:
-                if factory is None:
-                    factory = paramiko_client_factory(*spec)
-                    if keep:
-                        factory = KeptConnections(factory)
-                collect_captures(targets, out_dir, factory, on_host=lambda r: send(("host", r)), **options)
-            except Exception as exc:  # noqa: BLE001 - the parent raises it
-                send(("error", _error(exc)))
-                continue
-            send(("done", None))
-    finally:
-        if isinstance(factory, KeptConnections):
-            factory.close()
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m airflow_hetero_gpu.collect.shards PARENT_PID``: requests on stdin, results on stdout."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops its workers
-    parent = int((sys.argv[1:] if argv is None else argv)[0])  # gone already if getppid() differs
-    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
-    logging.disable(logging.CRITICAL)  # each host's outcome goes back to the parent, which reports it
-    stdin, stdout = sys.stdin.buffer, os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # anything printed goes to stderr, never into the results' stream
-    serve(stdin, stdout)
-
-
-if __name__ == "__main__":
-    main()
+__all__ = ["HOSTS_PER_WORKER", "ShardWorkers", "factory_spec", "worker_count"]

@@ -32,7 +32,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import paramiko
 
@@ -57,9 +57,11 @@ from airflow_hetero_gpu.collect.nvml import agent_command
 from airflow_hetero_gpu.collect.reasons import HostFailure, classify_connect_error  # noqa: F401
 from airflow_hetero_gpu.collect.persistent import drop_client
 from airflow_hetero_gpu.collect.reuse import accepts_connect_timeout
-from airflow_hetero_gpu.collect.shards import ShardWorkers
 from airflow_hetero_gpu.collect.targets import SshTarget
 from airflow_hetero_gpu.fsutil import atomic_write
+
+if TYPE_CHECKING:
+    from airflow_hetero_gpu.collect.shards import ShardWorkers
 
 log = logging.getLogger(__name__)
 
@@ -278,7 +280,8 @@ def collect_captures(targets: Sequence[SshTarget] | Iterable[SshTarget], out_dir
         options = dict(max_parallel=math.ceil(max_parallel / workers.count), connect_timeout=connect_timeout,
                        command_timeout=command_timeout, retries=retries, read_kernel_log=read_kernel_log,
                        use_nvml=use_nvml, nvml_python=nvml_python, durable=durable)
-        done = workers.run(workers.shares(todo), out, options, on_host)
+        done = workers.run(workers.shares(todo), out, options, on_host,
+                           lost=lambda t, reason: HostResult(t.host_name, str(t), False, reason))
         results = [same_address.get(t.host_name) or done[t.host_name] for t in targets]
     elif todo:
         with ThreadPoolExecutor(max_workers=threads,
