@@ -18,7 +18,8 @@ The fan-out: every host is one connection (one sshd each on a real fleet, so ssh
 ``MaxStartups`` only matters behind a shared sshd or jump host) and mostly waits for the
 network and the host's ``nvidia-smi``, so :data:`DEFAULT_MAX_PARALLEL` hosts are worked on at
 once by default (measurements in docs/performance.md); the open-file limit is raised to fit
-(:mod:`.limits`).
+(:mod:`.limits`). A large fleet can be shared among worker processes (``workers``, :mod:`.shards`),
+each running this function on its share: the threads of one interpreter share one core.
 """
 
 from __future__ import annotations
