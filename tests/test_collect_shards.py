@@ -4,6 +4,7 @@ collections, and no worker outlives its collection, its collector or its parent.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 from airflow_hetero_gpu.collect.clients import paramiko_client_factory
 from airflow_hetero_gpu.collect.fleet import SshCollector
 from airflow_hetero_gpu.collect.persistent import KeptConnections
-from airflow_hetero_gpu.collect.shards import HOSTS_PER_WORKER, worker_count
+from airflow_hetero_gpu.collect.shards import HOSTS_PER_WORKER, ShardWorkers, worker_count
 from airflow_hetero_gpu.collect.targets import SshTarget, parse_hosts_file
 from airflow_hetero_gpu.testing.demo import small_hosts
 from cluster_fixtures import embedded_cluster  # noqa: F401
@@ -171,3 +172,35 @@ def test_ctrl_c_and_a_killed_collector_leave_no_worker_behind(embedded_cluster, 
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def test_check_with_an_interval_keeps_the_connections_in_its_workers(embedded_cluster, tmp_path, capsys,
+                                                                     monkeypatch):
+    """``hetero-gpu check --interval`` over a fleet large enough for worker processes: the same
+    workers do every check, one connection per host for the whole watch, and no worker is left
+    when the command returns."""
+    from airflow_hetero_gpu.cli import main
+
+    size = 2 * HOSTS_PER_WORKER
+    used = []
+    run = ShardWorkers.run
+
+    def recorded(self, *args, **kwargs):  # which worker processes each check's collection used
+        result = run(self, *args, **kwargs)
+        used.append(sorted(w.proc.pid for w in self._workers if w is not None))
+        return result
+
+    monkeypatch.setattr(ShardWorkers, "run", recorded)
+    cluster = embedded_cluster(small_hosts(size, gpus=1))
+    hosts = cluster.write_hosts_file(tmp_path / "hosts")
+    before = cluster.connections_opened()
+    code = main(["check", "--hosts-file", str(hosts), "--identity-file", str(cluster.identity_file),
+                 "--known-hosts", str(cluster.known_hosts_path), "--ledger", f"sqlite:///{tmp_path / 'l.db'}",
+                 "--interval", "0.1", "--count", "3", "--json"])
+    assert code == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["check"], r["collected"], r["failed"]) for r in lines] == [(1, size, 0), (2, size, 0), (3, size, 0)]
+    assert len(used) == 3 and len(used[0]) == worker_count(size) > 1 and used[1] == used[2] == used[0]
+    assert {h: n - before[h] for h, n in cluster.connections_opened().items()} == {h.name: 1 for h in cluster.hosts}
+    assert _workers_of(os.getpid()) == []
+    assert _wait_for(lambda: sum(cluster.connections().values()) == 0)
