@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -204,3 +205,39 @@ def test_check_with_an_interval_keeps_the_connections_in_its_workers(embedded_cl
     assert {h: n - before[h] for h, n in cluster.connections_opened().items()} == {h.name: 1 for h in cluster.hosts}
     assert _workers_of(os.getpid()) == []
     assert _wait_for(lambda: sum(cluster.connections().values()) == 0)
+
+
+def test_a_worker_that_dies_mid_way_fails_its_hosts_with_a_reason_and_is_replaced(embedded_cluster, tmp_path):
+    cluster = embedded_cluster(small_hosts(10, gpus=1))
+    for host in cluster.hosts:
+        cluster.set_state(host.name, nvidia_smi_delay_s=5)
+    targets = parse_hosts_file(cluster.write_hosts_file(tmp_path / "hosts"))
+    factory = paramiko_client_factory(cluster.identity_file, cluster.known_hosts_path)
+    collector = SshCollector(targets, KeptConnections(factory), out_dir=tmp_path / "out", processes=2,
+                             max_parallel=10, connect_timeout=5, command_timeout=60, retries=0)
+    reports = []
+    try:
+        collecting = threading.Thread(target=lambda: reports.append(collector.collect()))
+        before = cluster.sessions_opened()
+        collecting.start()
+        # every host's session is open (its nvidia-smi is running): stop the worker of node01
+        assert _wait_for(lambda: all(n > before.get(h, 0) for h, n in cluster.sessions_opened().items()))
+        victim = collector._workers._workers[0].proc.pid  # noqa: SLF001 - the worker that has node01
+        os.kill(victim, signal.SIGKILL)
+        collecting.join(WAIT_S)
+        assert not collecting.is_alive()
+        report = reports[0]
+        lost = [t.host_name for t in targets][0::2]  # round robin: node01, node03, ...
+        reason = f"collector worker process {victim} exited (status -9) before this host was collected"
+        assert [(h.host, h.reason) for h in report.hosts if not h.ok] == [(name, reason) for name in lost]
+        for name in lost:
+            assert (tmp_path / "out" / "hosts" / name / "error.txt").read_text() == reason + "\n"
+
+        for host in cluster.hosts:
+            cluster.set_state(host.name, nvidia_smi_delay_s=0)
+        report = collector.collect()  # a new worker takes node01's share
+        assert [h.host for h in report.hosts if not h.ok] == []
+        assert not (tmp_path / "out" / "hosts" / "node01" / "error.txt").exists()
+    finally:
+        collector.close()
+    assert _workers_of(os.getpid()) == []

@@ -281,8 +281,13 @@ def collect_captures(targets: Sequence[SshTarget] | Iterable[SshTarget], out_dir
         options = dict(max_parallel=math.ceil(max_parallel / workers.count), connect_timeout=connect_timeout,
                        command_timeout=command_timeout, retries=retries, read_kernel_log=read_kernel_log,
                        use_nvml=use_nvml, nvml_python=nvml_python, durable=durable)
-        done = workers.run(workers.shares(todo), out, options, on_host,
-                           lost=lambda t, reason: HostResult(t.host_name, str(t), False, reason))
+
+        def lost(target: SshTarget, reason: str) -> HostResult:  # its worker died before reporting it
+            _write_failure(out / "hosts" / target.host_name, reason, durable)
+            log.warning("collect %s failed: %s", target.host_name, reason)
+            return HostResult(target.host_name, str(target), False, reason)
+
+        done = workers.run(workers.shares(todo), out, options, on_host, lost=lost)
         results = [same_address.get(t.host_name) or done[t.host_name] for t in targets]
     elif todo:
         with ThreadPoolExecutor(max_workers=threads,
