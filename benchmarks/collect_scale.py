@@ -11,8 +11,12 @@ one asyncssh server process, every host on its own 127.x address with its own ed
 host keys verified, in a fresh child process per collection (so the collector's CPU is measured
 alone and the server's CPU does not compete with its interpreter):
 
-- ``new``: the collector as shipped (:func:`~airflow_hetero_gpu.collect.clients.paramiko_client_factory`:
-  known_hosts parsed once per collection, ``TCP_NODELAY`` on every socket), at each ``--parallel``;
+- ``new``: the collector in one process, its threads sharing one interpreter
+  (:func:`~airflow_hetero_gpu.collect.clients.paramiko_client_factory`: known_hosts parsed once
+  per collection, ``TCP_NODELAY`` on every socket), at each ``--parallel``; as shipped for a
+  fleet under 128 hosts;
+- ``procs``: the same collector shared among worker processes (:mod:`airflow_hetero_gpu.collect.shards`:
+  one per CPU, ``--parallel`` hosts in flight in total), as shipped for 128 hosts or more;
 - ``old``: the baseline, measured in the same run at the default ``max_parallel``
   (``--baseline-reps`` times): the previous factory (:func:`legacy_client_factory` below:
   ``load_host_keys()`` per connection, no ``TCP_NODELAY``), everything else the same;
@@ -23,6 +27,9 @@ alone and the server's CPU does not compete with its interpreter):
   as ``hetero-gpu collect --ledger`` and ``check`` do: without fsync);
 - ``cli``: the real ``hetero-gpu collect --hosts-file`` command at the default ``--max-parallel``
   (interpreter start and imports included), once per repetition.
+
+Collector CPU is user + system of the collecting process and of every worker process it started
+(waited for, so counted in its children's usage).
 
 The modes are interleaved within each repetition so drift from other load hits all of them.
 Printed per fleet size: median / min / max wall seconds, collector CPU per host (user + system of
@@ -57,6 +64,7 @@ from airflow_hetero_gpu.collect.clients import (  # noqa: E402
     host_key_name,
     paramiko_client_factory,
 )
+from airflow_hetero_gpu.collect.shards import HOSTS_PER_WORKER, ShardWorkers, factory_spec, worker_count  # noqa: E402
 from airflow_hetero_gpu.collect.ssh import DEFAULT_MAX_PARALLEL, collect_captures  # noqa: E402
 from airflow_hetero_gpu.collect.targets import SshTarget, parse_hosts_file  # noqa: E402
 
@@ -104,16 +112,24 @@ def child(args: argparse.Namespace) -> int:
     factory = {"old": lambda: legacy_client_factory(args.identity_file, args.known_hosts),
                "keys": lambda: legacy_client_factory(args.identity_file, args.known_hosts, keys_once=True),
                "new": lambda: paramiko_client_factory(args.identity_file, args.known_hosts),
+               "procs": lambda: paramiko_client_factory(args.identity_file, args.known_hosts),
                "sync": lambda: paramiko_client_factory(args.identity_file, args.known_hosts)}[args.mode]()
     with tempfile.TemporaryDirectory(prefix="collect-scale-") as out:
         before = resource.getrusage(resource.RUSAGE_SELF)
         started = time.perf_counter()
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        workers = None
+        if args.mode == "procs":  # the shipped choice for a fleet this size: worker processes
+            spec = factory_spec(factory)
+            workers = ShardWorkers(worker_count(len(targets)), *spec) if spec and worker_count(len(targets)) > 1 else None
         report = collect_captures(targets, out, factory,
                                   max_parallel=args.parallel, connect_timeout=60, command_timeout=60,
-                                  retries=0, durable=args.mode == "sync")
+                                  retries=0, durable=args.mode == "sync", workers=workers)
         wall = time.perf_counter() - started
         after = resource.getrusage(resource.RUSAGE_SELF)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        children_after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the workers, stopped and waited for
+    cpu = ((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+           + (children_after.ru_utime - children.ru_utime) + (children_after.ru_stime - children.ru_stime))
     print(json.dumps({"wall": wall, "cpu": cpu, "ok": len(report.ok),
                       "failed": [f"{h.host}: {h.reason}" for h in report.failed][:3]}))
     return 0
@@ -165,9 +181,9 @@ def _children_cpu() -> float:
 
 def measure(cluster: Any, root: Path, size: int, parallels: list[int], reps: int, cli: bool,
             baseline_reps: int, ablation: bool = False,
-            fsync: bool = False) -> dict[tuple[str, int], list[dict[str, Any]]]:
+            fsync: bool = False, procs: bool = True) -> dict[tuple[str, int], list[dict[str, Any]]]:
     hosts_file = cluster.write_hosts_file(root / f"hosts-{size}", [h.name for h in cluster.hosts[:size]])
-    modes = [("new", p) for p in parallels]
+    modes = [(m, p) for m in (["new", "procs"] if procs else ["new"]) for p in parallels]
     if baseline_reps:
         modes.append(("old", DEFAULT_MAX_PARALLEL))
     if ablation:
@@ -186,7 +202,7 @@ def measure(cluster: Any, root: Path, size: int, parallels: list[int], reps: int
             else:
                 result = run_child(cluster, hosts_file, mode, parallel)
             runs[(mode, parallel)].append(result)
-            print(f"  {size:>5} hosts  rep {rep + 1}/{reps}  {mode:<3} P={parallel:<3} {result['wall']:7.2f} s  "
+            print(f"  {size:>5} hosts  rep {rep + 1}/{reps}  {mode:<5} P={parallel:<3} {result['wall']:7.2f} s  "
                   f"collector CPU {1000 * result['cpu'] / size:6.1f} ms/host  server CPU "
                   f"{1000 * result['server_cpu'] / size:5.1f} ms/host  ok {result['ok']}"
                   + (f"  failed: {result['failed']}" if result["failed"] else ""), file=sys.stderr, flush=True)
@@ -195,7 +211,7 @@ def measure(cluster: Any, root: Path, size: int, parallels: list[int], reps: int
 
 def report(size: int, runs: dict[tuple[str, int], list[dict[str, Any]]]) -> None:
     print(f"{size} hosts")
-    print(f"  {'mode':<4} {'P':>3} {'median s':>9} {'min s':>7} {'max s':>7} {'collector CPU/host':>18} "
+    print(f"  {'mode':<5} {'P':>3} {'median s':>9} {'min s':>7} {'max s':>7} {'collector CPU/host':>18} "
           f"{'server CPU/host':>15} {'ok':>5} {'old/this':>8}")
     old = {p: statistics.median(r["wall"] for r in v) for (m, p), v in runs.items() if m == "old"}
     keys = {p: statistics.median(r["wall"] for r in v) for (m, p), v in runs.items() if m == "keys"}
@@ -205,7 +221,7 @@ def report(size: int, runs: dict[tuple[str, int], list[dict[str, Any]]]) -> None
         ratio = f"{old[parallel] / med:6.1f}x" if mode in ("new", "keys") and parallel in old else ""
         if mode == "new" and parallel in keys:
             ratio += f" (keys/new {keys[parallel] / med:.2f}x)"
-        print(f"  {mode:<4} {parallel:>3} {med:9.2f} {min(walls):7.2f} {max(walls):7.2f} "
+        print(f"  {mode:<5} {parallel:>3} {med:9.2f} {min(walls):7.2f} {max(walls):7.2f} "
               f"{1000 * statistics.median(r['cpu'] for r in values) / size:15.1f} ms "
               f"{1000 * statistics.median(r['server_cpu'] for r in values) / size:12.1f} ms "
               f"{min(r['ok'] for r in values):>5} {ratio:>7}")
@@ -219,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         inner.add_argument(name, required=True)
     inner.add_argument("--parallel", type=int, required=True)
     parser.add_argument("--hosts", default="10,100,1000", help="fleet sizes, comma separated")
-    parser.add_argument("--parallel", default=f"8,{DEFAULT_MAX_PARALLEL},64",
+    parser.add_argument("--parallel", default=f"8,{DEFAULT_MAX_PARALLEL}",
                         help="max_parallel values of the new client, comma separated")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--delay", type=float, default=0.0, help="seconds every nvidia-smi call takes")
@@ -227,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="repetitions of the old client (0: none; it re-reads known_hosts, "
                              "about 0.7 s of CPU per host with 1,000 entries)")
     parser.add_argument("--no-cli", action="store_true", help="skip the hetero-gpu collect command")
+    parser.add_argument("--no-procs", action="store_true",
+                        help="skip 'procs' (the collector shared among worker processes, as shipped for "
+                             f"{2 * HOSTS_PER_WORKER} hosts or more)")
     parser.add_argument("--ablation", action="store_true",
                         help="also the old client with host keys read once but no TCP_NODELAY ('keys')")
     parser.add_argument("--fsync", action="store_true",
@@ -254,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
                     cluster.set_state(host.name, nvidia_smi_delay_s=args.delay)
             for size in sizes:
                 runs = measure(cluster, root, size, parallels, args.reps, cli=not args.no_cli,
-                               baseline_reps=args.baseline_reps, ablation=args.ablation, fsync=args.fsync)
+                               baseline_reps=args.baseline_reps, ablation=args.ablation, fsync=args.fsync,
+                               procs=not args.no_procs)
                 report(size, runs)
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
     return 0

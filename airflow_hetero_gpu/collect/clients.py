@@ -173,7 +173,8 @@ def paramiko_client_factory(identity_file: str | os.PathLike[str] | None = None,
     changed key is refused (``RejectPolicy``), never added. With ``identity_file`` only that key
     is offered (read once, here); without, the agent and the default keys are tried. Sockets get
     ``TCP_NODELAY``.
-    The factory's ``host_keys`` attribute is its :class:`HostKeyStore`.
+    The factory's ``host_keys`` attribute is its :class:`HostKeyStore`; its ``spec`` the arguments
+    that build it again (in a worker process, :mod:`.shards`).
     """
     if known_hosts is not None and not Path(known_hosts).is_file():
         raise ValueError(f"known_hosts file {str(known_hosts)!r} does not exist")
@@ -208,6 +209,9 @@ def paramiko_client_factory(identity_file: str | os.PathLike[str] | None = None,
         return client
 
     factory.host_keys = store  # type: ignore[attr-defined]
+    # how a worker process builds the same factory (collect.shards)
+    factory.spec = (None if identity_file is None else os.fspath(identity_file),  # type: ignore[attr-defined]
+                    None if known_hosts is None else os.fspath(known_hosts), connect_timeout)
     return factory
 
 

@@ -16,6 +16,7 @@ from typing import Any, Callable, Collection, Mapping, Protocol, Sequence
 import yaml
 
 from airflow_hetero_gpu.capture.slurm import parse_topology_conf
+from airflow_hetero_gpu.collect.shards import ShardWorkers, factory_spec, worker_count
 from airflow_hetero_gpu.collect.ssh import ClientFactory, CollectReport, HostResult, collect_captures
 from airflow_hetero_gpu.collect.targets import SshTarget
 from airflow_hetero_gpu.core.config import ClusterConfig, config_from_mapping, config_from_text
@@ -78,14 +79,29 @@ class SshCollector:
 
     ``out_dir``: also keep a capture directory there (a temporary one otherwise, removed with
     this object). ``options`` go to :func:`~airflow_hetero_gpu.collect.ssh.collect_captures`.
+
+    A large fleet is collected by worker processes (:mod:`~airflow_hetero_gpu.collect.shards`)
+    when ``factory`` can be built again in them: ``processes`` of them (default
+    :func:`~airflow_hetero_gpu.collect.shards.worker_count` of the fleet; 1: this process
+    alone). Behind :class:`~airflow_hetero_gpu.collect.persistent.KeptConnections` they live,
+    with their connections, until :meth:`close`.
     """
 
     def __init__(self, targets: Sequence[SshTarget], factory: ClientFactory, *, out_dir: str | Path | None = None,
-                 config: str | Path | None = None, topology_conf: str | Path | None = None, **options: Any):
+                 config: str | Path | None = None, topology_conf: str | Path | None = None,
+                 processes: int | None = None, **options: Any):
         self._targets = {t.host_name: t for t in targets}
         if len(self._targets) != len(targets):
             raise ValueError("duplicate host names among the hosts")
+        if processes is not None and processes < 1:
+            raise ValueError(f"processes must be >= 1, got {processes}")
         self._factory = factory
+        self._workers: ShardWorkers | None = None
+        spec = factory_spec(factory)
+        count = processes if processes is not None else worker_count(len(self._targets))
+        if spec is not None and count > 1:
+            self._workers = ShardWorkers(count, *spec)
+            weakref.finalize(self, self._workers.close)
         self._config, self._files = read_fleet_files(config, topology_conf)
         self.options = options
         self.scratch = out_dir is None  # a temporary directory: its files need not reach the disk
@@ -102,7 +118,7 @@ class SshCollector:
     def collect(self, hosts: Collection[str] | None = None,
                 on_host: Callable[[HostResult], None] | None = None) -> CollectReport:
         chosen = [t for name, t in self._targets.items() if hosts is None or name in hosts]
-        report = collect_captures(chosen, self.out_dir, self._factory, on_host=on_host,
+        report = collect_captures(chosen, self.out_dir, self._factory, on_host=on_host, workers=self._workers,
                                   **{"durable": not self.scratch, **self.options})
         for name, text in self._files.items():  # the directory plans like the ledger's inventory
             atomic_write(self.out_dir / name, text)
@@ -119,3 +135,14 @@ class SshCollector:
 
     def client_factory(self, hosts: Collection[str] | None = None) -> ClientFactory:
         return self._factory
+
+    @property
+    def processes(self) -> int:
+        """Processes that collect: the worker processes, or 1 (this one)."""
+        return self._workers.count if self._workers is not None else 1
+
+    def close(self) -> None:
+        """Stop the worker processes (and the connections they kept); a later collection
+        starts them again."""
+        if self._workers is not None:
+            self._workers.close()

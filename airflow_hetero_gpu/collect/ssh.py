@@ -18,20 +18,22 @@ The fan-out: every host is one connection (one sshd each on a real fleet, so ssh
 ``MaxStartups`` only matters behind a shared sshd or jump host) and mostly waits for the
 network and the host's ``nvidia-smi``, so :data:`DEFAULT_MAX_PARALLEL` hosts are worked on at
 once by default (measurements in docs/performance.md); the open-file limit is raised to fit
-(:mod:`.limits`).
+(:mod:`.limits`). A large fleet can be shared among worker processes (``workers``, :mod:`.shards`),
+each running this function on its share: the threads of one interpreter share one core.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 import logging
+import math
 import os
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import paramiko
 
@@ -58,6 +60,9 @@ from airflow_hetero_gpu.collect.persistent import drop_client
 from airflow_hetero_gpu.collect.reuse import accepts_connect_timeout
 from airflow_hetero_gpu.collect.targets import SshTarget
 from airflow_hetero_gpu.fsutil import atomic_write
+
+if TYPE_CHECKING:
+    from airflow_hetero_gpu.collect.shards import ShardWorkers
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +223,8 @@ def collect_captures(targets: Sequence[SshTarget] | Iterable[SshTarget], out_dir
                      connect_timeout: float = 10, command_timeout: float = 30, retries: int = 2,
                      read_kernel_log: bool = True, use_nvml: bool = False,
                      nvml_python: str = "python3", durable: bool = True,
-                     on_host: Callable[[HostResult], None] | None = None) -> CollectReport:
+                     on_host: Callable[[HostResult], None] | None = None,
+                     workers: ShardWorkers | None = None) -> CollectReport:
     """Collect every target into the capture directory ``out_dir`` (SPEC section 2).
 
     At most ``max_parallel`` hosts are worked on at once (the soft open-file limit is raised to
@@ -232,6 +238,9 @@ def collect_captures(targets: Sequence[SshTarget] | Iterable[SshTarget], out_dir
     see :func:`collect_host` (False for a temporary directory). ``on_host(result)`` is called
     with each host's result as soon as the host is done, from the worker thread that collected it
     (the health check records hosts as they answer instead of when the last one has).
+    ``workers``: share the hosts among these worker processes (:mod:`.shards`; each runs this
+    function on its share with the factory they were built for, ``client_factory`` is not used);
+    ``max_parallel`` is then the total over them.
     """
     targets = list(targets)
     names = [t.host_name for t in targets]
@@ -242,8 +251,9 @@ def collect_captures(targets: Sequence[SshTarget] | Iterable[SshTarget], out_dir
         raise ValueError(f"max_parallel must be >= 1, got {max_parallel}")
     if use_nvml:
         agent_command(nvml_python)  # ValueError for anything but a plain name or path
-    workers = min(max_parallel, len(targets))
-    ensure_open_files(workers)  # OpenFilesLimitError (a ValueError) when the hard limit is too low
+    threads = min(max_parallel, len(targets))
+    if workers is None:
+        ensure_open_files(threads)  # OpenFilesLimitError (a ValueError) when the hard limit is too low
     out = Path(out_dir)
     (out / "hosts").mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -266,12 +276,27 @@ def collect_captures(targets: Sequence[SshTarget] | Iterable[SshTarget], out_dir
             same_address[t.host_name] = HostResult(
                 t.host_name, str(t), False, f"duplicate of {first} (same address and port {t.endpoint}): "
                                             "not collected", duplicate_of=first)
-    if targets:
-        with ThreadPoolExecutor(max_workers=workers,
+    todo = [t for t in targets if t.host_name not in same_address]
+    if todo and workers is not None:
+        options = dict(max_parallel=math.ceil(max_parallel / workers.count), connect_timeout=connect_timeout,
+                       command_timeout=command_timeout, retries=retries, read_kernel_log=read_kernel_log,
+                       use_nvml=use_nvml, nvml_python=nvml_python, durable=durable)
+
+        def lost(target: SshTarget, reason: str) -> HostResult:  # its worker died before reporting it
+            _write_failure(out / "hosts" / target.host_name, reason, durable)
+            log.warning("collect %s failed: %s", target.host_name, reason)
+            return HostResult(target.host_name, str(target), False, reason)
+
+        done = workers.run(workers.shares(todo), out, options, on_host, lost=lost)
+        results = [same_address.get(t.host_name) or done[t.host_name] for t in targets]
+    elif todo:
+        with ThreadPoolExecutor(max_workers=threads,
                                 thread_name_prefix="hetero-gpu-collect") as pool:
-            futures = {t.host_name: pool.submit(one, t) for t in targets if t.host_name not in same_address}
+            futures = {t.host_name: pool.submit(one, t) for t in todo}
             results = [same_address[t.host_name] if t.host_name in same_address else futures[t.host_name].result()
                        for t in targets]
+    else:
+        results = [same_address[t.host_name] for t in targets]
     _mark_same_gpus(results)
     return CollectReport(out_dir=out, hosts=results, seconds=time.monotonic() - started)
 
