@@ -2,7 +2,7 @@
 
 ::
 
-    python benchmarks/fleet_day.py                                   # 1,250 hosts, 15 min of stream
+    python benchmarks/fleet_day.py                                   # 1,250 hosts, 10 min of stream
     python benchmarks/fleet_day.py --hosts 200 --minutes 3 --rate 6 --watch-interval 20 --out day.json
 
 The engine is :mod:`airflow_hetero_gpu.testing.fleet_day` (``tests/test_fleet_day.py`` runs a
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hosts", type=int, default=1250, help="emulated 8-GPU hosts (default 1250)")
-    parser.add_argument("--minutes", type=float, default=15.0, help="minutes of the training stream (default 15)")
+    parser.add_argument("--minutes", type=float, default=10.0, help="minutes of the training stream (default 10)")
     parser.add_argument("--rate", type=float, default=12.0, help="training runs triggered a minute (default 12)")
     parser.add_argument("--watch-interval", type=float, default=60.0, help="seconds between health checks (60)")
     parser.add_argument("--concurrency", type=int, default=8, help="task slots of each Celery worker (8)")

@@ -167,7 +167,8 @@ def report(day, ledger_url: str, results: Path) -> dict[str, Any]:
                  "max_live_jobs": sampler["max_live"], "max_gpus_held": sampler["max_gpus"]},
         "task_start_s": task_starts(day, results),
         "health_checks": {**_stats(checks), "first": checks[0] if checks else None,
-                          "steady": _stats(checks[1:]), "watch_state": day.final.get("watch_state")},
+                          "steady": _stats(checks[1:]), "watch_state": day.final.get("watch_state"),
+                          "trigger_to_first_check_s": day.times.get("first_watch_check_s")},
         "faults": faults,
         "fault_to_eviction_s": _stats([f["seconds"] for f in faults
                                        if f["kind"] != "host_back" and f["seconds"] is not None]),
@@ -201,7 +202,8 @@ def render(r: dict[str, Any]) -> str:
         lines.append(f"task start (execute() -> job running), {k}: n={ts[k]['n']} p50 {_fmt(ts[k]['p50'])} "
                      f"p99 {_fmt(ts[k]['p99'])} max {_fmt(ts[k]['max'])}")
     hc = r["health_checks"]
-    lines.append(f"health checks: {hc['n']} (watch {hc['watch_state']}), first {_fmt(hc['first'])}, steady p50 "
+    lines.append(f"health checks: {hc['n']} (watch {hc['watch_state']}), first {_fmt(hc['first'])} (ended "
+                 f"{_fmt(hc['trigger_to_first_check_s'])} after the watch was triggered), steady p50 "
                  f"{_fmt(hc['steady']['p50'])} max {_fmt(hc['steady']['max'])}")
     for f in r["faults"]:
         where = f"{f['host']}" + (f" GPU {f['index']}" if f["index"] is not None else "")
