@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -107,7 +108,7 @@ def entry_of(row: Any) -> QueueEntry:
 def run_pass(ledger: Any, conn: Connection, now: datetime) -> AdmissionResult | None:
     """One admission pass over the waiting entries (see the module docstring). None when nobody
     waits or the pass could not run (the reason is then on every waiting entry)."""
-    from airflow_hetero_gpu.ledger.teams import quota_input, record_usage
+    from airflow_hetero_gpu.ledger.teams import record_usage
 
     rows = waiting_rows(conn)
     if not rows:
@@ -124,6 +125,18 @@ def run_pass(ledger: Any, conn: Connection, now: datetime) -> AdmissionResult | 
     if not rows:
         record_usage(conn, now)
         return None
+    began = time.perf_counter()
+    result = _admit(ledger, conn, now, rows, reserved)
+    if result is not None:
+        log.info("ledger: admission pass at %s: %d waiting, %d admitted, %.1f ms", now.isoformat(), len(rows),
+                  len(result.admitted), 1000.0 * (time.perf_counter() - began))
+    return result
+
+
+def _admit(ledger: Any, conn: Connection, now: datetime, rows: list[Any], reserved: Any) -> AdmissionResult | None:
+    """The pass proper over the waiting ``rows``: the rule, then its admissions and standings written."""
+    from airflow_hetero_gpu.ledger.teams import quota_input, record_usage
+
     try:
         cluster = ledger._queue_clusters.get(conn, now)
         if cluster is None:

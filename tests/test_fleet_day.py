@@ -1,0 +1,88 @@
+"""A smaller fleet day (airflow_hetero_gpu/testing/fleet_day.py, the engine of
+``benchmarks/fleet_day.py``): 200 emulated hosts of 8 GPUs, PostgreSQL, Redis, Airflow with the
+CeleryExecutor (api-server, scheduler, dag-processor, triggerer, two Celery workers), the health
+watch every 20 s, three minutes of training runs through the REST API (1-16 GPUs, three teams with
+quotas, two priorities, preemption on) and four faults: an Xid 79 and an uncorrectable ECC error
+on GPUs jobs hold, a host that stops answering, the same host coming back.
+
+Invariants: every run ends and succeeds (a job whose GPU was faulted gets a replacement and
+finishes on it; a run launched on the host that went down before the watch evicted it fails
+that try and succeeds on its retry, which waits until the eviction); no GPU was ever used by two
+jobs' processes at once nor held by two reservations, no process ran outside its job's
+reservation; nothing is left in the ledger (reservations, queue entries) or on the hosts
+(processes); each fault became an eviction (the host's return a readmission); the health watch
+ran all along. Every wait ends on an event (a run state, a ledger row); the timeouts are safety
+nets.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("celery", reason="could not import celery (apache-airflow-providers-celery, the test extra)")
+pytest.importorskip("airflow.providers.celery", reason="could not import apache-airflow-providers-celery (the test extra)")
+pytest.importorskip("httpx", reason="could not import httpx")
+pytest.importorskip("psutil", reason="could not import psutil")
+
+from airflow_hetero_gpu.testing.fleet_day import DayConfig, run_day  # noqa: E402
+from airflow_hetero_gpu.testing.fleet_day_report import render  # noqa: E402
+from airflow_hetero_gpu.testing.postgres import PostgresServer, PostgresUnavailable  # noqa: E402
+from airflow_hetero_gpu.testing.redis_server import RedisUnavailable, find_redis_server  # noqa: E402
+
+# a whole deployment and 200 hosts on a 2-core machine: it runs alone, after the parallel tests
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
+
+
+@pytest.fixture(scope="module")
+def day(tmp_path_factory):
+    try:
+        PostgresServer()
+    except PostgresUnavailable as err:
+        pytest.skip(str(err))
+    try:
+        find_redis_server()
+    except RedisUnavailable as err:
+        pytest.skip(str(err))
+    cfg = DayConfig(hosts=200, minutes=3, rate=6, job_seconds=(15, 40), watch_interval=20, concurrency=6,
+                    root=tmp_path_factory.mktemp("fleet-day"), keep=True, settle_timeout=1200)
+    result = run_day(cfg)
+    print(render(result))
+    return result
+
+
+def test_every_run_ends_and_succeeds(day):
+    runs = day["runs"]
+    assert runs["triggered"] == 18
+    assert runs["states"] == {"success": 18}, runs["not succeeded"]
+    assert day["task_start_s"]["all"]["n"] == 18, day["task_start_s"]["not started"]
+    assert {"placed at once", "waited in the queue"} <= set(day["task_start_s"])
+
+
+def test_no_gpu_held_twice_nothing_leaked_no_orphan(day):
+    held = day["held_twice"]
+    assert held["sampler_error"] is None
+    assert held["samples"] >= 20
+    assert (held["processes"], held["reservations"], held["outside_reservation"]) == (0, 0, 0), held["examples"]
+    assert day["runs"]["max_live_jobs"] >= 2  # the sampler saw jobs running side by side
+    assert day["leaked"] == {"reservations": 0, "queue_entries": 0}
+    assert day["orphans"] == 0
+
+
+def test_each_fault_became_an_eviction(day):
+    faults = {f["kind"]: f for f in day["faults"]}
+    assert set(faults) == {"xid79", "ecc", "host_down", "host_back"}
+    for kind, f in faults.items():
+        assert f["seconds"] is not None, f"{kind} on {f['host']} never recorded in the ledger: {f}"
+        if kind in ("xid79", "ecc") and f["job"]:
+            assert f["replaced"], f"{kind}: the GPU of job {f['job']} was not replaced: {f}"
+    # within two checks (a GPU fault) or the unreachable threshold plus one (the host), plus a check's time
+    assert faults["xid79"]["seconds"] <= 2 * 20 + 30 and faults["ecc"]["seconds"] <= 2 * 20 + 30
+    assert faults["host_down"]["seconds"] <= 3 * 20 + 60
+
+
+def test_the_health_watch_ran_all_day(day):
+    checks = day["health_checks"]
+    assert checks["watch_state"] == "deferred"  # still watching when the day ended
+    stream = day["runs"]["stream_seconds"] + day["runs"]["settle_seconds"]
+    assert checks["n"] >= stream / 20 / 2, checks
+    assert day["admission"]["passes"] > 0, day["admission"]
