@@ -147,7 +147,7 @@ def reason(entry: QueueEntry, victim: RunningJob, reclaim: bool = False) -> str:
 
 
 def eligible(entry: QueueEntry, job: RunningJob, now: float, rules: PreemptionRules,
-             aging_interval_s: float | None = None, *, reclaim: bool = False, job_rank=None) -> bool:
+             aging_interval_s: float | None = None, *, reclaim: bool = False) -> bool:
     """Whether ``job`` may be stopped for ``entry``: the priority rule (a lower-priority job of its
     own team, or of the whole fleet without teams, that would rank behind it back in the queue),
     or, with ``reclaim`` (``entry`` is within its team's quota), any job of another team that
@@ -162,7 +162,7 @@ def eligible(entry: QueueEntry, job: RunningJob, now: float, rules: PreemptionRu
         return False
     if job.priority >= entry.priority:
         return False
-    if (job_rank or rank_key)(job, aging_interval_s) < rank_key(entry, aging_interval_s):
+    if rank_key(job, aging_interval_s) < rank_key(entry, aging_interval_s):
         return False
     team = team_of(entry)
     return team is None or job.team is None or job.team == team
@@ -182,31 +182,17 @@ def in_progress(running: Iterable[RunningJob]) -> dict[str, list[str]]:
     return out
 
 
-def choose(p, entry: QueueEntry, ok_pools: np.ndarray, running: Sequence[RunningJob], now: float,
-           rules: PreemptionRules, taken: set[str], aging_interval_s: float | None = None, *,
-           reclaim: bool = False, in_victim_order: bool = False, job_rank=None,
-           candidates: Sequence[RunningJob] | None = None) -> Preemption | None:
+def choose(p, entry: QueueEntry, open_pools: np.ndarray, candidates: Sequence[RunningJob], now: float,
+           reclaim: bool = False) -> Preemption | None:
     """The victims that let ``entry`` start, or None (see the module docstring).
 
     ``p`` is the pass's :class:`~airflow_hetero_gpu.core.admission.passstate.PassState`,
-    ``ok_pools`` the pools the job accepts, ``taken`` the jobs already chosen as victims in this
-    pass (updated here). ``candidates``: the eligible jobs of ``running`` not yet taken, in
-    victim order, when the caller has already picked them (:class:`PassPreemption` does, with numpy).
+    ``open_pools`` the pools the job accepts that have no head yet, ``candidates`` the running
+    jobs it may stop, in victim order (:class:`Candidates` picks them).
     """
-    if now - entry.enqueued_at < rules.delay_s:
-        return None
-    open_pools = ok_pools & ~p.headed
-    if not open_pools.any():
-        return None
-    c = p.cluster
-    if candidates is None:
-        candidates = [j for j in running
-                      if j.job_id not in taken and eligible(entry, j, now, rules, aging_interval_s, reclaim=reclaim,
-                                                            job_rank=job_rank)]
-        if not in_victim_order:
-            candidates.sort(key=victim_key(now))
     if not candidates:
         return None
+    c = p.cluster
     closed = p.claimed | ~open_pools[c.pool_of]
     room = (p.usable & ~closed).astype(bool)
     free = np.bincount(c.pool_of[room & ~p.blocked], minlength=len(c.pools))
@@ -233,7 +219,6 @@ def choose(p, entry: QueueEntry, ok_pools: np.ndarray, running: Sequence[Running
         victims = [j for j in picked if used & set(j.gpus)]
         if not victims:
             return None  # it fits without stopping anyone: not a preemption (cannot happen after try_start)
-        taken.update(j.job_id for j in victims)
         return Preemption(entry.job_id, entry.priority, team_of(entry), tuple(j.job_id for j in victims),
                           tuple(sorted(used)), {j.job_id: round(j.lost_gpu_s(now), 3) for j in victims},
                           {j.job_id: reason(entry, j, reclaim) for j in victims})
@@ -309,22 +294,18 @@ class PassPreemption:
         # ``teams`` False (no team configured): the whole fleet is one team, whatever team names
         # the jobs carry (the operator always sends one), and reasons name none
         self.teams = teams
-        # the running jobs as arrays in victim order, built at the first waiting job that could
-        # preempt (a pass where nobody can does not pay for it)
         self._running = running
-        self._candidates: Candidates | None = None
         self.aging = aging_interval_s
         self.rules = rules
         self.now = now
         self.stopping = in_progress(running)  # preemptor -> victims still stopping
-        self.taken: set[str] = set()
         self.decided: list[Preemption] = []
 
-    @property
+    @functools.cached_property
     def candidates(self) -> Candidates:
-        if self._candidates is None:
-            self._candidates = Candidates(self._running, self.now, self.rules, self.aging)
-        return self._candidates
+        """The running jobs as arrays in victim order, built at the first waiting job that could
+        preempt (a pass where nobody can does not pay for it)."""
+        return Candidates(self._running, self.now, self.rules, self.aging)
 
     @functools.cached_property
     def bounds(self) -> tuple[float, bool]:
@@ -344,16 +325,15 @@ class PassPreemption:
             return None
         if not self.teams and entry.team is not None:
             entry = dataclasses.replace(entry, team=None)
-        if self.now - entry.enqueued_at < self.rules.delay_s or not (shape.ok & ~p.headed).any():
-            return None  # what choose() checks first, before the candidates are built
+        open_pools = shape.ok & ~p.headed
+        if self.now - entry.enqueued_at < self.rules.delay_s or not open_pools.any():
+            return None  # it has not waited long enough, or would not head a pool
         lowest, borrowers = self.bounds
         if entry.priority <= lowest and not (reclaim and borrowers):
             return None  # no running job has a lower priority, and none is reclaimable
         cands = self.candidates
-        jobs = cands.jobs
-        chosen = [jobs[i] for i in np.flatnonzero(cands.eligible(entry, reclaim=reclaim)).tolist()]
-        pre = choose(p, entry, shape.ok, jobs, self.now, self.rules, self.taken, self.aging, reclaim=reclaim,
-                     candidates=chosen)
+        chosen = [cands.jobs[i] for i in np.flatnonzero(cands.eligible(entry, reclaim=reclaim)).tolist()]
+        pre = choose(p, entry, open_pools, chosen, self.now, reclaim)
         if pre is None:
             return None
         cands.take(pre.victims)

@@ -60,7 +60,6 @@ class TeamWalk:
         self.book = QuotaBook(quotas.teams, {t: int(n) for t, n in zip(cards, healthy.tolist()) if n},
                               self._usage(p, quotas, reserved or {}, cards, gpu_code), quotas.history,
                               reasons=explain)
-        self._pools_memo: dict[tuple, tuple] = {}  # see _pools()
         self._rooms: dict[tuple[str, int], np.ndarray] = {}  # see _room()
         self.admitted: list[Admitted] = []
         self.waiting: list[tuple] = []
@@ -90,19 +89,6 @@ class TeamWalk:
         """GPUs outside the pools in ``pools`` (None when that is nothing to add)."""
         return ~pools[self.adm.cluster.pool_of]
 
-    def _pools(self, team: str, shape: Shape, gpus: int, *, borrowing: bool) -> tuple[np.ndarray, dict[int, int], str]:
-        """Pools the job may use now: within quota (``borrowing`` False) or by borrowing; the
-        borrowed GPUs per such pool, and the quota's reason when there are none. Quota is a
-        matter of card type: one question per card type, not per pool; the answer stands until
-        the quota book changes (jobs asking the same of the same book share it)."""
-        # within quota the answer depends on the team's own accounts only; a borrow on everyone's
-        version = self.book.version if borrowing else self.book.team_version(team)
-        key = (team, id(shape), gpus, borrowing, version)
-        hit = self._pools_memo.get(key)
-        if hit is None:
-            hit = self._pools_memo[key] = self._ask_pools(team, shape, gpus, borrowing)
-        return hit
-
     def _room(self, team: str) -> np.ndarray:
         """The team's unused quota per card type (of :attr:`cards`), until its accounts change."""
         key = (team, self.book.team_version(team))
@@ -111,7 +97,10 @@ class TeamWalk:
             hit = self._rooms[key] = np.array([self.book.room(team, c) for c in self.cards], dtype=np.int64)
         return hit
 
-    def _ask_pools(self, team: str, shape: Shape, gpus: int, borrowing: bool) -> tuple[np.ndarray, dict[int, int], str]:
+    def _pools(self, team: str, shape: Shape, gpus: int, *, borrowing: bool) -> tuple[np.ndarray, dict[int, int], str]:
+        """Pools the job may use now: within quota (``borrowing`` False) or by borrowing; the
+        borrowed GPUs per such pool, and the quota's reason when there are none. Quota is a
+        matter of card type: one question per card type, not per pool."""
         if not borrowing:
             return shape.ok & (self._room(team)[self.pool_code] >= gpus), {}, ""
         codes = list(dict.fromkeys(self.pool_code[shape.ok].tolist()))  # in pool order: the first refusal says why
