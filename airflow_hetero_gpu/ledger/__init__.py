@@ -2,29 +2,34 @@
 
 SQLite file by default (``$AIRFLOW_HOME/hetero_gpu_ledger.db``), PostgreSQL in production;
 never Airflow's metadata database. See ``docs/ledger.md``.
+
+The names below are imported when first used (PEP 562), so a module of the package (the
+inventory's records, the URL parser) or a command line that never opens a ledger does not pay
+for the whole ledger and the admission pass it imports.
 """
 
-from airflow_hetero_gpu.ledger.errors import (LedgerError, LedgerUrlError, MissingLedger, NoLiveReservation,
-                                              ReservationConflict)
-from airflow_hetero_gpu.ledger.queue import NoQueueEntry, QueueRecord
-from airflow_hetero_gpu.ledger.records import Eviction, Reservation, ReservedGpu, TaskIdentity
-from airflow_hetero_gpu.ledger.store import DEFAULT_LEASE_SECONDS, Ledger
-from airflow_hetero_gpu.ledger.url import default_url, parse_url
+from __future__ import annotations
 
-__all__ = [
-    "DEFAULT_LEASE_SECONDS",
-    "Eviction",
-    "Ledger",
-    "LedgerError",
-    "LedgerUrlError",
-    "MissingLedger",
-    "NoLiveReservation",
-    "NoQueueEntry",
-    "QueueRecord",
-    "Reservation",
-    "ReservationConflict",
-    "ReservedGpu",
-    "TaskIdentity",
-    "default_url",
-    "parse_url",
-]
+from typing import TYPE_CHECKING
+
+from airflow_hetero_gpu.lazy import exports
+
+if TYPE_CHECKING:
+    from airflow_hetero_gpu.ledger.errors import (LedgerError, LedgerUrlError, MissingLedger, NoLiveReservation,
+                                                  ReservationConflict)
+    from airflow_hetero_gpu.ledger.queue import NoQueueEntry, QueueRecord
+    from airflow_hetero_gpu.ledger.records import Eviction, Reservation, ReservedGpu, TaskIdentity
+    from airflow_hetero_gpu.ledger.store import DEFAULT_LEASE_SECONDS, Ledger
+    from airflow_hetero_gpu.ledger.url import default_url, parse_url
+
+_WHERE = {
+    "LedgerError": "errors", "LedgerUrlError": "errors", "MissingLedger": "errors", "NoLiveReservation": "errors",
+    "ReservationConflict": "errors",
+    "NoQueueEntry": "queue", "QueueRecord": "queue",
+    "Eviction": "records", "Reservation": "records", "ReservedGpu": "records", "TaskIdentity": "records",
+    "DEFAULT_LEASE_SECONDS": "store", "Ledger": "store",
+    "default_url": "url", "parse_url": "url",
+}
+
+__all__ = sorted(_WHERE)
+__getattr__, __dir__ = exports(__name__, _WHERE)

@@ -15,16 +15,18 @@ from __future__ import annotations
 import argparse
 import json
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
 from airflow_hetero_gpu.cli_output import EXIT_OK, table
 from airflow_hetero_gpu.durations import duration
 from airflow_hetero_gpu.ledger.drain_cli import print_drains
 from airflow_hetero_gpu.ledger.drain_cli import register as drain_register
-from airflow_hetero_gpu.core.cluster import Cluster
-from airflow_hetero_gpu.core.config import ClusterConfig
-from airflow_hetero_gpu.core.model import PlanRequest, PlanResult
 from airflow_hetero_gpu.ledger.errors import LedgerError
-from airflow_hetero_gpu.ledger.store import DEFAULT_LEASE_SECONDS, Ledger
+
+if TYPE_CHECKING:  # the ledger and the core are imported by the commands that use them
+    from airflow_hetero_gpu.core.cluster import Cluster
+    from airflow_hetero_gpu.core.config import ClusterConfig
+    from airflow_hetero_gpu.core.model import PlanRequest, PlanResult
 
 
 def parse_gpu_target(text: str) -> tuple[str, int | None]:
@@ -44,15 +46,21 @@ def reserve_for_cli(
     request: PlanRequest,
     config: ClusterConfig | None = None,
     *,
-    lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    lease_seconds: float | None = None,
     team: str | None = None,
 ) -> PlanResult:
-    """``plan --reserve``: plan and claim in one ledger transaction; decision None means exit 3."""
+    """``plan --reserve``: plan and claim in one ledger transaction; decision None means exit 3.
+    ``lease_seconds``: default the ledger's :data:`DEFAULT_LEASE_SECONDS`."""
+    from airflow_hetero_gpu.ledger.store import DEFAULT_LEASE_SECONDS, Ledger
+
+    lease = DEFAULT_LEASE_SECONDS if lease_seconds is None else lease_seconds
     with Ledger.from_url(ledger_url) as ledger:
-        return ledger.reserve(job_id, cluster, request, lease_seconds=lease_seconds, config=config, team=team)
+        return ledger.reserve(job_id, cluster, request, lease_seconds=lease, config=config, team=team)
 
 
 def cmd_release(args: argparse.Namespace) -> int:
+    from airflow_hetero_gpu.ledger.store import Ledger
+
     with Ledger.from_url(args.ledger, create=False) as ledger:
         freed = ledger.release(args.job_id)
     if freed:
@@ -63,6 +71,8 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 
 def cmd_uncordon(args: argparse.Namespace) -> int:
+    from airflow_hetero_gpu.ledger.store import Ledger
+
     host, index = parse_gpu_target(args.target)
     with Ledger.from_url(args.ledger, create=False) as ledger:
         back = ledger.uncordon(host, index)
@@ -79,6 +89,8 @@ def _remaining(expires_at: datetime) -> str:
 
 
 def cmd_reservations(args: argparse.Namespace) -> int:
+    from airflow_hetero_gpu.ledger.store import Ledger
+
     with Ledger.open_existing(args.ledger) as ledger:
         live = ledger.live_reservations()
     if args.json:
@@ -97,6 +109,8 @@ def cmd_reservations(args: argparse.Namespace) -> int:
 
 
 def cmd_evictions(args: argparse.Namespace) -> int:
+    from airflow_hetero_gpu.ledger.store import Ledger
+
     with Ledger.open_existing(args.ledger) as ledger:
         evicted = ledger.evictions()
     if args.json:
@@ -133,6 +147,8 @@ def _claim(record) -> str:
 
 def cmd_queue(args: argparse.Namespace) -> int:
     """The queue in order: position, job, priority, waited, what it waits for, the head's claim."""
+    from airflow_hetero_gpu.ledger.store import Ledger
+
     with Ledger.open_existing(args.ledger) as ledger:
         now = ledger.now()
         entries = ledger.queue()
@@ -164,6 +180,8 @@ def cmd_queue(args: argparse.Namespace) -> int:
 
 def cmd_ledger_init(args: argparse.Namespace) -> int:
     """Create the ledger (or apply its missing schema steps): the one explicit way to make one."""
+    from airflow_hetero_gpu.ledger.store import Ledger
+
     with Ledger.from_url(args.url) as ledger:
         version = ledger.schema_version()
         print(f"ledger {ledger.display_url} is ready (schema version {version})")
@@ -172,6 +190,8 @@ def cmd_ledger_init(args: argparse.Namespace) -> int:
 
 def cmd_captures_export(args: argparse.Namespace) -> int:
     """Write the ledger's inventory as a capture directory (support bundles, offline what-if planning)."""
+    from airflow_hetero_gpu.ledger.store import Ledger
+
     from airflow_hetero_gpu.capture.export import write_capture_dir
     from airflow_hetero_gpu.ledger.base import FILL_WITH
 

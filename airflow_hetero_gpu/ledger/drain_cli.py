@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import argparse
 from datetime import datetime
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from airflow_hetero_gpu.cli_output import EXIT_OK
-from airflow_hetero_gpu.core.drain import drain_line
 from airflow_hetero_gpu.durations import parse_duration
-from airflow_hetero_gpu.ledger.drains import Drain
-from airflow_hetero_gpu.ledger.store import Ledger
+
+if TYPE_CHECKING:
+    from airflow_hetero_gpu.ledger.drains import Drain
 
 
 def _deadline(text: str) -> float:
@@ -26,6 +26,8 @@ def _deadline(text: str) -> float:
 
 
 def print_drains(drains: Iterable[Drain], now: datetime) -> None:
+    from airflow_hetero_gpu.core.drain import drain_line
+
     for d in drains:
         print(drain_line(d, now))
 
@@ -42,6 +44,9 @@ def _who() -> str:
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
+    from airflow_hetero_gpu.core.drain import drain_line
+    from airflow_hetero_gpu.ledger.store import Ledger
+
     with Ledger.open_existing(args.ledger) as ledger:
         drains = ledger.drain(args.hosts, args.reason, deadline_s=args.deadline, by=_who())
         now = ledger.now()
@@ -53,6 +58,8 @@ def cmd_drain(args: argparse.Namespace) -> int:
 
 
 def cmd_undrain(args: argparse.Namespace) -> int:
+    from airflow_hetero_gpu.ledger.store import Ledger
+
     with Ledger.open_existing(args.ledger) as ledger:
         back = ledger.undrain(args.hosts)
     for host in args.hosts:
@@ -61,6 +68,8 @@ def cmd_undrain(args: argparse.Namespace) -> int:
 
 
 def cmd_hosts_remove(args: argparse.Namespace) -> int:
+    from airflow_hetero_gpu.ledger.store import Ledger
+
     with Ledger.open_existing(args.ledger) as ledger:
         ledger.remove_host(args.host)
     print(f"{args.host} removed from the inventory (a later collection that reaches it adds it again)")
@@ -68,6 +77,8 @@ def cmd_hosts_remove(args: argparse.Namespace) -> int:
 
 
 def cmd_hosts_list(args: argparse.Namespace) -> int:
+    from airflow_hetero_gpu.ledger.store import Ledger
+
     with Ledger.open_existing(args.ledger) as ledger:
         drains = ledger.drains()
         now = ledger.now()
@@ -102,4 +113,4 @@ def register(subparsers, ledger_arg) -> None:
     q.set_defaults(func=cmd_hosts_list)
 
 
-__all__ = ["drain_line", "print_drains", "register"]
+__all__ = ["print_drains", "register"]

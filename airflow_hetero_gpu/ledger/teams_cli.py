@@ -11,8 +11,7 @@ import json
 from pathlib import Path
 
 from airflow_hetero_gpu.cli_output import EXIT_OK, table
-from airflow_hetero_gpu.core.admission.quota import TeamsError, teams_from_text
-from airflow_hetero_gpu.ledger.store import Ledger
+from airflow_hetero_gpu.core.admission.teams import TeamsError, teams_from_text
 
 
 def read_teams_file(path: str):
@@ -24,6 +23,8 @@ def read_teams_file(path: str):
 
 
 def cmd_teams_apply(args: argparse.Namespace) -> int:
+    from airflow_hetero_gpu.ledger.store import Ledger
+
     teams = read_teams_file(args.file)
     with Ledger.from_url(args.ledger, create=False) as ledger:
         changed = ledger.apply_teams(teams, args.file)
@@ -37,6 +38,8 @@ def _n(v) -> str:
 
 
 def cmd_teams(args: argparse.Namespace) -> int:
+    from airflow_hetero_gpu.ledger.store import Ledger
+
     if getattr(args, "teams_command", None) == "apply":
         return cmd_teams_apply(args)
     with Ledger.open_existing(args.ledger) as ledger:

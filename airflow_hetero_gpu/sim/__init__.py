@@ -13,3 +13,7 @@ The pipeline, one module each:
   :mod:`~airflow_hetero_gpu.sim.plots`: numbers, comparison, JSON and PNG
 * :mod:`~airflow_hetero_gpu.sim.cli`: ``hetero-gpu simulate``
 """
+
+#: the queue disciplines of :mod:`~airflow_hetero_gpu.sim.disciplines` (here: the command line lists
+#: them without importing the simulator)
+QUEUES = ("admission", "fifo", "greedy")

@@ -24,7 +24,7 @@ from airflow_hetero_gpu.core.admission.preemption import (
     DEFAULT_MIN_RUNTIME_S, DEFAULT_PREEMPTION_DELAY_S, DEFAULT_PREEMPTION_GRACE_S,
 )
 from airflow_hetero_gpu.errors import HeteroGpuError
-from airflow_hetero_gpu.sim.disciplines import QUEUES
+from airflow_hetero_gpu.sim import QUEUES
 
 DEFAULT_POLICIES = "seed,random,first-fit,best-fit,topology-only,fgd"
 DEFAULT_LOAD = 1.25

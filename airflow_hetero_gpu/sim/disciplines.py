@@ -21,11 +21,9 @@ from airflow_hetero_gpu.core.admission import Admission, Placement, QueueEntry, 
 from airflow_hetero_gpu.core.admission.quota import DEFAULT_TEAM, decay
 from airflow_hetero_gpu.core.cluster import Cluster
 from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
+from airflow_hetero_gpu.sim import QUEUES
 from airflow_hetero_gpu.sim.state import ClusterView
 from airflow_hetero_gpu.sim.trace import Job
-
-QUEUES = ("admission", "fifo", "greedy")
-
 
 class Replay(Protocol):
     """What a discipline needs of the simulator's run (``engine.Run``)."""
