@@ -230,3 +230,49 @@ def test_plan_from_the_ledger_equals_plan_from_its_export(tmp_path, capsys):
     assert code == 0 and text.startswith("inventory from the ledger: 3 host(s), ")
     code, text, _ = _run(capsys, "plan", "--ledger", url, "--gpus", "7")
     assert code == 2  # more GPUs than the fleet has at all: a mistake, not a shortage
+
+
+def test_the_queue_cluster_is_rebuilt_for_the_changed_hosts_only_and_equals_a_fresh_build(ledger_db_url):  # noqa: F811
+    from airflow_hetero_gpu.ledger.admission import ClusterCache
+
+    specs = small_hosts(4, gpus=2)
+    clock = Clock()
+    kept = ClusterCache()  # one process's cache, kept across collections
+    with Ledger.from_url(ledger_db_url, clock=clock) as led:
+        def both():
+            with led._read("test") as (conn, now):
+                return kept.get(conn, now), ClusterCache().get(conn, now)
+
+        def same(a, b):
+            assert [g.to_json() for g in a.gpus] == [g.to_json() for g in b.gpus]
+            assert [p.id for p in a.pools] == [p.id for p in b.pools] and a.hosts == b.hosts
+            assert a.host_errors == b.host_errors and a.host_notes == b.host_notes
+
+        store(led, specs)
+        first, fresh = both()
+        same(first, fresh)
+        assert kept._memo.hosts["node02"][1][0].utilization == 0  # noqa: SLF001
+        # a health check's part: node02 busy, node03 unreachable; node01 and node04 untouched
+        clock.tick(30)
+        specs[1].gpus[0].utilization_gpu = 93
+        led.store_collection(records([specs[1], specs[2]], failed={"node03": "connection refused"}),
+                             collector="test collector")
+        untouched = kept._memo.hosts["node01"]  # noqa: SLF001
+        part, fresh = both()
+        same(part, fresh)
+        assert part is not first
+        assert kept._memo.hosts["node01"] is untouched  # noqa: SLF001 - not parsed again
+        assert next(g for g in part.gpus if g.key == GpuKey("node02", 0)).utilization == 0.93
+        assert part.host_errors == {"node03": "connection refused"}
+        # a host gone from the inventory, then another cluster.yaml: both show at once
+        clock.tick(30)
+        led.remove_host("node04")
+        gone, fresh = both()
+        same(gone, fresh)
+        assert "node04" not in gone.hosts
+        clock.tick(30)
+        led.store_collection(records(specs[:1]), collector="test collector",
+                             fleet_files={"cluster.yaml": "weights:\n  topology: 0.9\n"})
+        conf, fresh = both()
+        same(conf, fresh)
+        assert conf.config.weights.topology == 0.9

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from airflow_hetero_gpu.capture.directory import CaptureSet, HostCapture, read_capture_dir
 from airflow_hetero_gpu.capture.slurm import SwitchTopology
@@ -216,28 +216,63 @@ def mig_instances(cap: HostCapture, gpu: Gpu, processes: Sequence[GpuProcess] = 
     return out
 
 
+class HostMemo:
+    """Each host's GPUs and wiring from one build of a cluster, for the next build of the same
+    fleet: a host whose :class:`HostCapture` is the very same object is not read again.
+
+    A reader that keeps the parsed captures of unchanged hosts (the ledger's cache of the stored
+    inventory, which a health check changes a part of the hosts at a time) passes one memo to
+    every :func:`cluster_from_captures`; the memo forgets everything when the config or the Xid
+    rule is another one, and the hosts no longer in the captures.
+    """
+
+    def __init__(self) -> None:
+        self._under: tuple[ClusterConfig, XidRule | None] | None = None
+        self.hosts: dict[str, tuple[HostCapture, list[Gpu], HostWiring | None]] = {}
+        self.reasons: dict[tuple, tuple[str, ...]] = {}
+
+    def start(self, config: ClusterConfig, xid_rule: XidRule | None, names: Iterable[str]) -> None:
+        if self._under is None or self._under[0] is not config or self._under[1] is not xid_rule:
+            self._under, self.hosts, self.reasons = (config, xid_rule), {}, {}
+        keep = set(names)
+        for name in [n for n in self.hosts if n not in keep]:
+            del self.hosts[name]
+
+
 def cluster_from_captures(captures: CaptureSet, config: ClusterConfig | None = None, *,
-                          xid_rule: XidRule | None = None) -> Cluster:
+                          xid_rule: XidRule | None = None, memo: HostMemo | None = None) -> Cluster:
     """Build the planner's cluster from parsed captures.
 
     ``xid_rule``: :data:`XIDS_FROM_LEDGER` for readers with a ledger; default the offline rule
     (cluster.yaml's ``thresholds.xid_window_s``) for a capture directory read on its own.
+    ``memo``: a :class:`HostMemo` kept between builds (only with a rule that does not depend on
+    the time, as :data:`XIDS_FROM_LEDGER`).
     """
     config = config or ClusterConfig()
     gpus: list[Gpu] = []
     wiring: dict[str, HostWiring] = {}
     errors: dict[str, str] = {}
-    reasons_memo: dict[tuple, tuple[str, ...]] = {}
+    if memo is not None:
+        memo.start(config, xid_rule, captures.hosts)
+    reasons_memo: dict[tuple, tuple[str, ...]] = {} if memo is None else memo.reasons
     duplicates = duplicate_hosts({name: [r.uuid for r in cap.query.rows] if cap.query else []
                                   for name, cap in captures.hosts.items()})
     for name, cap in captures.hosts.items():
         if name in duplicates:
             continue  # one machine under two names: its first name has the GPUs
-        gpus.extend(host_gpus(cap, config, xid_rule, reasons_memo))
+        kept = memo.hosts.get(name) if memo is not None else None
+        if kept is not None and kept[0] is cap:
+            _cap, host_list, wire = kept
+        else:
+            host_list = host_gpus(cap, config, xid_rule, reasons_memo)
+            wire = None if cap.topo is None else HostWiring.from_links(cap.topo.gpus, cap.topo.links)
+            if memo is not None:
+                memo.hosts[name] = (cap, host_list, wire)
+        gpus.extend(host_list)
         if cap.error is not None:
             errors[name] = cap.error
-        if cap.topo is not None:
-            wiring[name] = HostWiring.from_links(cap.topo.gpus, cap.topo.links)
+        if wire is not None:
+            wiring[name] = wire
     if captures.switches is None:
         net = NetworkTiers.single_switch()
     else:

@@ -46,17 +46,28 @@ NO_INVENTORY = ("not considered yet: the ledger holds no inventory (fill it with
 
 
 class ClusterCache:
-    """The planner's cluster of the stored inventory, rebuilt only when a collection changed it.
+    """The planner's cluster of the stored inventory, rebuilt only for what a collection changed.
 
-    One per ledger URL in a process. Parsing a large inventory takes a while, so the writes that
-    run passes most (release, enqueue, renew, leave) :meth:`warm` it in a read transaction before
-    they take the ledger lock; under the lock :meth:`get` then only compares the version.
+    One per ledger URL in a process. It keeps each host's parsed outputs with the time of the
+    collection they came from, and its GPUs (:class:`~airflow_hetero_gpu.core.inventory.HostMemo`):
+    a health check stores its hosts in parts as they answer, and a pass after a part re-reads and
+    re-parses the hosts of that part only (the cluster's arrays are then built again over the
+    kept GPUs). The writes that run passes most (release, enqueue, renew, leave) :meth:`warm` it
+    in a read transaction before they take the ledger lock; under the lock :meth:`get` then only
+    compares the inventory's version. A change of the fleet files (``cluster.yaml``,
+    ``topology.conf``) rebuilds everything.
     """
 
     def __init__(self) -> None:
-        self._key: Any = None
-        self._cluster: Cluster | None = None
         self._lock = threading.Lock()
+        self._files_digest: str | None = None
+        self._config: Any = None
+        self._switches: Any = None
+        self._version: Any = None
+        self._stamps: dict[str, datetime] = {}
+        self._captures: dict[str, Any] = {}  # host -> its HostCapture (None: a row without outputs)
+        self._memo: Any = None
+        self._cluster: Cluster | None = None
 
     def warm(self, conn: Connection, now: datetime) -> None:
         """Build the cluster now, outside the ledger lock, when someone waits and it is stale."""
@@ -64,24 +75,40 @@ class ClusterCache:
             self.get(conn, now)
 
     def get(self, conn: Connection, now: datetime) -> Cluster | None:
-        from airflow_hetero_gpu.core.config import ClusterConfig, config_from_text
-        from airflow_hetero_gpu.core.inventory import XIDS_FROM_LEDGER, cluster_from_captures
-        from airflow_hetero_gpu.ledger.inventory import StoredInventory
-
         files = inventory.read_fleet_files(conn)
         digest = hashlib.sha256(repr(sorted(files.items())).encode()).hexdigest()
-        key = (inventory.version(conn), digest)
-        with self._lock:
-            if key == self._key and self._cluster is not None:
+        version = inventory.version(conn)  # (hosts, newest collection): changes with every collection
+        with self._lock:  # one build at a time: the kept captures and GPUs are updated in place
+            if digest == self._files_digest and version == self._version and self._cluster is not None:
                 return self._cluster
-        if not inventory.has_inventory(conn):
-            return None
-        stored = StoredInventory(inventory.read_hosts(conn), files, now)
-        text = files.get("cluster.yaml")
-        config = config_from_text(text, "ledger inventory file cluster.yaml") if text else ClusterConfig()
-        cluster = cluster_from_captures(stored.captures(), config, xid_rule=XIDS_FROM_LEDGER)
-        with self._lock:
-            self._key, self._cluster = key, cluster
+            stamps = inventory.host_stamps(conn)
+            if not stamps:
+                return None
+            cluster = self._build(conn, now, files, digest, stamps)
+            self._version = version
+            return cluster
+
+    def _build(self, conn: Connection, now: datetime, files: dict[str, str], digest: str,
+               stamps: dict[str, datetime]) -> Cluster:
+        from airflow_hetero_gpu.capture.directory import CaptureSet
+        from airflow_hetero_gpu.core.config import ClusterConfig, config_from_text
+        from airflow_hetero_gpu.core.inventory import XIDS_FROM_LEDGER, HostMemo, cluster_from_captures
+        from airflow_hetero_gpu.ledger.inventory import StoredInventory
+
+        if digest != self._files_digest:  # another cluster.yaml or topology.conf: nothing kept holds
+            text = files.get("cluster.yaml")
+            config = config_from_text(text, "ledger inventory file cluster.yaml") if text else ClusterConfig()
+            switches = StoredInventory({}, files, now).captures().switches
+            self._config, self._switches, self._memo = config, switches, HostMemo()
+            self._files_digest, self._stamps, self._captures, self._cluster = digest, {}, {}, None
+        changed = [h for h, at in stamps.items() if self._stamps.get(h) != at]
+        parsed = StoredInventory(inventory.read_hosts(conn, changed), files, now).captures().hosts if changed else {}
+        captures = {h: parsed.get(h) if h in parsed or h in changed else self._captures.get(h)
+                    for h in sorted(stamps)}
+        hosts = {h: cap for h, cap in captures.items() if cap is not None}
+        cluster = cluster_from_captures(CaptureSet(root=None, hosts=hosts, switches=self._switches, config_path=None),
+                                        self._config, xid_rule=XIDS_FROM_LEDGER, memo=self._memo)
+        self._stamps, self._captures, self._cluster = stamps, captures, cluster
         return cluster
 
 

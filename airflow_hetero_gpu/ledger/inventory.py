@@ -204,6 +204,11 @@ def read_fleet_files(conn: Connection) -> dict[str, str]:
     return {r.name: r.text for r in conn.execute(select(files_t.c.name, files_t.c.text))}
 
 
+def host_stamps(conn: Connection) -> dict[str, datetime]:
+    """Every stored host with the time of its last collection (changes with every collection of it)."""
+    return {r.host: r.collected_at for r in conn.execute(select(hosts_t.c.host, hosts_t.c.collected_at))}
+
+
 def version(conn: Connection) -> tuple[int, datetime | None]:
     row = conn.execute(select(func.count(), func.max(hosts_t.c.collected_at))).one()
     return int(row[0]), row[1]
