@@ -142,7 +142,31 @@ class SshCollector:
         return self._workers.count if self._workers is not None else 1
 
     def close(self) -> None:
-        """Stop the worker processes (and the connections they kept); a later collection
-        starts them again."""
+        """Stop the worker processes (and the connections they kept) and close the connections
+        kept in this process; a later collection starts the workers again."""
         if self._workers is not None:
             self._workers.close()
+        close = getattr(self._factory, "close", None)  # KeptConnections
+        if close is not None:
+            close()
+
+
+def ssh_collector(targets: Sequence[SshTarget], *, identity_file: str | None = None, known_hosts: str | None = None,
+                  keep_connections: bool = False, out_dir: str | Path | None = None,
+                  config: str | Path | Mapping[str, Any] | None = None, topology_conf: str | Path | None = None,
+                  **options: Any) -> SshCollector:
+    """The :class:`SshCollector` of ``targets`` reached with ``identity_file`` (else the agent and
+    the default keys), host keys verified against ``known_hosts`` (default
+    ``~/.ssh/known_hosts``); ``keep_connections``: behind
+    :class:`~airflow_hetero_gpu.collect.persistent.KeptConnections` (in the worker processes of
+    a large fleet), until :meth:`SshCollector.close`. ``options``: the collection's settings
+    (``max_parallel``, ``connect_timeout``, ...). ValueError (one line) for a missing or
+    unreadable key or known_hosts file."""
+    from airflow_hetero_gpu.collect.clients import paramiko_client_factory  # noqa: PLC0415
+
+    factory: ClientFactory = paramiko_client_factory(identity_file, known_hosts, options.get("connect_timeout", 10))
+    if keep_connections:
+        from airflow_hetero_gpu.collect.persistent import KeptConnections  # noqa: PLC0415
+
+        factory = KeptConnections(factory)
+    return SshCollector(targets, factory, out_dir=out_dir, config=config, topology_conf=topology_conf, **options)
