@@ -266,3 +266,46 @@ def test_how_the_hosts_are_named_is_checked(offline):
     event = asyncio.run(first_event(deferred_trigger(sensor(path, url, ssh_conn_id="no_such_conn",
                                                             deferrable=True))))
     assert event["mistake"] and event["message"].startswith("ssh_conn_id 'no_such_conn': "), event
+
+
+# --- the fleet day's health watch DAG, as the day deploys it ---------------------------------------
+def test_the_fleet_days_watch_dag_checks_its_hosts_file_through_one_connection(embedded_cluster,  # noqa: F811
+                                                                              tmp_path):
+    """``fleet_day_health_watch`` with the environment the fleet day gives its deployment (one
+    connection per host for the training tasks, the hosts file and its one connection for the
+    watch), its ledger here a SQLite file and its watch one check long, in ``airflow dags test``
+    (the trigger runs inline): the check reaches every host of the hosts file without the
+    per-host connections."""
+    from types import SimpleNamespace
+
+    from airflow_hetero_gpu.testing.airflow_env import airflow_env, dags_test, migrate
+    from airflow_hetero_gpu.testing.fleet_day import DAGS, FLEET_CONN_ID, DayConfig, _environment
+
+    hosts = small_hosts(3, gpus=2)
+    hosts[1].gpus[0].ecc_uncorrected_volatile = 1
+    cluster = embedded_cluster(hosts)
+    path = cluster.write_hosts_file(tmp_path / "hosts")
+    url = new_ledger(tmp_path / "ledger.db")
+    day = _environment(DayConfig(hosts=3), cluster, SimpleNamespace(port=5432), "postgresql://unused/ledger",
+                       tmp_path / "results", path)
+    watch = json.loads(day["HG_FLEET_DAY"])
+    assert (watch["hosts_file"], watch["fleet_conn_id"]) == (str(path), FLEET_CONN_ID)
+    watch.update(watch_seconds=0, watch_interval=1)
+    day.update(HG_FLEET_DAY=json.dumps(watch), AIRFLOW__HETERO_GPU__LEDGER_URL=url)
+    del day["AIRFLOW__HETERO_GPU__LEDGER_CONN_ID"]
+    per_host = [name for name in day if name.startswith("AIRFLOW_CONN_GPU_")]
+    assert len(per_host) == 3
+    for name in per_host:  # the watch must not need them (the training tasks do)
+        del day[name]
+    env = airflow_env(tmp_path / "airflow", DAGS, day)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
+                                                      os.environ.get("PYTHONPATH")]))
+    migrate(env)
+    run = dags_test("fleet_day_health_watch", env, timeout=600)
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log[-4000:]
+    assert "running trigger in line" in log and "GPU evicted: node02:0" in log, log[-4000:]
+    with Ledger.open_existing(url) as led:
+        assert {str(k) for k in led.evicted_map()} == {"node02:0"}
+        stored = led.inventory().hosts
+    assert {name: h.ok for name, h in stored.items()} == {"node01": True, "node02": True, "node03": True}
