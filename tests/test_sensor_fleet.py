@@ -204,6 +204,7 @@ def _refused(s: GpuHealthSensor) -> str:
 @pytest.mark.parametrize("extra, words", [
     ({"no_host_key_check": "true"}, "'no_host_key_check' extra"),
     ({"no_host_key_check": True}, "'no_host_key_check' extra"),
+    ({"ignore_hostkey_verification": "true"}, "'ignore_hostkey_verification' extra"),
     ({"host_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"},
      "'host_key' extra"),
     ({"allow_host_key_change": "true"}, "'allow_host_key_change' extra"),
@@ -309,3 +310,20 @@ def test_the_fleet_days_watch_dag_checks_its_hosts_file_through_one_connection(e
         assert {str(k) for k in led.evicted_map()} == {"node02:0"}
         stored = led.inventory().hosts
     assert {name: h.ok for name, h in stored.items()} == {"node01": True, "node02": True, "node03": True}
+
+
+def test_the_deployments_settings_name_the_hosts_file_and_its_connection(offline, monkeypatch):
+    """``[hetero_gpu] hosts_file`` and ``fleet_conn_id``: the shipped watch DAG, given no hosts,
+    watches a large fleet; they win over ``[hetero_gpu] ssh_conn_ids`` for the sensor, an
+    argument wins over them."""
+    connect, path, url = offline
+    monkeypatch.setenv("AIRFLOW__HETERO_GPU__SSH_CONN_IDS", "gpu_a")
+    monkeypatch.setenv("AIRFLOW__HETERO_GPU__HOSTS_FILE", str(path))
+    plain = GpuHealthSensor(task_id="t", ledger_url=url)
+    assert _refused(plain) == "[hetero_gpu] hosts_file needs [hetero_gpu] fleet_conn_id: the ssh connection " \
+                              "that reaches its hosts"
+    monkeypatch.setenv("AIRFLOW__HETERO_GPU__FLEET_CONN_ID", CONN_ID)
+    assert set(GpuHealthSensor(task_id="t", ledger_url=url)._hook().ssh_targets()) == {"gpu-a", "gpu-b"}
+    assert GpuHealthSensor(task_id="t", ledger_url=url, ssh_conn_ids=["x"])._hook().hosts == {"x": "x"}
+    trigger = deferred_trigger(GpuHealthSensor(task_id="t", ledger_url=url, deferrable=True))
+    assert (trigger.hosts_file, trigger.ssh_conn_id, trigger.ssh_conn_ids) == (str(path), CONN_ID, None)

@@ -30,7 +30,7 @@ from airflow_hetero_gpu.errors import ConfigError
 #: The extra naming the known_hosts file of a fleet connection.
 KNOWN_HOSTS_EXTRA = "known_hosts"
 #: Extras that would verify one host only, or none: refused on a fleet connection.
-REFUSED_EXTRAS = ("host_key", "no_host_key_check", "allow_host_key_change")
+REFUSED_EXTRAS = ("host_key", "no_host_key_check", "ignore_hostkey_verification", "allow_host_key_change")
 
 
 @dataclass(frozen=True)

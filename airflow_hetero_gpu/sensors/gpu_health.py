@@ -48,7 +48,9 @@ class GpuHealthSensor(BaseSensorOperator):
     :param ssh_conn_id: the one Airflow ``ssh`` connection that reaches them all (templated): its
         login and port for the entries that name none, its ``key_file`` extra, host keys verified
         against its ``known_hosts`` extra (default ``~/.ssh/known_hosts``); see
-        :mod:`~airflow_hetero_gpu.hooks.fleet_connection`. Not with ``ssh_conn_ids``.
+        :mod:`~airflow_hetero_gpu.hooks.fleet_connection`. Not with ``ssh_conn_ids``. Defaults:
+        ``[hetero_gpu] hosts_file`` and ``fleet_conn_id``, which win over ``[hetero_gpu]
+        ssh_conn_ids`` for this sensor.
     :param mode_kind: ``"gate"`` or ``"watch"`` (see the module docstring).
     :param captures_dir: also keep each check's collection in this capture directory (templated;
         optional: the inventory, a failed host's last good outputs and a rescheduled sensor's
@@ -176,10 +178,20 @@ class GpuHealthSensor(BaseSensorOperator):
         if self.hosts_file and self.ssh_conn_ids:
             raise AirflowFailException("give either ssh_conn_ids (one connection per host) or hosts_file with "
                                        "ssh_conn_id (one connection for the fleet), not both")
-        if bool(self.hosts_file) != bool(self.ssh_conn_id):
+        if self.ssh_conn_ids:
+            return None
+        hosts_file, conn_id = self.hosts_file, self.ssh_conn_id
+        if not hosts_file and not conn_id:  # the deployment's settings, where it names a hosts file
+            hosts_file, conn_id = setting("hosts_file"), setting("fleet_conn_id")
+            if not hosts_file:
+                return None
+            if not conn_id:
+                raise AirflowFailException("[hetero_gpu] hosts_file needs [hetero_gpu] fleet_conn_id: the ssh "
+                                           "connection that reaches its hosts")
+        if bool(hosts_file) != bool(conn_id):
             raise AirflowFailException("hosts_file and ssh_conn_id go together: the hosts file names the hosts, "
                                        "the ssh connection says how to reach them")
-        return (str(self.hosts_file), str(self.ssh_conn_id)) if self.hosts_file else None
+        return str(hosts_file), str(conn_id)
 
     def _fleet_collector(self, hosts_file: str, conn_id: str) -> Any:
         from airflow.sdk import BaseHook  # noqa: PLC0415
