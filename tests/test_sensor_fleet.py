@@ -327,3 +327,56 @@ def test_the_deployments_settings_name_the_hosts_file_and_its_connection(offline
     assert GpuHealthSensor(task_id="t", ledger_url=url, ssh_conn_ids=["x"])._hook().hosts == {"x": "x"}
     trigger = deferred_trigger(GpuHealthSensor(task_id="t", ledger_url=url, deferrable=True))
     assert (trigger.hosts_file, trigger.ssh_conn_id, trigger.ssh_conn_ids) == (str(path), CONN_ID, None)
+
+
+KILLED_TRIGGERER = '''
+import asyncio, json, os, sys
+from airflow_hetero_gpu.triggers.gpu_health import GpuHealthTrigger
+
+trigger = GpuHealthTrigger(**json.loads(sys.argv[1]))
+
+async def main():
+    async for event in trigger.run():
+        print("event", json.dumps(event.payload), flush=True)
+
+asyncio.run(main())
+'''
+
+
+def test_a_killed_triggerer_leaves_no_worker_process(embedded_cluster, tmp_path, monkeypatch):  # noqa: F811
+    """The trigger in a process of its own (as in the triggerer), its worker processes started
+    from the event loop's worker thread; the process is killed (SIGKILL: no cleanup runs) after
+    its first check: every worker process stops by itself."""
+    import signal
+    import subprocess
+    import sys
+
+    cluster = embedded_cluster(small_hosts(4, gpus=1))
+    fleet_connection(monkeypatch, cluster)
+    url = new_ledger(tmp_path / "ledger.db")
+    gate = sensor(hosts_file(cluster, tmp_path / "hosts"), url, mode_kind="gate", min_healthy=99,
+                  deferrable=True, poke_interval=0.1)
+    trigger = deferred_trigger(gate)
+    kwargs = trigger.serialize()[1]
+    kwargs["hook_kwargs"]["processes"] = 2
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
+                                                                    os.environ.get("PYTHONPATH")])))
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_TRIGGERER, json.dumps(kwargs)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while (collections(url) < 1 or len(_workers_of(proc.pid)) < 2) and proc.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        workers = _workers_of(proc.pid)
+        assert proc.poll() is None and len(workers) == 2, (workers, proc.poll())
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(WAIT_S)
+        deadline = time.monotonic() + WAIT_S
+        while any(_running(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_running(pid) for pid in workers), workers
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
