@@ -2,7 +2,8 @@
 
 Two implementations: :class:`~airflow_hetero_gpu.hooks.hetero_gpu.HeteroGpuHook` (the hosts are
 Airflow ``ssh`` connections) and :class:`SshCollector` (plain SSH targets, for ``hetero-gpu
-collect`` and ``hetero-gpu check`` run from cron or systemd without Airflow).
+collect`` and ``hetero-gpu check`` run from cron or systemd without Airflow, and for the health
+sensor over a hosts file and one connection); :func:`ssh_collector` builds the latter.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any, Callable, Collection, Mapping, Protocol, Sequence
 import yaml
 
 from airflow_hetero_gpu.capture.slurm import parse_topology_conf
+from airflow_hetero_gpu.collect.clients import paramiko_client_factory
+from airflow_hetero_gpu.collect.persistent import KeptConnections
 from airflow_hetero_gpu.collect.shards import ShardWorkers, factory_spec, worker_count
 from airflow_hetero_gpu.collect.ssh import ClientFactory, CollectReport, HostResult, collect_captures
 from airflow_hetero_gpu.collect.targets import SshTarget
@@ -162,11 +165,7 @@ def ssh_collector(targets: Sequence[SshTarget], *, identity_file: str | None = N
     a large fleet), until :meth:`SshCollector.close`. ``options``: the collection's settings
     (``max_parallel``, ``connect_timeout``, ...). ValueError (one line) for a missing or
     unreadable key or known_hosts file."""
-    from airflow_hetero_gpu.collect.clients import paramiko_client_factory  # noqa: PLC0415
-
     factory: ClientFactory = paramiko_client_factory(identity_file, known_hosts, options.get("connect_timeout", 10))
     if keep_connections:
-        from airflow_hetero_gpu.collect.persistent import KeptConnections  # noqa: PLC0415
-
         factory = KeptConnections(factory)
     return SshCollector(targets, factory, out_dir=out_dir, config=config, topology_conf=topology_conf, **options)

@@ -80,8 +80,8 @@ class GpuHealthSensor(BaseSensorOperator):
         collection's settings (see ``HeteroGpuHook``).
     """
 
-    template_fields: Sequence[str] = ("ssh_conn_ids", "hosts_file", "ssh_conn_id", "captures_dir", "ledger_url", "ledger_conn_id",
-                                      "gpu_type", "training_task_type", "job_ids", "min_healthy")
+    template_fields: Sequence[str] = ("ssh_conn_ids", "hosts_file", "ssh_conn_id", "captures_dir", "ledger_url",
+                                      "ledger_conn_id", "gpu_type", "training_task_type", "job_ids", "min_healthy")
     ui_color = "#d9f2e6"
 
     def __init__(
