@@ -67,6 +67,29 @@ PROVIDER_INFO: dict = {
                     "example": "dgx-a1=ssh_dgx_a1,dgx-a2=ssh_dgx_a2,rtx-box=ssh_rtx_box",
                     "default": None,
                 },
+                "hosts_file": {
+                    "description": (
+                        "A large fleet's hosts for the health sensor given no hosts argument, one "
+                        "[NAME=][USER@]HOST[:PORT] a line (the hetero-gpu check --hosts-file format), reached "
+                        "through the one ssh connection fleet_conn_id; wins over ssh_conn_ids for the sensor "
+                        "only (the operator launches through ssh_conn_ids)."
+                    ),
+                    "version_added": "0.1.0",
+                    "type": "string",
+                    "example": "/srv/hetero-gpu/hosts",
+                    "default": None,
+                },
+                "fleet_conn_id": {
+                    "description": (
+                        "The Airflow ssh connection that reaches every host of hosts_file: its login and port "
+                        "for the lines that name none, its key_file extra, host keys verified against its "
+                        "known_hosts extra (default ~/.ssh/known_hosts)."
+                    ),
+                    "version_added": "0.1.0",
+                    "type": "string",
+                    "example": "gpu_fleet",
+                    "default": None,
+                },
                 "cluster_config": {
                     "description": "Path of cluster.yaml (weights, thresholds, task types) used when none is given.",
                     "version_added": "0.1.0",

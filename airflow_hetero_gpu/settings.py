@@ -12,6 +12,8 @@ SECTION = "hetero_gpu"
 #: option -> what it holds (declared in provider_info's ``config`` section too)
 OPTIONS = {
     "ssh_conn_ids": "the GPU hosts' ssh connections: CONN,CONN or LABEL=CONN,LABEL=CONN",
+    "hosts_file": "the health sensor's hosts: a file of [NAME=][USER@]HOST[:PORT] lines (with fleet_conn_id)",
+    "fleet_conn_id": "the ssh connection that reaches every host of hosts_file (login, port, key_file, known_hosts)",
     "captures_dir": "the capture directory holding the last inventory",
     "cluster_config": "path of cluster.yaml (weights, thresholds, task types)",
     "topology_conf": "path of the Slurm-style topology.conf (switch tiers between hosts)",

@@ -35,7 +35,6 @@ from airflow_hetero_gpu.collect.ssh import (
     DEFAULT_MAX_PARALLEL,
     CollectReport,
     OpenFilesLimitError,
-    paramiko_client_factory,
 )
 from airflow_hetero_gpu.collect.targets import parse_hosts_arg, parse_hosts_file
 from airflow_hetero_gpu.cli_output import EXIT_NOTHING_COLLECTED, EXIT_OK
@@ -103,16 +102,12 @@ def collector_from_args(args: argparse.Namespace, out_dir: str | None, *, keep_c
     try:
         agent_command(args.nvml_python)
         if args.hosts is not None or args.hosts_file is not None:
-            from airflow_hetero_gpu.collect.fleet import SshCollector
+            from airflow_hetero_gpu.collect.fleet import ssh_collector
 
             targets = parse_hosts_arg(args.hosts) if args.hosts is not None else parse_hosts_file(args.hosts_file)
-            factory = paramiko_client_factory(args.identity_file, args.known_hosts, args.connect_timeout)
-            if keep_connections:
-                from airflow_hetero_gpu.collect.persistent import KeptConnections
-
-                factory = KeptConnections(factory)
-            return SshCollector(targets, factory, out_dir=out_dir, config=args.config, topology_conf=args.topology,
-                                **options)
+            return ssh_collector(targets, identity_file=args.identity_file, known_hosts=args.known_hosts,
+                                 keep_connections=keep_connections, out_dir=out_dir, config=args.config,
+                                 topology_conf=args.topology, **options)
     except ValueError as exc:
         raise HeteroGpuError(str(exc)) from None
     if args.identity_file or args.known_hosts:

@@ -2,7 +2,8 @@
 
 Two implementations: :class:`~airflow_hetero_gpu.hooks.hetero_gpu.HeteroGpuHook` (the hosts are
 Airflow ``ssh`` connections) and :class:`SshCollector` (plain SSH targets, for ``hetero-gpu
-collect`` and ``hetero-gpu check`` run from cron or systemd without Airflow).
+collect`` and ``hetero-gpu check`` run from cron or systemd without Airflow, and for the health
+sensor over a hosts file and one connection); :func:`ssh_collector` builds the latter.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any, Callable, Collection, Mapping, Protocol, Sequence
 import yaml
 
 from airflow_hetero_gpu.capture.slurm import parse_topology_conf
+from airflow_hetero_gpu.collect.clients import paramiko_client_factory
+from airflow_hetero_gpu.collect.persistent import KeptConnections
 from airflow_hetero_gpu.collect.shards import ShardWorkers, factory_spec, worker_count
 from airflow_hetero_gpu.collect.ssh import ClientFactory, CollectReport, HostResult, collect_captures
 from airflow_hetero_gpu.collect.targets import SshTarget
@@ -142,7 +145,27 @@ class SshCollector:
         return self._workers.count if self._workers is not None else 1
 
     def close(self) -> None:
-        """Stop the worker processes (and the connections they kept); a later collection
-        starts them again."""
+        """Stop the worker processes (and the connections they kept) and close the connections
+        kept in this process; a later collection starts the workers again."""
         if self._workers is not None:
             self._workers.close()
+        close = getattr(self._factory, "close", None)  # KeptConnections
+        if close is not None:
+            close()
+
+
+def ssh_collector(targets: Sequence[SshTarget], *, identity_file: str | None = None, known_hosts: str | None = None,
+                  keep_connections: bool = False, out_dir: str | Path | None = None,
+                  config: str | Path | Mapping[str, Any] | None = None, topology_conf: str | Path | None = None,
+                  **options: Any) -> SshCollector:
+    """The :class:`SshCollector` of ``targets`` reached with ``identity_file`` (else the agent and
+    the default keys), host keys verified against ``known_hosts`` (default
+    ``~/.ssh/known_hosts``); ``keep_connections``: behind
+    :class:`~airflow_hetero_gpu.collect.persistent.KeptConnections` (in the worker processes of
+    a large fleet), until :meth:`SshCollector.close`. ``options``: the collection's settings
+    (``max_parallel``, ``connect_timeout``, ...). ValueError (one line) for a missing or
+    unreadable key or known_hosts file."""
+    factory: ClientFactory = paramiko_client_factory(identity_file, known_hosts, options.get("connect_timeout", 10))
+    if keep_connections:
+        factory = KeptConnections(factory)
+    return SshCollector(targets, factory, out_dir=out_dir, config=config, topology_conf=topology_conf, **options)

@@ -65,9 +65,10 @@ class _Bad:
         return ValueError(f"invalid {self.source} {item!r}: {why}")
 
 
-def parse_host(item: str, *, source: str = "--hosts entry") -> SshTarget:
+def parse_host(item: str, *, source: str = "--hosts entry", user: str | None = None, port: int = 22) -> SshTarget:
     """Parse one ``[NAME=][USER@]HOST[:PORT]`` entry; ValueError names the entry (and ``source``,
-    what it is called in the message)."""
+    what it is called in the message). ``user`` and ``port``: an entry's when it names none."""
+    default_user, default_port = user, port
     _bad = _Bad(source)
     raw = item
     item = item.strip()
@@ -78,12 +79,12 @@ def parse_host(item: str, *, source: str = "--hosts entry") -> SshTarget:
         name, item = item.split("=", 1)
         if not _NAME.fullmatch(name):
             raise _bad(raw, f"host name {name!r} may hold only letters, digits, '.', '_' or '-'")
-    user: str | None = None
+    user = default_user
     if "@" in item:
         user, item = item.rsplit("@", 1)
         if not _USER.fullmatch(user):
             raise _bad(raw, f"user {user!r} is not a valid login name")
-    port = 22
+    port = default_port
     if item.startswith("["):
         end = item.find("]")
         if end < 0:
@@ -136,10 +137,10 @@ def parse_hosts_arg(value: str) -> list[SshTarget]:
     return targets
 
 
-def parse_hosts_file(path: str | os.PathLike[str]) -> list[SshTarget]:
+def parse_hosts_file(path: str | os.PathLike[str], *, user: str | None = None, port: int = 22) -> list[SshTarget]:
     """Targets of a hosts file: one ``[NAME=][USER@]HOST[:PORT]`` a line, ``#`` comments and
     blank lines allowed. ValueError (one line, ``FILE:LINE: ...``) for a bad line, a host named
-    twice, an unreadable or empty file."""
+    twice, an unreadable or empty file. ``user`` and ``port``: an entry's when it names none."""
     try:
         with open(path, encoding="utf-8") as fh:
             lines = fh.read().splitlines()
@@ -157,7 +158,7 @@ def parse_hosts_file(path: str | os.PathLike[str]) -> list[SshTarget]:
         if "," in entry or any(c.isspace() for c in entry):
             raise ValueError(f"{where}: one host a line, got {entry!r}")
         try:
-            target = parse_host(entry, source="host entry")
+            target = parse_host(entry, source="host entry", user=user, port=port)
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
         if target.host_name in first_line:

@@ -97,8 +97,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     import logging
 
     from airflow_hetero_gpu.collect.cli import collector_from_args
-    from airflow_hetero_gpu.collect.fleet import SshCollector
-    from airflow_hetero_gpu.collect.persistent import KeptConnections
     from airflow_hetero_gpu.healthcheck import HealthWatch
     from airflow_hetero_gpu.healthcheck.check import collector_name
     from airflow_hetero_gpu.healthcheck.metrics import silent_metrics
@@ -109,9 +107,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     spec = _spec(args)
     # between checks the SSH connections stay open
     collector = collector_from_args(args, None, keep_connections=args.interval is not None)
-    kept = collector.client_factory() if isinstance(collector, SshCollector) else None
-    if not isinstance(kept, KeptConnections):
-        kept = None
     Ledger.from_url(args.ledger).close()  # a writer: created or upgraded now, before any SSH
     quiet = logging.getLogger("airflow_hetero_gpu.check.cli")
     quiet.addHandler(logging.NullHandler())
@@ -141,11 +136,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        if kept is not None:
-            kept.close()
-        close = getattr(collector, "close", None)  # a hook over --ssh-conn-ids keeps its own
-        if close is not None:
-            close()
+        collector.close()  # the kept connections (and the worker processes of a large fleet)
     return status
 
 

@@ -36,14 +36,21 @@ from airflow_hetero_gpu.triggers.gpu_health import GpuHealthTrigger
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from airflow_hetero_gpu.hooks.hetero_gpu import HeteroGpuHook
-
 
 class GpuHealthSensor(BaseSensorOperator):
     """Check the health of a GPU fleet reached over SSH; gate on a healthy pool or watch jobs.
 
     :param ssh_conn_ids: Airflow ``ssh`` connections of the GPU hosts: a list (each id is the
-        host's name) or a mapping host name -> connection id (templated).
+        host's name) or a mapping host name -> connection id (templated). Default:
+        ``[hetero_gpu] ssh_conn_ids``. Or, for a large fleet:
+    :param hosts_file: a file of the hosts, one ``[NAME=][USER@]HOST[:PORT]`` a line (the
+        ``hetero-gpu check --hosts-file`` format; templated), reached through
+    :param ssh_conn_id: the one Airflow ``ssh`` connection that reaches them all (templated): its
+        login and port for the entries that name none, its ``key_file`` extra, host keys verified
+        against its ``known_hosts`` extra (default ``~/.ssh/known_hosts``); see
+        :mod:`~airflow_hetero_gpu.hooks.fleet_connection`. Not with ``ssh_conn_ids``. Defaults:
+        ``[hetero_gpu] hosts_file`` and ``fleet_conn_id``, which win over ``[hetero_gpu]
+        ssh_conn_ids`` for this sensor.
     :param mode_kind: ``"gate"`` or ``"watch"`` (see the module docstring).
     :param captures_dir: also keep each check's collection in this capture directory (templated;
         optional: the inventory, a failed host's last good outputs and a rescheduled sensor's
@@ -73,14 +80,16 @@ class GpuHealthSensor(BaseSensorOperator):
         collection's settings (see ``HeteroGpuHook``).
     """
 
-    template_fields: Sequence[str] = ("ssh_conn_ids", "captures_dir", "ledger_url", "ledger_conn_id",
-                                      "gpu_type", "training_task_type", "job_ids", "min_healthy")
+    template_fields: Sequence[str] = ("ssh_conn_ids", "hosts_file", "ssh_conn_id", "captures_dir", "ledger_url",
+                                      "ledger_conn_id", "gpu_type", "training_task_type", "job_ids", "min_healthy")
     ui_color = "#d9f2e6"
 
     def __init__(
         self,
         *,
         ssh_conn_ids: Sequence[str] | Mapping[str, str] | str | None = None,
+        hosts_file: str | None = None,
+        ssh_conn_id: str | None = None,
         mode_kind: str = "watch",
         captures_dir: str | None = None,
         config: str | Mapping[str, Any] | None = None,
@@ -106,6 +115,8 @@ class GpuHealthSensor(BaseSensorOperator):
     ) -> None:
         super().__init__(**kwargs)
         self.ssh_conn_ids = ssh_conn_ids
+        self.hosts_file = hosts_file
+        self.ssh_conn_id = ssh_conn_id
         self.mode_kind = mode_kind
         self.captures_dir = captures_dir
         self.config = config
@@ -161,9 +172,55 @@ class GpuHealthSensor(BaseSensorOperator):
         except (MissingLedger, LedgerUrlError) as err:  # a mistake: never retried
             raise AirflowFailException(str(err)) from None
 
-    def _hook(self) -> "HeteroGpuHook":
+    def _fleet_args(self) -> tuple[str, str] | None:
+        """``(hosts_file, ssh_conn_id)`` when the hosts come from a hosts file, else None (the
+        hosts are ``ssh_conn_ids``); a mistake in how they are named fails the task."""
+        if self.hosts_file and self.ssh_conn_ids:
+            raise AirflowFailException("give either ssh_conn_ids (one connection per host) or hosts_file with "
+                                       "ssh_conn_id (one connection for the fleet), not both")
+        if self.ssh_conn_ids:
+            return None
+        hosts_file, conn_id = self.hosts_file, self.ssh_conn_id
+        if not hosts_file and not conn_id:  # the deployment's settings, where it names a hosts file
+            hosts_file, conn_id = setting("hosts_file"), setting("fleet_conn_id")
+            if not hosts_file:
+                return None
+            if not conn_id:
+                raise AirflowFailException("[hetero_gpu] hosts_file needs [hetero_gpu] fleet_conn_id: the ssh "
+                                           "connection that reaches its hosts")
+        if bool(hosts_file) != bool(conn_id):
+            raise AirflowFailException("hosts_file and ssh_conn_id go together: the hosts file names the hosts, "
+                                       "the ssh connection says how to reach them")
+        return str(hosts_file), str(conn_id)
+
+    def _fleet_collector(self, hosts_file: str, conn_id: str) -> Any:
+        from airflow.sdk import BaseHook  # noqa: PLC0415
+
+        from airflow_hetero_gpu.errors import ConfigError  # noqa: PLC0415
+        from airflow_hetero_gpu.hooks.fleet_connection import fleet_collector  # noqa: PLC0415
+
+        try:
+            conn = BaseHook.get_connection(conn_id)
+        except Exception as exc:  # noqa: BLE001 - a missing connection: never retried
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise AirflowFailException(f"ssh_conn_id {conn_id!r}: the Airflow connection cannot be read: "
+                                       f"{reason}") from None
+        config = self.config if self.config is not None else setting("cluster_config")
+        try:
+            return fleet_collector(conn, conn_id, hosts_file, keep_connections=not self.reschedule,
+                                   captures_dir=self.captures_dir or setting("captures_dir"), config=config,
+                                   topology_conf=self.topology_conf or setting("topology_conf"),
+                                   **self._hook_kwargs())
+        except ConfigError as err:
+            raise AirflowFailException(str(err)) from None
+
+    def _hook(self) -> Any:
+        """The collector: a :class:`HeteroGpuHook` over ``ssh_conn_ids``, or the hosts file's."""
         from airflow_hetero_gpu.hooks.hetero_gpu import HeteroGpuHook  # noqa: PLC0415
 
+        fleet = self._fleet_args()
+        if fleet is not None:
+            return self._fleet_collector(*fleet)
         # poking in one process: the connections stay open between pokes (closed when the task
         # ends); a rescheduled poke runs in a new process and connects afresh
         return HeteroGpuHook(self.ssh_conn_ids, captures_dir=self.captures_dir, config=self.config,
@@ -239,14 +296,16 @@ class GpuHealthSensor(BaseSensorOperator):
         spec = self._spec()
         self._ledger_url()  # refused now (not in the triggerer) when missing; names it in the log
         # the trigger gets what the deployment's [hetero_gpu] settings say where no argument did
-        hook = self._hook()
+        fleet = self._fleet_args()  # the hosts file and its connection are read in the triggerer
+        hosts = None if fleet is not None else self._hook().hosts
         config = self.config if self.config is not None else setting("cluster_config")
         ledger_conn_id, ledger_url = self.ledger_conn_id, self.ledger_url
         if not ledger_conn_id and not ledger_url:
             ledger_conn_id, ledger_url = setting("ledger_conn_id"), setting("ledger_url")
         self.defer(
             trigger=GpuHealthTrigger(
-                ssh_conn_ids=hook.hosts,
+                ssh_conn_ids=hosts, hosts_file=None if fleet is None else fleet[0],
+                ssh_conn_id=None if fleet is None else fleet[1],
                 spec=spec.to_json(), poke_interval=self.poke_interval,
                 captures_dir=self.captures_dir or setting("captures_dir"),
                 config=(dict(config) if isinstance(config, Mapping) else None if config is None else str(config)),

@@ -46,6 +46,16 @@ def airflow_connection(cluster, name: str, *, inline_key: bool = False) -> str:
     })
 
 
+def fleet_connection(cluster) -> str:
+    """The JSON of the one Airflow ``ssh`` connection that reaches every emulated host listed in
+    a hosts file (``GpuHealthSensor(hosts_file=..., ssh_conn_id=...)``): the login, the client
+    key, and the cluster's known_hosts file, against which every host key is verified."""
+    return json.dumps({
+        "conn_type": "ssh", "login": cluster.user,
+        "extra": {"key_file": str(cluster.identity_file), "known_hosts": str(cluster.known_hosts_path)},
+    })
+
+
 def conn_id_of(name: str) -> str:
     return "gpu_" + name.replace("-", "_").replace(".", "_")
 

@@ -10,7 +10,8 @@
   dag-processor, triggerer and two Celery workers
   (:class:`~airflow_hetero_gpu.testing.celery_deployment.CeleryDeployment`), on the DAGs of
   ``testing/data/fleet_day_dags``: the health watch (``GpuHealthSensor`` in watch mode,
-  deferrable, one check every ``watch_interval`` seconds) and two training DAGs (priorities 0
+  deferrable, one check every ``watch_interval`` seconds, over the day's hosts file and one ssh
+  connection for them all) and two training DAGs (priorities 0
   and 5, ``HeteroTrainOperator`` with a ``command`` that sleeps, deferrable capacity waits);
 
 fills the ledger with one check of the fleet, applies three teams' quotas (``hetero-gpu teams
@@ -39,13 +40,15 @@ from typing import Any, Callable
 
 from airflow_hetero_gpu.operators.hetero_train import default_job_id
 from airflow_hetero_gpu.testing import procs
-from airflow_hetero_gpu.testing.airflow_env import connection_env
+from airflow_hetero_gpu.testing.airflow_env import connection_env, fleet_connection
 from airflow_hetero_gpu.testing.fleet_day_report import WATCH_DAG, fault_outcomes, report
 from airflow_hetero_gpu.testing.fleet_day_samplers import CpuMeter, Sampler, tree_cpu
 
 DAGS = Path(__file__).with_name("data") / "fleet_day_dags"
 TRAIN_DAGS = {0: "fleet_day_train", 5: "fleet_day_urgent"}
 LEDGER_CONN_ID = "hetero_gpu_ledger"
+#: The health watch's one ssh connection: it reaches every host of the day's hosts file
+FLEET_CONN_ID = "hetero_gpu_fleet"
 TEAMS_YAML = """\
 teams:
   research: {quota: {"*": 32}, weight: 2}
@@ -76,9 +79,9 @@ class DayConfig:
     preemption_min_runtime: float = 20.0
     preemption_delay: float = 15.0
     settle_timeout: float = 1800.0  # safety net: every run final after the stream
-    # safety net for the health watch's first check: its trigger resolves every host's Airflow
-    # connection one by one first, which takes minutes at 1,250 hosts (docs/performance.md)
-    first_check_timeout: float = 2400.0
+    # safety net for the health watch's first check (its trigger reads the hosts file and one
+    # connection, then collects the fleet through worker processes)
+    first_check_timeout: float = 1200.0
     root: Path | None = None
     keep: bool = False
 
@@ -244,7 +247,7 @@ def run_day(cfg: DayConfig, log: Callable[[str], None] = print) -> dict[str, Any
             (root / "teams.yaml").write_text(TEAMS_YAML)
             _hetero_gpu(["teams", "apply", str(root / "teams.yaml"), "--ledger", ledger_url], cpu)
             day.final.update(_deploy_and_stream(day, cfg, cluster, pg, redis, metadata_url, ledger_url, results,
-                                                cpu, log, CeleryDeployment))
+                                                cpu, log, CeleryDeployment, hosts_file=hosts_file))
             day.times["ended"] = time.time()
             day.cpu["total"] = cpu.sample()
             return report(day, ledger_url, results)
@@ -259,12 +262,15 @@ def _postmaster_pid(pg) -> int:
     return int((Path(pg.root) / "data" / "postmaster.pid").read_text().split()[0])
 
 
-def _environment(cfg: DayConfig, cluster, pg, ledger_url: str, results: Path) -> dict[str, str]:
+def _environment(cfg: DayConfig, cluster, pg, ledger_url: str, results: Path, hosts_file: Path) -> dict[str, str]:
+    """The deployment's environment: one ssh connection per host (the training tasks launch on
+    the hosts they get), the health watch's hosts file and its one connection for them all."""
     conns, ids = connection_env(cluster)
     ledger_db = ledger_url.rsplit("/", 1)[1]
     watch_seconds = cfg.stream_seconds + cfg.settle_timeout + 600
     return {
         **conns,
+        f"AIRFLOW_CONN_{FLEET_CONN_ID.upper()}": fleet_connection(cluster),
         f"AIRFLOW_CONN_{LEDGER_CONN_ID.upper()}": json.dumps(
             {"conn_type": "postgres", "host": "127.0.0.1", "port": pg.port, "login": "ledger", "schema": ledger_db}),
         "AIRFLOW__HETERO_GPU__LEDGER_CONN_ID": LEDGER_CONN_ID,
@@ -279,7 +285,8 @@ def _environment(cfg: DayConfig, cluster, pg, ledger_url: str, results: Path) ->
         "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "1000",
         "AIRFLOW__CORE__MAX_ACTIVE_RUNS_PER_DAG": "1000",
         "HG_FLEET_DAY": json.dumps({
-            "results": str(results), "watch_interval": cfg.watch_interval, "watch_seconds": watch_seconds,
+            "results": str(results), "hosts_file": str(hosts_file), "fleet_conn_id": FLEET_CONN_ID,
+            "watch_interval": cfg.watch_interval, "watch_seconds": watch_seconds,
             "thresholds": {"unreachable_checks": cfg.unreachable_checks,
                            "readmit_after_healthy_checks": cfg.readmit_checks},
             "capacity_timeout": cfg.settle_timeout + cfg.stream_seconds,
@@ -290,8 +297,8 @@ def _environment(cfg: DayConfig, cluster, pg, ledger_url: str, results: Path) ->
 
 
 def _deploy_and_stream(day: Day, cfg: DayConfig, cluster, pg, redis, metadata_url: str, ledger_url: str,
-                       results: Path, cpu: CpuMeter, log, deployment_class) -> dict[str, Any]:
-    env = _environment(cfg, cluster, pg, ledger_url, results)
+                       results: Path, cpu: CpuMeter, log, deployment_class, *, hosts_file: Path) -> dict[str, Any]:
+    env = _environment(cfg, cluster, pg, ledger_url, results, hosts_file)
     started = time.monotonic()
     with deployment_class(day.root / "airflow", DAGS, env, metadata_url=metadata_url, broker_url=redis.url(),
                           concurrency=cfg.concurrency) as airflow:

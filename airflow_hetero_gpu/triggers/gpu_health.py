@@ -6,6 +6,12 @@ the resolved connections to the same hook and the same check
 decides exactly as a poking one. The hook keeps each host's SSH connection open from one check
 to the next (``keep_connections``): a watch of 1,000 hosts does not redo 1,000 key exchanges
 every ``poke_interval``; they close when the trigger ends.
+
+A large fleet is named by a hosts file and one connection (``hosts_file``, ``ssh_conn_id``; see
+:mod:`~airflow_hetero_gpu.hooks.fleet_connection`): one lookup, whatever the fleet's size, and
+the collection of ``hetero-gpu check --hosts-file`` (worker processes that keep their hosts'
+connections). The connections and the worker processes are closed when the trigger ends, once
+a check in flight is over.
 """
 
 from __future__ import annotations
@@ -13,11 +19,12 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
+import threading
 from typing import Any, AsyncIterator, Mapping, Sequence
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_hetero_gpu.errors import HeteroGpuError
+from airflow_hetero_gpu.errors import ConfigError, HeteroGpuError
 from airflow_hetero_gpu.healthcheck import HealthWatch, WatchSpec
 from airflow_hetero_gpu.hooks.hetero_gpu import HeteroGpuHook, normalize_conn_ids
 from airflow_hetero_gpu.hooks.ledger import is_deployment_ledger
@@ -30,10 +37,15 @@ class GpuHealthTrigger(BaseTrigger):
 
     Fires one event: ``{"status": "success", "result": <the sensor's XCom value>}`` when the gate
     condition holds or the watch is over, or ``{"status": "error", "message": ...}`` (with
-    ``"mistake": True`` for a setup mistake no retry can fix: a missing ledger, a malformed URL).
+    ``"mistake": True`` for a setup mistake no retry can fix: a missing ledger, a malformed URL, a
+    bad hosts file, a missing or unusable fleet connection).
+
+    The hosts: ``ssh_conn_ids`` (one connection per host), or ``hosts_file`` with the one
+    connection ``ssh_conn_id`` that reaches them all.
     """
 
-    def __init__(self, *, ssh_conn_ids: Sequence[str] | Mapping[str, str], spec: Mapping[str, Any],
+    def __init__(self, *, ssh_conn_ids: Sequence[str] | Mapping[str, str] | None = None,
+                 hosts_file: str | None = None, ssh_conn_id: str | None = None, spec: Mapping[str, Any],
                  poke_interval: float = 60.0, captures_dir: str | None = None,
                  config: str | Mapping[str, Any] | None = None, topology_conf: str | None = None,
                  ledger_url: str | None = None, ledger_conn_id: str | None = None,
@@ -41,6 +53,8 @@ class GpuHealthTrigger(BaseTrigger):
                  history: Mapping[str, float] | None = None) -> None:
         super().__init__()
         self.ssh_conn_ids = ssh_conn_ids
+        self.hosts_file = hosts_file
+        self.ssh_conn_id = ssh_conn_id
         self.spec = dict(spec)
         self.poke_interval = float(poke_interval)
         self.captures_dir = captures_dir
@@ -53,12 +67,16 @@ class GpuHealthTrigger(BaseTrigger):
         self.history = dict(history or {})
         self._tmp: str | None = None
         self._stopping = False
-        self._hook: HeteroGpuHook | None = None
+        self._hook: Any = None  # the collector: a HeteroGpuHook or an SshCollector
+        self._check_lock = threading.Lock()  # held while a check runs (in its thread)
+        self._closer: threading.Thread | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
+        ids = self.ssh_conn_ids
         return (f"{type(self).__module__}.{type(self).__qualname__}", {
-            "ssh_conn_ids": self.ssh_conn_ids if isinstance(self.ssh_conn_ids, (str, list))
-            else (dict(self.ssh_conn_ids) if isinstance(self.ssh_conn_ids, Mapping) else list(self.ssh_conn_ids)),
+            "ssh_conn_ids": ids if ids is None or isinstance(ids, (str, list))
+            else (dict(ids) if isinstance(ids, Mapping) else list(ids)),
+            "hosts_file": self.hosts_file, "ssh_conn_id": self.ssh_conn_id,
             "spec": self.spec, "poke_interval": self.poke_interval, "captures_dir": self.captures_dir,
             "config": self.config, "topology_conf": self.topology_conf, "ledger_url": self.ledger_url,
             "ledger_conn_id": self.ledger_conn_id, "hook_kwargs": self.hook_kwargs,
@@ -75,6 +93,24 @@ class GpuHealthTrigger(BaseTrigger):
             except Exception as exc:  # noqa: BLE001 - a missing connection fails its host only
                 out[label] = HeteroGpuError(" ".join(str(exc).split()) or type(exc).__name__)
         return out
+
+    async def _fleet(self) -> Any:
+        """The collector of ``hosts_file`` over the one connection ``ssh_conn_id`` (looked up
+        here, in the event loop; the file is read in a thread)."""
+        from airflow.providers.common.compat.connection import get_async_connection  # noqa: PLC0415
+
+        from airflow_hetero_gpu.hooks.fleet_connection import fleet_collector  # noqa: PLC0415
+
+        try:
+            conn = await get_async_connection(self.ssh_conn_id)
+        except Exception as exc:  # noqa: BLE001 - a missing connection: no retry helps
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise ConfigError(f"ssh_conn_id {self.ssh_conn_id!r}: the Airflow connection cannot be read: "
+                              f"{reason}") from None
+        return await asyncio.to_thread(
+            fleet_collector, conn, self.ssh_conn_id, self.hosts_file, keep_connections=True,
+            captures_dir=self.captures_dir, config=self.config, topology_conf=self.topology_conf,
+            **self.hook_kwargs)
 
     async def _ledger_url(self) -> str | None:
         if not self.ledger_conn_id:
@@ -96,18 +132,23 @@ class GpuHealthTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         try:
             spec = WatchSpec.from_json(self.spec)
-            hosts = normalize_conn_ids(self.ssh_conn_ids)
-            connections = await self._connections(hosts)
             ledger_url = await self._ledger_url()
             if not is_deployment_ledger(self.ledger_conn_id, self.ledger_url):
                 require_existing(ledger_url)  # a typo must not make a second ledger
-            hook = self._hook = HeteroGpuHook(hosts, connections=connections, captures_dir=self._captures_dir(),
-                                              config=self.config, topology_conf=self.topology_conf,
-                                              keep_connections=True, **self.hook_kwargs)
+            if self.hosts_file:
+                hook = self._hook = await self._fleet()
+            else:
+                hosts = normalize_conn_ids(self.ssh_conn_ids)
+                connections = await self._connections(hosts)
+                hook = self._hook = HeteroGpuHook(hosts, connections=connections, captures_dir=self._captures_dir(),
+                                                  config=self.config, topology_conf=self.topology_conf,
+                                                  keep_connections=True, **self.hook_kwargs)
             runner = HealthWatch(spec, hook, ledger_url, log=self.log, collector=self.collector,
                                  history=self.history)
             while not self._stopping:
-                await asyncio.to_thread(runner.check)
+                await asyncio.to_thread(self._check, runner)
+                if self._stopping:
+                    break
                 reason = runner.outcome()
                 if reason is not None:
                     yield TriggerEvent({"status": "success", "result": runner.result(reason)})
@@ -117,7 +158,7 @@ class GpuHealthTrigger(BaseTrigger):
                     self.log.warning("health check %d took longer than poke_interval %gs; the next one starts now",
                                      runner.checks, self.poke_interval)
                 await asyncio.sleep(pause)
-        except (MissingLedger, LedgerUrlError) as exc:  # a mistake: the sensor fails without retries
+        except (MissingLedger, LedgerUrlError, ConfigError) as exc:  # a mistake: the sensor fails without retries
             yield TriggerEvent({"status": "error", "message": str(exc), "mistake": True})
         except Exception as exc:  # noqa: BLE001 - the sensor fails with this message
             self.log.exception("GPU health trigger failed")
@@ -125,10 +166,25 @@ class GpuHealthTrigger(BaseTrigger):
         finally:
             self._close_connections()
 
+    def _check(self, runner: HealthWatch) -> None:
+        """One check, in a thread; none starts once the trigger is stopping."""
+        with self._check_lock:
+            if not self._stopping:
+                runner.check()
+
     def _close_connections(self) -> None:
-        if self._hook is not None:
-            self._hook.close()
-            self._hook = None
+        """Close the collector's connections (and worker processes) in a thread of their own,
+        once a check in flight (whose await was cancelled) is over; never in the event loop."""
+        hook, self._hook = self._hook, None
+        if hook is None:
+            return
+
+        def close() -> None:
+            with self._check_lock:
+                hook.close()
+
+        self._closer = threading.Thread(target=close, name="hetero-gpu-health-close", daemon=True)
+        self._closer.start()
 
     def _remove_tmp(self) -> None:
         if self._tmp is not None:
@@ -136,9 +192,12 @@ class GpuHealthTrigger(BaseTrigger):
             self._tmp = None
 
     async def cleanup(self) -> None:
-        """Every exit: the temporary capture directory goes."""
+        """Every exit: the connections and worker processes are closed (after a check in
+        flight), the temporary capture directory goes."""
         self._stopping = True
         self._close_connections()
+        if self._closer is not None:
+            await asyncio.to_thread(self._closer.join)
         self._remove_tmp()
 
     async def on_kill(self) -> None:

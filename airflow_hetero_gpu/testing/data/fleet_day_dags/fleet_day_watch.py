@@ -1,5 +1,7 @@
 """The health watch of ``hetero-gpu``'s fleet day: ``hetero_gpu_health_watch`` with the day's
-interval (``HG_FLEET_DAY``: ``watch_interval`` seconds between checks, ``watch_seconds`` in all)."""
+interval (``HG_FLEET_DAY``: ``watch_interval`` seconds between checks, ``watch_seconds`` in all),
+over the day's hosts file and the one ssh connection that reaches them all (``hosts_file``,
+``fleet_conn_id``): one connection lookup, whatever the fleet's size."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ CFG = json.loads(os.environ.get("HG_FLEET_DAY") or "{}")
 def fleet_day_health_watch():
     GpuHealthSensor(
         task_id="watch",
+        hosts_file=CFG.get("hosts_file"),
+        ssh_conn_id=CFG.get("fleet_conn_id"),
         mode_kind="watch",
         watch_duration=timedelta(seconds=float(CFG.get("watch_seconds", 3600))),
         stop_when_idle=False,
