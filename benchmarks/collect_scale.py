@@ -22,9 +22,9 @@ alone and the server's CPU does not compete with its interpreter):
   ``load_host_keys()`` per connection, no ``TCP_NODELAY``), everything else the same;
 - ``keys`` (with ``--ablation``): the old factory given the shipped host-key store, so the
   difference to ``new`` is ``TCP_NODELAY`` alone;
-- ``sync`` (with ``--fsync``): ``new`` with every capture file flushed to the disk before its
-  rename, as a directory named with ``--out`` is written (``new`` writes its temporary directory
-  as ``hetero-gpu collect --ledger`` and ``check`` do: without fsync);
+- ``sync`` (with ``--fsync``): ``new`` writing durably, as a directory named with ``--out`` is
+  written (one ``sync()`` at the end; ``new`` writes its temporary directory as ``hetero-gpu
+  collect --ledger`` and ``check`` do: without);
 - ``cli``: the real ``hetero-gpu collect --hosts-file`` command at the default ``--max-parallel``
   (interpreter start and imports included), once per repetition.
 
