@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+import pytest
+
 START = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 
 
@@ -16,3 +18,9 @@ class Clock:
 
     def tick(self, seconds: float) -> None:
         self.now += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    """A :class:`Clock` at :data:`START` (import it beside ``Clock`` to use it)."""
+    return Clock()

@@ -161,3 +161,43 @@ def test_checks_begin_every_interval_whatever_a_check_takes(tmp_path):
     assert watch.until_next(2) == 0  # it took longer than the interval: the next begins now
     with pytest.raises(ValueError, match="part_window"):
         HealthWatch(WatchSpec(), Collector([], lambda t: None), None, part_window=0)
+
+
+def test_a_check_in_parts_runs_one_admission_pass_once_its_last_part_is_in(embedded_cluster, tmp_path):
+    from airflow_hetero_gpu.core.model import PlanRequest
+
+    cluster = embedded_cluster(small_hosts(3, gpus=1))
+    targets = parse_hosts_file(cluster.write_hosts_file(tmp_path / "hosts"))
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    factory = paramiko_client_factory(cluster.identity_file, cluster.known_hosts_path)
+    collector = SshCollector(targets, factory, connect_timeout=30, command_timeout=300, max_parallel=8)
+    watch = HealthWatch(WatchSpec(stop_when_idle=False), collector, url, part_window=0.2)
+    watch.check()
+    with Ledger.from_url(url) as ledger:
+        assert ledger.reserve("holder", watch.cluster, PlanRequest(2)).decision is not None
+        assert ledger.enqueue("waiter", PlanRequest(2)).state == "waiting"  # one GPU is free
+    release = tmp_path / "release-node03"
+    cluster.set_state("node03", nvidia_smi_wait_for=str(release))  # the check waits for it
+    check_began = datetime.now(timezone.utc)
+    thread = threading.Thread(target=watch.check, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:  # the first part: the two hosts that answered
+            with Ledger.from_url(url) as ledger:
+                hosts = ledger.inventory(["node01", "node02"]).hosts
+            if all(h.collected_at > check_began for h in hosts.values()):
+                break
+            time.sleep(0.05)
+        assert all(h.collected_at > check_began for h in hosts.values())
+        assert thread.is_alive()
+        with Ledger.from_url(url) as ledger:  # no pass yet: the check is not over
+            assert ledger.queue_entry("waiter").checked_at < check_began
+    finally:
+        release.write_text("")
+    thread.join(WAIT)
+    assert not thread.is_alive()
+    with Ledger.from_url(url) as ledger:  # one pass, once the last part (node03) was in
+        entry = ledger.queue_entry("waiter")
+        last = ledger.inventory(["node03"]).hosts["node03"].collected_at
+        assert entry.state == "waiting" and entry.checked_at >= last > check_began

@@ -12,13 +12,8 @@ from airflow_hetero_gpu.core.admission import PreemptionRules
 from airflow_hetero_gpu.core.model import PlanRequest
 from airflow_hetero_gpu.ledger import Ledger, LedgerError, NoLiveReservation
 from postgres_fixtures import ledger_db_url  # noqa: F401  (fixture)
-from ledger_clock import Clock
+from ledger_clock import clock  # noqa: F401  (fixture)
 from test_ledger_queue import LONG, fill
-
-
-@pytest.fixture
-def clock():
-    return Clock()
 
 
 @pytest.fixture

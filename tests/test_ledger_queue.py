@@ -13,7 +13,7 @@ from airflow_hetero_gpu.ledger.inventory import HostRecord
 from airflow_hetero_gpu.testing.captures import host_files
 from airflow_hetero_gpu.testing.demo import small_hosts
 from postgres_fixtures import ledger_db_url  # noqa: F401  (fixture)
-from ledger_clock import Clock
+from ledger_clock import clock  # noqa: F401  (fixture)
 
 
 def fill(led: Ledger, hosts: int = 2, gpus: int = 8) -> None:
@@ -27,11 +27,6 @@ LONG = 100_000.0
 
 def keys(res) -> set[GpuKey]:
     return set(res.keys)
-
-
-@pytest.fixture
-def clock():
-    return Clock()
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from airflow_hetero_gpu.core.admission import TeamsError, teams_from_mapping
 from airflow_hetero_gpu.core.model import PlanRequest
 from airflow_hetero_gpu.ledger import Ledger
 from airflow_hetero_gpu.ledger.errors import QuotaRefused
-from ledger_clock import Clock
+from ledger_clock import clock  # noqa: F401  (fixture)
 from postgres_fixtures import ledger_db_url  # noqa: F401  (fixture)
 from test_ledger_queue import fill
 
@@ -24,11 +24,6 @@ teams:
   prod:     {quota: {"A100*": 8}, lending_limit: {"A100*": 4}}
   intern:   {quota: {"*": 0}, borrowing_limit: {"*": 4}}
 """
-
-
-@pytest.fixture
-def clock():
-    return Clock()
 
 
 @pytest.fixture

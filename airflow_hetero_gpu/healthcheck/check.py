@@ -9,7 +9,8 @@ deferrable trigger and ``hetero-gpu check`` all run it:
    rules plus the optional ones, Xid lines new since the last check only;
 3. record the check in the ledger (evict, count healthy checks, readmit) as the hosts answer:
    every ``part_window`` seconds one transaction for the hosts that answered meanwhile
-   (:mod:`.parts`), so a fault is an eviction within about a second of its host's answer;
+   (:mod:`.parts`), so a fault is an eviction within about a second of its host's answer; then
+   one admission pass of the queue for the whole check (``Ledger.run_admission``);
 4. in ``watch`` mode, swap every evicted GPU that a live reservation holds for the best healthy
    GPU of its pool (``Ledger.replace``, SPEC §8 S12); the training operator sees its reservation
    change and restarts its workers;
@@ -173,10 +174,11 @@ class HealthWatch:
                 return ledger.record_health_check(
                     [host_record(h) for h in answered], collector=self.collector, judge=judge,
                     fleet_files=fleet_files, started_at=started,
-                    collection_id=parts[0].collection_id if parts else None, **self.history)
+                    collection_id=parts[0].collection_id if parts else None, admit=False, **self.history)
 
             collected, parts = collect_in_parts(lambda on_host: self.hook.collect(on_host=on_host), record,
                                                 self.part_window)
+            ledger.run_admission()  # once the whole check is in: one queue pass for all its parts
             evaluation, policy = judge_parts(parts, judge)
             cluster = self.cluster = evaluation.cluster
             report.steps = [st for part in parts for st in part.steps]

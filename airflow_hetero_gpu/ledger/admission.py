@@ -1,8 +1,9 @@
 """The admission pass inside the ledger's write transactions (docs/queue.md).
 
 Every write that frees or changes GPUs — a release, a lease expiry, an eviction, a readmission,
-a health check, a replacement, a new collection — and every enqueue and departure from the queue
-calls :func:`run_pass` before it commits: one call of the pure
+a replacement, a new collection — and every enqueue and departure from the queue calls
+:func:`run_pass` before it commits (a health check stored in parts: once, after its last part,
+``Ledger.run_admission``): one call of the pure
 :func:`airflow_hetero_gpu.core.admission.admit` with
 
 * the cluster from the ledger's stored inventory (every host, as last seen; the stored
@@ -50,9 +51,9 @@ class ClusterCache:
 
     One per ledger URL in a process. It keeps each host's parsed outputs with the time of the
     collection they came from, and its GPUs (:class:`~airflow_hetero_gpu.core.inventory.HostMemo`):
-    a health check stores its hosts in parts as they answer, and a pass after a part re-reads and
-    re-parses the hosts of that part only (the cluster's arrays are then built again over the
-    kept GPUs). The writes that run passes most (release, enqueue, renew, leave) :meth:`warm` it
+    a health check stores its hosts in parts as they answer, and the next pass re-reads and
+    re-parses only the hosts collected since the last build (the cluster's arrays are then built
+    again over the kept GPUs). The writes that run passes most (release, enqueue, renew, leave) :meth:`warm` it
     in a read transaction before they take the ledger lock; under the lock :meth:`get` then only
     compares the inventory's version. A change of the fleet files (``cluster.yaml``,
     ``topology.conf``) rebuilds everything.

@@ -91,7 +91,7 @@ class FleetMixin:
                             started_at: datetime | None = None,
                             history_interval: float = DEFAULT_HISTORY_INTERVAL_S,
                             history_retention: float = DEFAULT_HISTORY_RETENTION_S,
-                            collection_id: int | None = None) -> Stored:
+                            collection_id: int | None = None, admit: bool = True) -> Stored:
         """Store one collection and record the health check of every GPU it saw.
 
         ``judge`` turns the stored outputs of the collected hosts (a failed host with its last
@@ -99,6 +99,10 @@ class FleetMixin:
         observations and policy; the steps (evict, count, readmit) are applied in the same
         transaction. ``collection_id``: these hosts are a further part of that collection (a
         check stores its hosts in parts as they answer; :func:`judge_parts` judges the whole).
+        ``admit``: run the queue's admission pass in the same transaction (a check stored in parts
+        runs one :meth:`run_admission` after its last part instead: one pass a check, its cluster
+        built before the lock, rather than a pass and a rebuild of the part's hosts under the lock
+        in every part).
         """
         records = _checked(records)
         with self._write(f"record a health check of {len(records)} host(s)") as (conn, now):
@@ -109,7 +113,8 @@ class FleetMixin:
             stored.steps = watch.apply_check(conn, now, ev.observations, policy, self._evict)
             self._keep_history(conn, now, ev, records, history_interval,
                                history_retention if collection_id is None else None)
-            self._admit(conn, now)  # evictions and readmissions change what the queue can have
+            if admit:
+                self._admit(conn, now)  # evictions and readmissions change what the queue can have
             return stored
 
     def _store(self, conn: Connection, now: datetime, records: Sequence[HostRecord], collector: str,

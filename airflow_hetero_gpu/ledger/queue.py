@@ -226,7 +226,9 @@ class QueueMixin:
             return True
 
     def run_admission(self) -> AdmissionResult | None:
-        """One admission pass now, in its own transaction (every capacity write already runs one)."""
+        """One admission pass now, in its own transaction (every capacity write already runs one;
+        a health check runs this after its last part)."""
+        self._warm_admission()
         with self._write("run an admission pass") as (conn, now):
             self._expire(conn, now, admit=False)
             return self._admit(conn, now)
