@@ -103,13 +103,18 @@ def test_window_must_be_positive():
         collect_in_parts(lambda on_host: None, lambda b, p: None, window_s=0)  # type: ignore[arg-type,return-value]
 
 
-def test_a_fault_is_an_eviction_in_the_ledger_while_a_stuck_host_holds_the_check(embedded_cluster, tmp_path):
-    cluster = embedded_cluster(small_hosts(6, gpus=1))
+def _watch(embedded_cluster, tmp_path, hosts: int):
+    """(the emulated cluster of ``hosts`` 1-GPU hosts, a ledger URL, a watch of it in parts of 0.2 s)."""
+    cluster = embedded_cluster(small_hosts(hosts, gpus=1))
     targets = parse_hosts_file(cluster.write_hosts_file(tmp_path / "hosts"))
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     factory = paramiko_client_factory(cluster.identity_file, cluster.known_hosts_path)
     collector = SshCollector(targets, factory, connect_timeout=30, command_timeout=300, max_parallel=8)
-    watch = HealthWatch(WatchSpec(stop_when_idle=False), collector, url, part_window=0.2)
+    return cluster, url, HealthWatch(WatchSpec(stop_when_idle=False), collector, url, part_window=0.2)
+
+
+def test_a_fault_is_an_eviction_in_the_ledger_while_a_stuck_host_holds_the_check(embedded_cluster, tmp_path):
+    cluster, url, watch = _watch(embedded_cluster, tmp_path, 6)
     first = watch.check()
     assert (first.collected, first.failed, first.evicted) == (6, 0, [])
 
@@ -166,12 +171,7 @@ def test_checks_begin_every_interval_whatever_a_check_takes(tmp_path):
 def test_a_check_in_parts_runs_one_admission_pass_once_its_last_part_is_in(embedded_cluster, tmp_path):
     from airflow_hetero_gpu.core.model import PlanRequest
 
-    cluster = embedded_cluster(small_hosts(3, gpus=1))
-    targets = parse_hosts_file(cluster.write_hosts_file(tmp_path / "hosts"))
-    url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    factory = paramiko_client_factory(cluster.identity_file, cluster.known_hosts_path)
-    collector = SshCollector(targets, factory, connect_timeout=30, command_timeout=300, max_parallel=8)
-    watch = HealthWatch(WatchSpec(stop_when_idle=False), collector, url, part_window=0.2)
+    cluster, url, watch = _watch(embedded_cluster, tmp_path, 3)
     watch.check()
     with Ledger.from_url(url) as ledger:
         assert ledger.reserve("holder", watch.cluster, PlanRequest(2)).decision is not None

@@ -20,26 +20,10 @@ from airflow_hetero_gpu.collect.shards import HOSTS_PER_WORKER, ShardWorkers, wo
 from airflow_hetero_gpu.collect.targets import SshTarget, parse_hosts_file
 from airflow_hetero_gpu.testing.demo import small_hosts
 from cluster_fixtures import embedded_cluster  # noqa: F401
+from shard_processes import workers_of
 
 ROOT = Path(__file__).resolve().parents[1]
 WAIT_S = 120.0  # safety net of the waits below; each ends on the event it waits for
-
-
-def _workers_of(pid: int) -> list[int]:
-    """The collector worker processes whose parent is ``pid`` (from /proc)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == pid and b"airflow_hetero_gpu.collect.shard_worker" in cmdline:
-            found.append(int(entry))
-    return found
 
 
 def _alive(pid: int) -> bool:
@@ -84,7 +68,7 @@ def test_a_collection_shared_among_processes_reads_as_one_made_by_one_process(em
         assert collector.processes == processes
         seen[processes] = []
         reports[processes] = collector.collect(on_host=lambda h, p=processes: seen[p].append(h.host))
-        assert _workers_of(os.getpid()) == []  # a one-shot collection stops its workers
+        assert workers_of(os.getpid()) == []  # a one-shot collection stops its workers
     one, shared = reports[1], reports[2]
 
     def outcome(report):
@@ -113,7 +97,7 @@ def test_kept_connections_stay_in_their_workers_until_the_collector_is_closed(em
     collector = SshCollector(targets, kept, processes=2, connect_timeout=5, retries=2)
     try:
         assert len(collector.collect().ok) == 10
-        workers = _workers_of(os.getpid())
+        workers = workers_of(os.getpid())
         assert len(workers) == 2  # they stay up with their connections
 
         before = cluster.connections_opened()
@@ -122,7 +106,7 @@ def test_kept_connections_stay_in_their_workers_until_the_collector_is_closed(em
         opened = {h: n - before[h] for h, n in cluster.connections_opened().items()}
         assert len(report.ok) == 10
         assert opened == {h: 1 if h == "node03" else 0 for h in opened}  # the others reused theirs
-        assert sorted(_workers_of(os.getpid())) == sorted(workers)
+        assert sorted(workers_of(os.getpid())) == sorted(workers)
 
         # a worker that died between collections is replaced; its hosts connect afresh
         os.kill(workers[0], signal.SIGKILL)
@@ -131,10 +115,10 @@ def test_kept_connections_stay_in_their_workers_until_the_collector_is_closed(em
         report = collector.collect(hosts={"node01", "node02", "node05"})
         assert [h.host for h in report.hosts if h.ok] == ["node01", "node02", "node05"], [h.reason for h in report.hosts]
         assert sum(n - before[h] for h, n in cluster.connections_opened().items()) >= 1
-        assert len(_workers_of(os.getpid())) == 2
+        assert len(workers_of(os.getpid())) == 2
     finally:
         collector.close()
-    assert _workers_of(os.getpid()) == []
+    assert workers_of(os.getpid()) == []
     assert _wait_for(lambda: sum(cluster.connections().values()) == 0)  # the kept connections closed with them
 
 
@@ -159,8 +143,8 @@ def test_ctrl_c_and_a_killed_collector_leave_no_worker_behind(embedded_cluster, 
         proc = _collect_cli(cluster, tmp_path / sig.name)
         try:
             expected = worker_count(2 * HOSTS_PER_WORKER)
-            workers = _wait_for(lambda: proc.poll() is not None or len(_workers_of(proc.pid)) == expected
-                                and _workers_of(proc.pid))
+            workers = _wait_for(lambda: proc.poll() is not None or len(workers_of(proc.pid)) == expected
+                                and workers_of(proc.pid))
             assert proc.poll() is None, proc.stderr.read()
             assert len(workers) == expected > 1
             proc.send_signal(sig)
@@ -203,7 +187,7 @@ def test_check_with_an_interval_keeps_the_connections_in_its_workers(embedded_cl
     assert [(r["check"], r["collected"], r["failed"]) for r in lines] == [(1, size, 0), (2, size, 0), (3, size, 0)]
     assert len(used) == 3 and len(used[0]) == worker_count(size) > 1 and used[1] == used[2] == used[0]
     assert {h: n - before[h] for h, n in cluster.connections_opened().items()} == {h.name: 1 for h in cluster.hosts}
-    assert _workers_of(os.getpid()) == []
+    assert workers_of(os.getpid()) == []
     assert _wait_for(lambda: sum(cluster.connections().values()) == 0)
 
 
@@ -240,4 +224,4 @@ def test_a_worker_that_dies_mid_way_fails_its_hosts_with_a_reason_and_is_replace
         assert not (tmp_path / "out" / "hosts" / "node01" / "error.txt").exists()
     finally:
         collector.close()
-    assert _workers_of(os.getpid()) == []
+    assert workers_of(os.getpid()) == []

@@ -23,6 +23,7 @@ from airflow_hetero_gpu.testing.demo import small_hosts
 from airflow_hetero_gpu.triggers.gpu_health import GpuHealthTrigger
 from cluster_fixtures import embedded_cluster, emulated_cluster  # noqa: F401
 from ledger_files import new_ledger
+from shard_processes import workers_of
 
 CONN_ID = "gpu_fleet"
 WAIT_S = 120.0  # safety net of the waits below; each ends on the event it waits for
@@ -117,26 +118,22 @@ def test_the_execute_of_a_poking_sensor_closes_its_connections(embedded_cluster,
 
 
 # --- worker processes of a large fleet: gone when the trigger ends ---------------------------------
-def _workers_of(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"airflow_hetero_gpu.collect.shard_worker" in cmdline:
-            found.append(int(entry))
-    return found
-
-
 def _running(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def _never_met_gate(embedded_cluster, tmp_path, monkeypatch):  # noqa: F811
+    """(the emulated cluster, a ledger URL, the deferred trigger) of a gate over a 4-host fleet
+    that never opens."""
+    cluster = embedded_cluster(small_hosts(4, gpus=1))
+    fleet_connection(monkeypatch, cluster)
+    url = new_ledger(tmp_path / "ledger.db")
+    gate = sensor(hosts_file(cluster, tmp_path / "hosts"), url, mode_kind="gate", min_healthy=99,
+                  deferrable=True, poke_interval=0.1)
+    return cluster, url, deferred_trigger(gate)
 
 
 def test_the_triggers_worker_processes_end_with_it_after_the_check_in_flight(embedded_cluster, tmp_path,  # noqa: F811
@@ -145,12 +142,7 @@ def test_the_triggers_worker_processes_end_with_it_after_the_check_in_flight(emb
     their connections. The trigger is cancelled while a slow check is in flight (or about to
     start: it then does not): cleanup returns once that check is over and the workers and their
     connections are gone."""
-    cluster = embedded_cluster(small_hosts(4, gpus=1))
-    fleet_connection(monkeypatch, cluster)
-    url = new_ledger(tmp_path / "ledger.db")
-    gate = sensor(hosts_file(cluster, tmp_path / "hosts"), url, mode_kind="gate", min_healthy=99,
-                  deferrable=True, poke_interval=0.1)
-    trigger = deferred_trigger(gate)
+    cluster, url, trigger = _never_met_gate(embedded_cluster, tmp_path, monkeypatch)
     trigger.hook_kwargs["processes"] = 2  # as a fleet of 128 hosts or more gets on two CPUs
 
     async def run():
@@ -159,7 +151,7 @@ def test_the_triggers_worker_processes_end_with_it_after_the_check_in_flight(emb
         while collections(url) < 1 and not task.done() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         assert not task.done(), task.result().payload
-        workers = _workers_of(os.getpid())
+        workers = workers_of(os.getpid())
         for host in cluster.hosts:  # the next check is slow
             cluster.set_state(host.name, nvidia_smi_delay_s=2)
         while not trigger._check_lock.locked() and time.monotonic() < deadline:
@@ -352,12 +344,7 @@ def test_a_killed_triggerer_leaves_no_worker_process(embedded_cluster, tmp_path,
     import subprocess
     import sys
 
-    cluster = embedded_cluster(small_hosts(4, gpus=1))
-    fleet_connection(monkeypatch, cluster)
-    url = new_ledger(tmp_path / "ledger.db")
-    gate = sensor(hosts_file(cluster, tmp_path / "hosts"), url, mode_kind="gate", min_healthy=99,
-                  deferrable=True, poke_interval=0.1)
-    trigger = deferred_trigger(gate)
+    cluster, url, trigger = _never_met_gate(embedded_cluster, tmp_path, monkeypatch)
     kwargs = trigger.serialize()[1]
     kwargs["hook_kwargs"]["processes"] = 2
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
@@ -366,10 +353,10 @@ def test_a_killed_triggerer_leaves_no_worker_process(embedded_cluster, tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + WAIT_S
-        while (collections(url) < 1 or len(_workers_of(proc.pid)) < 2) and proc.poll() is None \
+        while (collections(url) < 1 or len(workers_of(proc.pid)) < 2) and proc.poll() is None \
                 and time.monotonic() < deadline:
             time.sleep(0.05)
-        workers = _workers_of(proc.pid)
+        workers = workers_of(proc.pid)
         assert proc.poll() is None and len(workers) == 2, (workers, proc.poll())
         proc.send_signal(signal.SIGKILL)
         proc.wait(WAIT_S)
