@@ -53,9 +53,9 @@ class ClusterCache:
     collection they came from, and its GPUs (:class:`~airflow_hetero_gpu.core.inventory.HostMemo`):
     a health check stores its hosts in parts as they answer, and the next pass re-reads and
     re-parses only the hosts collected since the last build (the cluster's arrays are then built
-    again over the kept GPUs). The writes that run passes most (release, enqueue, renew, leave)
-    :meth:`warm` it in a read transaction before they take the ledger lock; under the lock
-    :meth:`get` then only compares the inventory's version. A change of the fleet files (``cluster.yaml``,
+    again over the kept GPUs). The writes that run passes most (release, enqueue, renew, leave) :meth:`warm` it
+    in a read transaction before they take the ledger lock; under the lock :meth:`get` then only
+    compares the inventory's version. A change of the fleet files (``cluster.yaml``,
     ``topology.conf``) rebuilds everything.
     """
 
@@ -104,8 +104,8 @@ class ClusterCache:
             self._files_digest, self._stamps, self._captures, self._cluster = digest, {}, {}, None
         changed = [h for h, at in stamps.items() if self._stamps.get(h) != at]
         parsed = StoredInventory(inventory.read_hosts(conn, changed), files, now).captures().hosts if changed else {}
-        changed_set = set(changed)  # a changed host that parsed to nothing (a row without outputs): None
-        captures = {h: parsed.get(h) if h in changed_set else self._captures.get(h) for h in sorted(stamps)}
+        captures = {h: parsed.get(h) if h in parsed or h in changed else self._captures.get(h)
+                    for h in sorted(stamps)}
         hosts = {h: cap for h, cap in captures.items() if cap is not None}
         cluster = cluster_from_captures(CaptureSet(root=None, hosts=hosts, switches=self._switches, config_path=None),
                                         self._config, xid_rule=XIDS_FROM_LEDGER, memo=self._memo)
