@@ -173,3 +173,46 @@ def test_concurrent_first_use_creates_the_schema_once(ledger_db_url):  # noqa: F
                 assert conn.execute(select(schema.schema_version.c.version)).scalars().all() == list(range(1, migrations.LATEST + 1))
         finally:
             engine.dispose()
+
+
+def test_a_new_sqlite_file_held_by_another_process_is_waited_for(tmp_path, monkeypatch):
+    """Switching a new file to WAL needs its exclusive lock; while another connection holds the
+    file's reserved lock SQLite refuses at once rather than waiting. The ledger retries until the
+    holder lets go, instead of failing its first use."""
+    import sqlite3
+    import threading
+
+    from airflow_hetero_gpu.ledger import db as ledger_db
+
+    path = tmp_path / "ledger.db"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("CREATE TABLE held (x)")  # a real file, still in rollback-journal mode
+    holder.execute("BEGIN IMMEDIATE")  # the reserved lock: the pragma's wait is not offered
+    retried = threading.Event()
+    real_sleep = ledger_db.time.sleep
+
+    def sleep(seconds: float) -> None:
+        retried.set()
+        real_sleep(seconds)
+
+    monkeypatch.setattr(ledger_db.time, "sleep", sleep)
+    outcome: list = []
+
+    def first_use() -> None:
+        try:
+            with Ledger.from_url(f"sqlite:///{path}") as led:
+                outcome.append(led.schema_version())
+        except BaseException as err:  # noqa: BLE001 - reported to the test
+            outcome.append(err)
+
+    opener = threading.Thread(target=first_use)
+    opener.start()
+    try:
+        # Either the opener retries (then the lock is let go) or it has already given up.
+        while not retried.wait(0.05) and opener.is_alive():
+            pass
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+        opener.join(120)
+    assert outcome == [migrations.LATEST]

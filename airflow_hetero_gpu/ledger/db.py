@@ -17,6 +17,7 @@ deferred ``BEGIN``, so several statements see one consistent snapshot.
 from __future__ import annotations
 
 import sqlite3
+import time
 import zlib
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -68,7 +69,7 @@ def _sqlite_engine(url: URL, *, create: bool = True) -> Engine:
         cur = dbapi_conn.cursor()
         try:
             if not is_memory(url):
-                cur.execute("PRAGMA journal_mode = WAL")
+                _set_wal(cur)
                 cur.execute("PRAGMA synchronous = NORMAL")
             cur.execute("PRAGMA foreign_keys = ON")
         finally:
@@ -82,6 +83,26 @@ def _sqlite_engine(url: URL, *, create: bool = True) -> Engine:
             conn.exec_driver_sql("BEGIN")
 
     return engine
+
+
+def _set_wal(cur: sqlite3.Cursor) -> None:
+    """Switch the file to WAL, waiting out other processes that hold it meanwhile.
+
+    The switch of a new file needs its exclusive lock, and SQLite answers "database is locked" at
+    once rather than calling the busy handler; so several processes opening one new file at once
+    retry here, for up to the busy timeout. Once the file is in WAL the pragma takes no lock.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    delay = 0.005
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as err:
+            if "locked" not in str(err) or time.monotonic() >= deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)
 
 
 @contextmanager
