@@ -25,6 +25,7 @@ FILES = [
     {"teams": {"a": {"quota": {"*": 8}, "borrowing_limit": {"*": 4}, "weight": 2},
                "b": {"quota": {"*": 8}, "borrowing_limit": {"*": 0}}, "c": {"quota": {"*": 8}, "weight": 3}}},
 ]
+BORROWED = [f"c-borrowed-{i}" for i in range(3)]  # 3 x 4 GPUs: team c above its quota when the race starts
 
 
 
@@ -33,6 +34,9 @@ def _worker(url: str, idx: int, barrier, out) -> None:
     try:
         with Ledger.from_url(url) as led:
             barrier.wait(WAIT_S)
+            if idx == 3:  # team c gives back what it borrowed before the race, while the others enqueue
+                for job in BORROWED:
+                    led.release(job)
             if idx % 4 == 3:  # an admin applying the teams file (two versions: weights differ)
                 for rnd in range(ROUNDS):
                     led.apply_teams(teams_from_mapping(FILES[(idx + rnd) % 2]))
@@ -61,6 +65,9 @@ def test_concurrent_operations_keep_every_team_within_quota_plus_borrowing_limit
     with Ledger.from_url(ledger_db_url) as led:
         fill(led, hosts=4, gpus=8)  # 32 GPUs
         led.apply_teams(teams_from_mapping(FILES[0]))
+        for job in BORROWED:
+            assert led.enqueue(job, PlanRequest(4), team="c", lease_seconds=600).admitted
+            led.take_admission(job)
     runs: dict[str, tuple] = {}
     errors: list[str] = []
     for what, idx, job, data in race(_worker, ledger_db_url, PROCS, WAIT_S):
@@ -83,4 +90,6 @@ def test_concurrent_operations_keep_every_team_within_quota_plus_borrowing_limit
     assert set(peak) >= {"a", "b", "c"}
     for team, limit in LIMITS.items():
         assert peak[team] <= limit, f"team {team} held {peak[team]} GPUs, above quota + borrowing limit {limit}"
-    assert max(peak.values()) > 8  # some team did borrow (the check above is not vacuous)
+    # The samples do see a team above its quota (the checks above are not vacuous): c's borrowing
+    # before the race, while a and b raced for the other 20 GPUs (their quotas + a's 4 borrowed).
+    assert peak["c"] >= 12
