@@ -22,11 +22,19 @@ alone and the server's CPU does not compete with its interpreter):
   ``load_host_keys()`` per connection, no ``TCP_NODELAY``), everything else the same;
 - ``keys`` (with ``--ablation``): the old factory given the shipped host-key store, so the
   difference to ``new`` is ``TCP_NODELAY`` alone;
-- ``sync`` (with ``--fsync``): ``new`` writing durably, as a directory named with ``--out`` is
-  written (one ``sync()`` at the end; ``new`` writes its temporary directory as ``hetero-gpu
-  collect --ledger`` and ``check`` do: without);
-- ``cli``: the real ``hetero-gpu collect --hosts-file`` command at the default ``--max-parallel``
-  (interpreter start and imports included), once per repetition.
+- ``sync`` (with ``--fsync``): ``new`` writing its files durably, as a directory named with
+  ``--out`` is written (one ``sync()`` at the end); ``new``, ``procs``, ``old`` and ``keys``
+  write no file, as ``hetero-gpu collect --ledger`` and ``check`` do (the outputs stay in memory
+  for the ledger);
+- ``cli``: the real ``hetero-gpu collect --hosts-file … --ledger URL`` command at the default
+  ``--max-parallel`` (interpreter start, imports and storing every host in a new SQLite ledger
+  included), once per repetition; ``cliout`` the same with ``--out DIR`` instead (5 files per
+  host, durably).
+
+Nothing a run writes is removed before the end: on a file system that looks past inodes freed
+in the last half minute when it creates one (ext4 without a journal, as on the reference
+machine), removing one run's 5,000 files made the next run's creations cost seconds of system
+CPU that were the previous run's, not its own.
 
 Collector CPU is user + system of the collecting process and of every worker process it started
 (waited for, so counted in its children's usage).
@@ -114,20 +122,20 @@ def child(args: argparse.Namespace) -> int:
                "new": lambda: paramiko_client_factory(args.identity_file, args.known_hosts),
                "procs": lambda: paramiko_client_factory(args.identity_file, args.known_hosts),
                "sync": lambda: paramiko_client_factory(args.identity_file, args.known_hosts)}[args.mode]()
-    with tempfile.TemporaryDirectory(prefix="collect-scale-") as out:
-        before = resource.getrusage(resource.RUSAGE_SELF)
-        started = time.perf_counter()
-        children = resource.getrusage(resource.RUSAGE_CHILDREN)
-        workers = None
-        if args.mode == "procs":  # the shipped choice for a fleet this size: worker processes
-            spec = factory_spec(factory)
-            workers = ShardWorkers(worker_count(len(targets)), *spec) if spec and worker_count(len(targets)) > 1 else None
-        report = collect_captures(targets, out, factory,
-                                  max_parallel=args.parallel, connect_timeout=60, command_timeout=60,
-                                  retries=0, durable=args.mode == "sync", workers=workers)
-        wall = time.perf_counter() - started
-        after = resource.getrusage(resource.RUSAGE_SELF)
-        children_after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the workers, stopped and waited for
+    out = args.out if args.mode == "sync" else None  # the others keep the outputs in memory
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    started = time.perf_counter()
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    workers = None
+    if args.mode == "procs":  # the shipped choice for a fleet this size: worker processes
+        spec = factory_spec(factory)
+        workers = ShardWorkers(worker_count(len(targets)), *spec) if spec and worker_count(len(targets)) > 1 else None
+    report = collect_captures(targets, out, factory,
+                              max_parallel=args.parallel, connect_timeout=60, command_timeout=60,
+                              retries=0, durable=args.mode == "sync", workers=workers)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    children_after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the workers, stopped and waited for
     cpu = ((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
            + (children_after.ru_utime - children.ru_utime) + (children_after.ru_stime - children.ru_stime))
     print(json.dumps({"wall": wall, "cpu": cpu, "ok": len(report.ok),
@@ -135,11 +143,11 @@ def child(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_child(cluster: Any, hosts_file: Path, mode: str, parallel: int) -> dict[str, Any]:
+def run_child(cluster: Any, hosts_file: Path, mode: str, parallel: int, out: Path) -> dict[str, Any]:
     server_before = cluster.server_cpu_seconds()
     argv = [sys.executable, __file__, "_child", "--mode", mode, "--hosts-file", str(hosts_file),
             "--identity-file", str(cluster.identity_file), "--known-hosts", str(cluster.known_hosts_path),
-            "--parallel", str(parallel)]
+            "--parallel", str(parallel), "--out", str(out)]
     done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=3600,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
     if done.returncode != 0:
@@ -149,19 +157,20 @@ def run_child(cluster: Any, hosts_file: Path, mode: str, parallel: int) -> dict[
     return result
 
 
-def run_cli(cluster: Any, hosts_file: Path) -> dict[str, Any]:
-    """The real command, timed from outside: start-up and imports included."""
+def run_cli(cluster: Any, hosts_file: Path, out: Path, into_dir: bool) -> dict[str, Any]:
+    """The real command, timed from outside: start-up and imports included. Into a new SQLite
+    ledger ``out``.db, or the capture directory ``out`` when ``into_dir``."""
     server_before = cluster.server_cpu_seconds()
-    with tempfile.TemporaryDirectory(prefix="collect-scale-cli-") as out:
-        argv = [sys.executable, "-m", "airflow_hetero_gpu.cli", "collect", "--hosts-file", str(hosts_file),
-                "--identity-file", str(cluster.identity_file), "--known-hosts", str(cluster.known_hosts_path),
-                "--out", out, "--json"]
-        cpu_before = _children_cpu()
-        started = time.perf_counter()
-        done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=3600,
-                              env=dict(os.environ, PYTHONPATH=str(ROOT)))
-        wall = time.perf_counter() - started
-        cpu = _children_cpu() - cpu_before
+    where = ["--out", str(out)] if into_dir else ["--ledger", f"sqlite:///{out}.db"]
+    argv = [sys.executable, "-m", "airflow_hetero_gpu.cli", "collect", "--hosts-file", str(hosts_file),
+            "--identity-file", str(cluster.identity_file), "--known-hosts", str(cluster.known_hosts_path),
+            *where, "--json"]
+    cpu_before = _children_cpu()
+    started = time.perf_counter()
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=3600,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    wall = time.perf_counter() - started
+    cpu = _children_cpu() - cpu_before
     if done.returncode != 0:
         raise SystemExit(f"hetero-gpu collect failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
     hosts = json.loads(done.stdout)["hosts"]
@@ -191,18 +200,19 @@ def measure(cluster: Any, root: Path, size: int, parallels: list[int], reps: int
     if fsync:
         modes.append(("sync", DEFAULT_MAX_PARALLEL))
     if cli:
-        modes.append(("cli", DEFAULT_MAX_PARALLEL))
+        modes += [("cli", DEFAULT_MAX_PARALLEL), ("cliout", DEFAULT_MAX_PARALLEL)]
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {m: [] for m in modes}
     for rep in range(reps):
         for mode, parallel in modes:
             if mode == "old" and rep >= baseline_reps:
                 continue
-            if mode == "cli":
-                result = run_cli(cluster, hosts_file)
+            out = root / f"out-{size}-{mode}-{parallel}-{rep}"  # kept until the end (see the module)
+            if mode in ("cli", "cliout"):
+                result = run_cli(cluster, hosts_file, out, into_dir=mode == "cliout")
             else:
-                result = run_child(cluster, hosts_file, mode, parallel)
+                result = run_child(cluster, hosts_file, mode, parallel, out)
             runs[(mode, parallel)].append(result)
-            print(f"  {size:>5} hosts  rep {rep + 1}/{reps}  {mode:<5} P={parallel:<3} {result['wall']:7.2f} s  "
+            print(f"  {size:>5} hosts  rep {rep + 1}/{reps}  {mode:<6} P={parallel:<3} {result['wall']:7.2f} s  "
                   f"collector CPU {1000 * result['cpu'] / size:6.1f} ms/host  server CPU "
                   f"{1000 * result['server_cpu'] / size:5.1f} ms/host  ok {result['ok']}"
                   + (f"  failed: {result['failed']}" if result["failed"] else ""), file=sys.stderr, flush=True)
@@ -211,7 +221,7 @@ def measure(cluster: Any, root: Path, size: int, parallels: list[int], reps: int
 
 def report(size: int, runs: dict[tuple[str, int], list[dict[str, Any]]]) -> None:
     print(f"{size} hosts")
-    print(f"  {'mode':<5} {'P':>3} {'median s':>9} {'min s':>7} {'max s':>7} {'collector CPU/host':>18} "
+    print(f"  {'mode':<6} {'P':>3} {'median s':>9} {'min s':>7} {'max s':>7} {'collector CPU/host':>18} "
           f"{'server CPU/host':>15} {'ok':>5} {'old/this':>8}")
     old = {p: statistics.median(r["wall"] for r in v) for (m, p), v in runs.items() if m == "old"}
     keys = {p: statistics.median(r["wall"] for r in v) for (m, p), v in runs.items() if m == "keys"}
@@ -221,7 +231,7 @@ def report(size: int, runs: dict[tuple[str, int], list[dict[str, Any]]]) -> None
         ratio = f"{old[parallel] / med:6.1f}x" if mode in ("new", "keys") and parallel in old else ""
         if mode == "new" and parallel in keys:
             ratio += f" (keys/new {keys[parallel] / med:.2f}x)"
-        print(f"  {mode:<5} {parallel:>3} {med:9.2f} {min(walls):7.2f} {max(walls):7.2f} "
+        print(f"  {mode:<6} {parallel:>3} {med:9.2f} {min(walls):7.2f} {max(walls):7.2f} "
               f"{1000 * statistics.median(r['cpu'] for r in values) / size:15.1f} ms "
               f"{1000 * statistics.median(r['server_cpu'] for r in values) / size:12.1f} ms "
               f"{min(r['ok'] for r in values):>5} {ratio:>7}")
@@ -231,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command")
     inner = sub.add_parser("_child", help=argparse.SUPPRESS)
-    for name in ("--mode", "--hosts-file", "--identity-file", "--known-hosts"):
+    for name in ("--mode", "--hosts-file", "--identity-file", "--known-hosts", "--out"):
         inner.add_argument(name, required=True)
     inner.add_argument("--parallel", type=int, required=True)
     parser.add_argument("--hosts", default="10,100,1000", help="fleet sizes, comma separated")

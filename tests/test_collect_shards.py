@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -52,7 +53,8 @@ def test_worker_count_follows_the_fleet_and_the_cpus():
     assert worker_count(1000, cpus=64) == 1000 // HOSTS_PER_WORKER
 
 
-def test_a_collection_shared_among_processes_reads_as_one_made_by_one_process(embedded_cluster, tmp_path):
+def test_a_collection_shared_among_processes_reads_as_one_made_by_one_process(embedded_cluster, tmp_path,
+                                                                             monkeypatch):
     cluster = embedded_cluster(small_hosts(11, gpus=2))
     cluster.inject_fault("node04", "host_down")
     targets = parse_hosts_file(cluster.write_hosts_file(tmp_path / "hosts"))
@@ -88,6 +90,16 @@ def test_a_collection_shared_among_processes_reads_as_one_made_by_one_process(em
             if name != "error.txt":
                 assert text == shared[host].texts[name]
     assert (tmp_path / "out2" / "hosts" / "node04" / "error.txt").read_text() == shared["node04"].reason + "\n"
+
+    # Without a directory nothing is written, here or in the workers: the outputs stay in the results.
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))  # the workers' temporary directory
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # and this process's
+    collector = SshCollector(targets, factory, processes=2, max_parallel=4, connect_timeout=5, retries=1)
+    in_memory = collector.collect()
+    assert in_memory.out_dir is None and outcome(in_memory) == outcome(one)
+    assert list(scratch.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["hosts", "out1", "out2", "tmp"]
 
 
 def test_kept_connections_stay_in_their_workers_until_the_collector_is_closed(embedded_cluster, tmp_path):

@@ -335,9 +335,10 @@ def test_atomic_write_replaces_and_leaves_no_temp_files(tmp_path):
     assert [p.name for p in target.parent.iterdir()] == ["query.csv"]
 
 
-def test_a_scratch_collection_writes_without_fsync_and_a_named_directory_durably(tmp_path, monkeypatch):
-    """A watch's temporary capture directory is removed after use: its files need not reach the
-    disk (3,000 fsyncs a check of 1,000 hosts); a directory the user named gets them."""
+def test_atomic_write_syncs_only_when_asked_and_a_collector_without_a_directory_passes_none(tmp_path, monkeypatch):
+    """A file written for a temporary directory need not reach the disk; a collector given no
+    directory asks for none (each host's outputs stay in its result: test_collect_shards.py), a
+    directory the user named gets its files durably."""
     import os
 
     from airflow_hetero_gpu.collect import fleet
@@ -351,11 +352,12 @@ def test_a_scratch_collection_writes_without_fsync_and_a_named_directory_durably
     assert len(synced) == 1
 
     calls = []
-    monkeypatch.setattr(fleet, "collect_captures", lambda targets, out, factory, **kw: calls.append(kw))
+    monkeypatch.setattr(fleet, "collect_captures", lambda targets, out, factory, **kw: calls.append((out, kw)))
     factory = lambda *a, **k: None  # noqa: E731 - never called: collect_captures is replaced
     fleet.SshCollector([SshTarget("a", "127.0.0.1")], factory).collect()
     fleet.SshCollector([SshTarget("a", "127.0.0.1")], factory, out_dir=tmp_path / "kept").collect()
-    assert [c["durable"] for c in calls] == [False, True]
+    assert [out for out, _ in calls] == [None, tmp_path / "kept"]
+    assert all(kw.get("durable", True) for _, kw in calls)  # collect_captures' default: durable
 
 
 def test_factory_checks_its_files(tmp_path):

@@ -8,8 +8,6 @@ sensor over a hosts file and one connection); :func:`ssh_collector` builds the l
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import weakref
 from pathlib import Path
 from typing import Any, Callable, Collection, Mapping, Protocol, Sequence
@@ -80,8 +78,8 @@ def read_fleet_files(config: str | Path | Mapping[str, Any] | None,
 class SshCollector:
     """Plain-SSH hosts (``hetero-gpu collect --hosts``, ``hetero-gpu check``) as a :class:`Collector`.
 
-    ``out_dir``: also keep a capture directory there (a temporary one otherwise, removed with
-    this object). ``options`` go to :func:`~airflow_hetero_gpu.collect.ssh.collect_captures`.
+    ``out_dir``: also keep a capture directory there (otherwise no file is written: each host's
+    outputs stay in its result, which is what the ledger stores). ``options`` go to :func:`~airflow_hetero_gpu.collect.ssh.collect_captures`.
 
     A large fleet is collected by worker processes (:mod:`~airflow_hetero_gpu.collect.shards`)
     when ``factory`` can be built again in them: ``processes`` of them (default
@@ -107,12 +105,8 @@ class SshCollector:
             weakref.finalize(self, self._workers.close)
         self._config, self._files = read_fleet_files(config, topology_conf)
         self.options = options
-        self.scratch = out_dir is None  # a temporary directory: its files need not reach the disk
-        if out_dir is None:
-            self.out_dir = Path(tempfile.mkdtemp(prefix="hetero-gpu-collect-"))
-            weakref.finalize(self, shutil.rmtree, str(self.out_dir), True)
-        else:
-            self.out_dir = Path(out_dir)
+        # None: the outputs stay in each host's result (all the ledger stores), no file is written
+        self.out_dir = None if out_dir is None else Path(out_dir)
 
     @property
     def hosts(self) -> dict[str, SshTarget]:
@@ -122,9 +116,10 @@ class SshCollector:
                 on_host: Callable[[HostResult], None] | None = None) -> CollectReport:
         chosen = [t for name, t in self._targets.items() if hosts is None or name in hosts]
         report = collect_captures(chosen, self.out_dir, self._factory, on_host=on_host, workers=self._workers,
-                                  **{"durable": not self.scratch, **self.options})
-        for name, text in self._files.items():  # the directory plans like the ledger's inventory
-            atomic_write(self.out_dir / name, text)
+                                  **self.options)
+        if self.out_dir is not None:
+            for name, text in self._files.items():  # the directory plans like the ledger's inventory
+                atomic_write(self.out_dir / name, text)
         return report
 
     def cluster_config(self) -> ClusterConfig | None:

@@ -128,7 +128,7 @@ class ShardWorkers:
             worker = self._workers[index] = _Worker()
         return worker
 
-    def run(self, shares: Sequence[Sequence[Any]], out_dir: Path, options: dict[str, Any],
+    def run(self, shares: Sequence[Sequence[Any]], out_dir: Path | None, options: dict[str, Any],
             on_host: Callable[[Any], None] | None, lost: Callable[[Any, str], Any]) -> dict[str, Any]:
         """Collect ``shares[i]`` (SshTargets) in worker ``i``: ``{host name: HostResult}``.
 
@@ -143,7 +143,8 @@ class ShardWorkers:
         busy = [i for i, share in enumerate(shares) if share]
         try:
             for i in busy:
-                self._worker(i).send(("collect", self.spec, self.keep, list(shares[i]), str(out_dir), options))
+                where = None if out_dir is None else str(out_dir)
+                self._worker(i).send(("collect", self.spec, self.keep, list(shares[i]), where, options))
             readers = [threading.Thread(target=self._read, args=(i, shares[i], results, errors, on_host, lost),
                                         name=f"hetero-gpu-collect-worker-{i}", daemon=True) for i in busy]
             for reader in readers:

@@ -3,7 +3,9 @@
 For every target, in a thread pool bounded by ``max_parallel``, open a paramiko ``SSHClient``
 through ``client_factory``, run the capture commands (:mod:`.gather`) and write
 ``out_dir/hosts/<host>/{query.csv,topo.txt,xid.log}``. A host that fails gets ``error.txt`` with
-a one-line reason (:mod:`.reasons`) instead; it never fails the whole collection.
+a one-line reason (:mod:`.reasons`) instead; it never fails the whole collection. With no
+``out_dir`` nothing is written: the outputs stay in each host's result (``HostResult.texts``),
+which is all the ledger needs.
 
 With ``use_nvml=True`` the query comes from the NVML agent (:mod:`.nvml`) piped into the host's
 ``python3`` (or the interpreter named by ``nvml_python``); where that cannot run (no python3, no
@@ -101,7 +103,7 @@ class HostResult:
 class CollectReport:
     """Per-host outcome of :func:`collect_captures`, in the order of the targets."""
 
-    out_dir: Path
+    out_dir: Path | None  # None: kept in memory only (HostResult.texts)
     hosts: list[HostResult]
     seconds: float = 0.0
 
@@ -126,7 +128,7 @@ class CollectReport:
     def as_dict(self) -> dict[str, Any]:
         """JSON-able form (for ``--json`` and XCom)."""
         return {
-            "out_dir": str(self.out_dir),
+            "out_dir": None if self.out_dir is None else str(self.out_dir),
             "seconds": round(self.seconds, 3),
             "hosts": [{k: v for k, v in dict(asdict(h), seconds=round(h.seconds, 3)).items() if k != "texts"}
                       for h in self.hosts],
@@ -160,16 +162,17 @@ def _write_failure(host_dir: Path, reason: str, durable: bool = True) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def collect_host(target: SshTarget, out_dir: Path, client_factory: ClientFactory, *,
+def collect_host(target: SshTarget, out_dir: Path | None, client_factory: ClientFactory, *,
                  connect_timeout: float = 10, command_timeout: float = 30, retries: int = 2,
                  read_kernel_log: bool = True, use_nvml: bool = False,
                  nvml_python: str = "python3", durable: bool = True) -> HostResult:
-    """Collect one host into ``out_dir/hosts/<host>/``; never raises for a host-side problem.
+    """Collect one host into ``out_dir/hosts/<host>/`` (None: into its result only); never raises
+    for a host-side problem.
 
     ``durable``: each file reaches the disk before it replaces the old one (False for a
     scratch directory: a watch of 1,000 hosts would wait for 3,000 fsyncs a check)."""
     started = time.monotonic()
-    host_dir = Path(out_dir) / "hosts" / target.host_name
+    host_dir = None if out_dir is None else Path(out_dir) / "hosts" / target.host_name
     result = HostResult(host=target.host_name, target=str(target), ok=False)
     pass_timeout = accepts_connect_timeout(client_factory)
     failure: HostFailure | None = None
@@ -189,7 +192,7 @@ def collect_host(target: SshTarget, out_dir: Path, client_factory: ClientFactory
             files, warnings, result.query_source = gather(
                 client, command_timeout, read_kernel_log, nvml_python if use_nvml else None,
                 open_timeout=connect_timeout)
-            result.files = _write_success(host_dir, files, durable)
+            result.files = sorted(files) if host_dir is None else _write_success(host_dir, files, durable)
             result.texts = dict(files)
             result.warnings = warnings
             result.ok = True
@@ -212,20 +215,23 @@ def collect_host(target: SshTarget, out_dir: Path, client_factory: ClientFactory
     if failure is not None:
         result.reason = str(failure)
         result.config_error = failure.config
-        _write_failure(host_dir, result.reason, durable)
+        if host_dir is not None:
+            _write_failure(host_dir, result.reason, durable)
         log.warning("collect %s failed: %s", target.host_name, result.reason)
     result.seconds = time.monotonic() - started
     return result
 
 
-def collect_captures(targets: Sequence[SshTarget] | Iterable[SshTarget], out_dir: str | os.PathLike[str],
+def collect_captures(targets: Sequence[SshTarget] | Iterable[SshTarget], out_dir: str | os.PathLike[str] | None,
                      client_factory: ClientFactory, *, max_parallel: int = DEFAULT_MAX_PARALLEL,
                      connect_timeout: float = 10, command_timeout: float = 30, retries: int = 2,
                      read_kernel_log: bool = True, use_nvml: bool = False,
                      nvml_python: str = "python3", durable: bool = True,
                      on_host: Callable[[HostResult], None] | None = None,
                      workers: ShardWorkers | None = None) -> CollectReport:
-    """Collect every target into the capture directory ``out_dir`` (SPEC section 2).
+    """Collect every target into the capture directory ``out_dir`` (SPEC section 2), or only into
+    the report's results when ``out_dir`` is None (a collection bound for the ledger: 1,000 hosts
+    are 5,000 files that nobody reads, and creating them cost this machine's disk seconds).
 
     At most ``max_parallel`` hosts are worked on at once (the soft open-file limit is raised to
     fit; :class:`~.limits.OpenFilesLimitError` when the hard limit cannot). Each host gets its own connect and
@@ -256,11 +262,12 @@ def collect_captures(targets: Sequence[SshTarget] | Iterable[SshTarget], out_dir
     threads = min(max_parallel, len(targets))
     if workers is None:
         ensure_open_files(threads)  # OpenFilesLimitError (a ValueError) when the hard limit is too low
-    out = Path(out_dir)
-    (out / "hosts").mkdir(parents=True, exist_ok=True)
+    out = None if out_dir is None else Path(out_dir)
+    if out is not None:
+        (out / "hosts").mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     results: list[HostResult] = []
-    flush_at_end, durable = durable, False  # one sync() for the whole directory (see above)
+    flush_at_end, durable = durable and out is not None, False  # one sync() for the whole directory (see above)
 
     def one(target: SshTarget) -> HostResult:
         result = collect_host(target, out, client_factory, connect_timeout=connect_timeout,
@@ -286,7 +293,8 @@ def collect_captures(targets: Sequence[SshTarget] | Iterable[SshTarget], out_dir
                        use_nvml=use_nvml, nvml_python=nvml_python, durable=durable)
 
         def lost(target: SshTarget, reason: str) -> HostResult:  # its worker died before reporting it
-            _write_failure(out / "hosts" / target.host_name, reason, durable)
+            if out is not None:
+                _write_failure(out / "hosts" / target.host_name, reason, durable)
             log.warning("collect %s failed: %s", target.host_name, reason)
             return HostResult(target.host_name, str(target), False, reason)
 
