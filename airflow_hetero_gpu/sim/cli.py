@@ -19,9 +19,8 @@ from pathlib import Path
 
 from airflow_hetero_gpu.cli_output import EXIT_OK
 from airflow_hetero_gpu.cli_types import non_negative_float, non_negative_int, positive_int
-from airflow_hetero_gpu.core.admission.order import DEFAULT_AGING_INTERVAL_S
-from airflow_hetero_gpu.core.admission.preemption import (
-    DEFAULT_MIN_RUNTIME_S, DEFAULT_PREEMPTION_DELAY_S, DEFAULT_PREEMPTION_GRACE_S,
+from airflow_hetero_gpu.core.admission.defaults import (
+    DEFAULT_AGING_INTERVAL_S, DEFAULT_MIN_RUNTIME_S, DEFAULT_PREEMPTION_DELAY_S, DEFAULT_PREEMPTION_GRACE_S,
 )
 from airflow_hetero_gpu.errors import HeteroGpuError
 from airflow_hetero_gpu.sim import QUEUES

@@ -27,10 +27,9 @@ from __future__ import annotations
 import math
 from typing import Iterable, Sequence
 
+from airflow_hetero_gpu.core.admission.defaults import DEFAULT_AGING_INTERVAL_S  # noqa: F401 - re-exported
 from airflow_hetero_gpu.core.admission.model import QueueEntry
 from airflow_hetero_gpu.errors import RequestError
-
-DEFAULT_AGING_INTERVAL_S = 3600.0  # one priority level per hour waited
 
 
 def check_aging(aging_interval_s: float | None) -> float | None:

@@ -37,14 +37,13 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from airflow_hetero_gpu.core.admission.defaults import (  # noqa: F401 - re-exported
+    DEFAULT_MIN_RUNTIME_S, DEFAULT_PREEMPTION_DELAY_S, DEFAULT_PREEMPTION_GRACE_S,
+)
 from airflow_hetero_gpu.core.admission.model import QueueEntry
 from airflow_hetero_gpu.core.admission.order import rank_key
 from airflow_hetero_gpu.core.model import GpuKey
 from airflow_hetero_gpu.errors import RequestError
-
-DEFAULT_MIN_RUNTIME_S = 600.0
-DEFAULT_PREEMPTION_DELAY_S = 60.0
-DEFAULT_PREEMPTION_GRACE_S = 300.0
 
 
 def _seconds(name: str, value: float) -> float:
