@@ -79,7 +79,8 @@ class SshCollector:
     """Plain-SSH hosts (``hetero-gpu collect --hosts``, ``hetero-gpu check``) as a :class:`Collector`.
 
     ``out_dir``: also keep a capture directory there (otherwise no file is written: each host's
-    outputs stay in its result, which is what the ledger stores). ``options`` go to :func:`~airflow_hetero_gpu.collect.ssh.collect_captures`.
+    outputs stay in its result, which is what the ledger stores). ``options`` go to
+    :func:`~airflow_hetero_gpu.collect.ssh.collect_captures`.
 
     A large fleet is collected by worker processes (:mod:`~airflow_hetero_gpu.collect.shards`)
     when ``factory`` can be built again in them: ``processes`` of them (default

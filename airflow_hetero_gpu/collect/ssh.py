@@ -231,7 +231,7 @@ def collect_captures(targets: Sequence[SshTarget] | Iterable[SshTarget], out_dir
                      workers: ShardWorkers | None = None) -> CollectReport:
     """Collect every target into the capture directory ``out_dir`` (SPEC section 2), or only into
     the report's results when ``out_dir`` is None (a collection bound for the ledger: 1,000 hosts
-    are 5,000 files that nobody reads, and creating them cost this machine's disk seconds).
+    are 5,000 files nobody reads, and creating and removing them can cost seconds of system CPU).
 
     At most ``max_parallel`` hosts are worked on at once (the soft open-file limit is raised to
     fit; :class:`~.limits.OpenFilesLimitError` when the hard limit cannot). Each host gets its own connect and
