@@ -2,7 +2,7 @@
 
 The main path is what the provider does for a user: OpenSSH's ``sshd`` behind every emulated
 host, torch for the real torchrun training, PostgreSQL for the shared ledger, the collection of
-real ``nvidia-smi`` outputs in ``../shared/data``, the browser (Chromium driven by Playwright),
+real ``nvidia-smi`` outputs (``tests/data/real``), the browser (Chromium driven by Playwright),
 Redis for the Celery deployment, the ``airflow`` command, and every Python package a test
 imports (all of them are declared in the package's ``test`` extra). A skip whose reason names one
 of them is turned into a failure (``MAIN_PATH``), unless the reason is on the short allow-list
@@ -28,7 +28,7 @@ MAIN_PATH: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("OpenSSH (sshd, ssh-keygen)", re.compile(r"\bsshd\b|openssh|ssh-keygen", re.I)),
     ("torch", re.compile(r"\btorch(run)?\b", re.I)),
     ("PostgreSQL", re.compile(r"postgres|\binitdb\b|\bpg_ctl\b", re.I)),
-    ("the real-output collection (../shared/data)",
+    ("the real-output collection (tests/data/real)",
      re.compile(r"real (nvidia-smi )?samples?\b|real-output collection|shared[/_ ]data", re.I)),
     ("the browser (Chromium, Playwright)", re.compile(r"chromium|playwright", re.I)),
     ("Redis", re.compile(r"\bredis", re.I)),

@@ -1,7 +1,7 @@
 """The emulated nvidia-smi prints what the real one prints, checked against real outputs.
 
 The main checks read the copies in tests/data/emulated/; the extra ones read the project's full
-collection of real outputs (../shared/data or $HETERO_GPU_SHARED_DATA) and skip without it.
+collection of real outputs (tests/data/real, or $HETERO_GPU_SHARED_DATA) and skip without it.
 """
 
 from __future__ import annotations
