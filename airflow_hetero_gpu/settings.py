@@ -9,6 +9,10 @@ from __future__ import annotations
 
 SECTION = "hetero_gpu"
 
+#: the ledger's history: a sample of an unchanged host every 5 min, kept for 7 days
+DEFAULT_HISTORY_INTERVAL_S = 300.0
+DEFAULT_HISTORY_RETENTION_S = 7 * 24 * 3600.0
+
 #: option -> what it holds (declared in provider_info's ``config`` section too)
 OPTIONS = {
     "ssh_conn_ids": "the GPU hosts' ssh connections: CONN,CONN or LABEL=CONN,LABEL=CONN",
@@ -75,7 +79,5 @@ def preemption_settings():
 
 def history_settings() -> dict[str, float]:
     """``history_interval`` and ``history_retention`` for the ledger's history."""
-    from airflow_hetero_gpu.ledger.history import DEFAULT_HISTORY_INTERVAL_S, DEFAULT_HISTORY_RETENTION_S
-
     return {"history_interval": seconds_setting("history_interval", DEFAULT_HISTORY_INTERVAL_S),
             "history_retention": seconds_setting("history_retention", DEFAULT_HISTORY_RETENTION_S)}

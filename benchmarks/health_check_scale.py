@@ -11,7 +11,7 @@ a fleet of N is its first N hosts (``--hosts-file``). Per size, in a fresh child
 the collector's CPU is measured alone):
 
 - ``first``: ``hetero-gpu check --ledger URL --hosts-file F --json``, the real command's code
-  path (``airflow_hetero_gpu.cli.main``): every host collected over new connections (host keys
+  path (``airflow_hetero_gpu.cli.app``): every host collected over new connections (host keys
   verified), judged, the evictions and the inventory written to a SQLite ledger. ``--reps`` runs.
 - ``steady``: ``hetero-gpu check --interval S --count K`` (a check begins every S seconds): the
   connections stay open between checks (:class:`~airflow_hetero_gpu.collect.persistent.KeptConnections`);
@@ -56,7 +56,7 @@ sys.path.insert(0, str(ROOT))
 # ---------------------------------------------------------------------------------------------
 
 def child(argv: list[str]) -> int:
-    from airflow_hetero_gpu.cli import main as hetero_gpu  # noqa: PLC0415
+    from airflow_hetero_gpu.cli.app import main as hetero_gpu  # noqa: PLC0415
     from airflow_hetero_gpu.healthcheck.check import HealthWatch  # noqa: PLC0415
 
     check = HealthWatch.check

@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "_child":
         return child(args)
 
-    from airflow_hetero_gpu.cli import main as hetero_gpu  # noqa: PLC0415 - parent only
+    from airflow_hetero_gpu.cli.app import main as hetero_gpu  # noqa: PLC0415 - parent only
     from airflow_hetero_gpu.testing.airflow_env import connection_env  # noqa: PLC0415
     from airflow_hetero_gpu.testing.embedded import EmbeddedCluster  # noqa: PLC0415
     from airflow_hetero_gpu.testing.fleets import scale_hosts  # noqa: PLC0415

@@ -18,7 +18,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from airflow_hetero_gpu.sim.__main__ import main as simulate
+from airflow_hetero_gpu.cli.simulate import main as simulate
 
 HOURS = 48
 

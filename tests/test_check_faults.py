@@ -123,7 +123,7 @@ def test_a_kept_connection_that_goes_silent_fails_its_host_within_the_connect_ti
 
 
 def test_check_with_an_interval_keeps_its_connections_between_checks(embedded_cluster, tmp_path, capsys):
-    from airflow_hetero_gpu.cli import main
+    from airflow_hetero_gpu.cli.app import main
 
     cluster = embedded_cluster(small_hosts(5, gpus=1))
     hosts = cluster.write_hosts_file(tmp_path / "hosts")

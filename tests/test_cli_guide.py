@@ -8,8 +8,8 @@ import shlex
 
 import pytest
 
-from airflow_hetero_gpu.cli import build_parser, main
-from airflow_hetero_gpu.cli_guide import COMMANDS
+from airflow_hetero_gpu.cli.app import build_parser, main
+from airflow_hetero_gpu.cli.guide import COMMANDS
 
 
 def _subparsers(parser):

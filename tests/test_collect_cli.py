@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from collect_helpers import set_airflow_connections
 
-from airflow_hetero_gpu.cli import main
+from airflow_hetero_gpu.cli.app import main
 from airflow_hetero_gpu.core.model import PlanRequest
 from airflow_hetero_gpu.core.planner import plan
 from airflow_hetero_gpu.hooks.hetero_gpu import HeteroGpuHook

@@ -10,7 +10,7 @@ import paramiko
 import pytest
 from collect_helpers import set_airflow_connections
 
-from airflow_hetero_gpu.cli import main
+from airflow_hetero_gpu.cli.app import main
 from airflow_hetero_gpu.collect.clients import HostKeyStore, paramiko_client_factory
 from airflow_hetero_gpu.collect.ssh import collect_captures
 from airflow_hetero_gpu.collect.targets import SshTarget

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_hetero_gpu.cli import main
+from airflow_hetero_gpu.cli.app import main
 from airflow_hetero_gpu.collect.targets import SshTarget, parse_hosts_file
 
 GOOD = """\

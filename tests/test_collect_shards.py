@@ -176,7 +176,7 @@ def test_check_with_an_interval_keeps_the_connections_in_its_workers(embedded_cl
     """``hetero-gpu check --interval`` over a fleet large enough for worker processes: the same
     workers do every check, one connection per host for the whole watch, and no worker is left
     when the command returns."""
-    from airflow_hetero_gpu.cli import main
+    from airflow_hetero_gpu.cli.app import main
 
     size = 2 * HOSTS_PER_WORKER
     used = []

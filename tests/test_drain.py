@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from airflow_hetero_gpu.cli import main
+from airflow_hetero_gpu.cli.app import main
 from airflow_hetero_gpu.collect.freshness import FreshInventory
 from airflow_hetero_gpu.core.model import PlanRequest
 from airflow_hetero_gpu.core.occupancy import pool_counts

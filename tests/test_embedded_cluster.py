@@ -336,7 +336,7 @@ def test_a_server_that_cannot_start_says_why(tmp_path):
 def test_bad_cluster_definitions_are_refused(tmp_path):
     with pytest.raises(ValueError, match="unique: \\['node01'\\]"):
         EmbeddedCluster(tmp_path, small_hosts(1) + small_hosts(1))
-    with pytest.raises(ValueError, match="leave 127.0.0.0/8"):
+    with pytest.raises(ValueError, match="outside 127.0.0.0/8"):
         EmbeddedCluster(tmp_path, small_hosts(2), first_address="127.255.255.255")
     with pytest.raises(ValueError, match="at least one host"):
         EmbeddedCluster(tmp_path, [])

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from airflow_hetero_gpu.cli import main
+from airflow_hetero_gpu.cli.app import main
 from airflow_hetero_gpu.core.cluster import build_cluster
 from airflow_hetero_gpu.core.model import Gpu, GpuKey, PlanRequest
 from airflow_hetero_gpu.core.topology import HostWiring
 from airflow_hetero_gpu.errors import HeteroGpuError
 from airflow_hetero_gpu.ledger import Ledger, LedgerUrlError, default_url, parse_url
-from airflow_hetero_gpu.ledger.cli import parse_gpu_target, reserve_for_cli
+from airflow_hetero_gpu.cli.ledger import parse_gpu_target, reserve_for_cli
 from postgres_fixtures import ledger_db_url  # noqa: F401  (fixture)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_hetero_gpu.cli import main
+from airflow_hetero_gpu.cli.app import main
 from airflow_hetero_gpu.collect.freshness import FreshInventory
 from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
 from airflow_hetero_gpu.ledger import Ledger, LedgerError, migrations, schema

@@ -202,7 +202,7 @@ def test_an_eviction_moves_the_claim_and_a_readmission_admits(led, clock):
 
 
 def _cli(capsys, *argv):
-    from airflow_hetero_gpu.cli import main
+    from airflow_hetero_gpu.cli.app import main
 
     code = main(list(argv))
     out, err = capsys.readouterr()

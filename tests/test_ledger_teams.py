@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from airflow_hetero_gpu.cli import main
+from airflow_hetero_gpu.cli.app import main
 from airflow_hetero_gpu.collect.freshness import FreshInventory
 from airflow_hetero_gpu.core.admission import TeamsError, teams_from_mapping
 from airflow_hetero_gpu.core.model import PlanRequest

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from airflow_hetero_gpu.cli import main
+from airflow_hetero_gpu.cli.app import main
 from airflow_hetero_gpu.ledger import Ledger
 from airflow_hetero_gpu.testing.demo import small_hosts
 from cluster_fixtures import emulated_cluster  # noqa: F401

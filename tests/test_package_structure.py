@@ -157,3 +157,44 @@ def test_the_core_imports_neither_airflow_nor_ssh():
             if bad:
                 offenders.setdefault(name, []).extend(bad)
     assert offenders == {}
+
+
+def room(module: str) -> str:
+    """The subpackage a module lives in (``ledger``, ``core``), or the module itself at the top."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def rooms() -> dict[str, set[str]]:
+    """The import graph between subpackages (and top-level modules): an edge for every import of a
+    module of one by a module of another, imports inside functions included."""
+    out: dict[str, set[str]] = {}
+    for name, targets in graph().items():
+        here = room(name)
+        out.setdefault(here, set())
+        for target in targets:
+            there = room(target)
+            out.setdefault(there, set())
+            if there != here:
+                out[here].add(there)
+    return out
+
+
+def test_the_subpackage_graph_finder_sees_an_edge_through_a_module():
+    assert room("airflow_hetero_gpu.ledger.queue") == "ledger"
+    assert room("airflow_hetero_gpu.settings") == "settings"
+    assert cycles({"ledger": {"settings"}, "settings": {"ledger"}}) == [["ledger", "settings"]]
+
+
+def test_no_import_cycle_between_subpackages():
+    found = cycles(rooms())
+    assert found == [], "cycles between subpackages: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_only_the_command_line_imports_the_command_line():
+    """The command line (``cli/``) sits on top: operators, hooks and the rest render through
+    :mod:`airflow_hetero_gpu.text` and never import a command's module."""
+    offenders = sorted(f"{name} -> {t}" for name, targets in graph().items() if room(name) != "cli"
+                       for t in targets if room(t) == "cli")
+    assert offenders == []
+    assert not any((PACKAGE / sub / "cli.py").exists() for sub in ("collect", "healthcheck", "ledger", "sim"))

@@ -372,7 +372,7 @@ def test_job_view_shows_its_gpus_run_restarts_and_replacements(tmp_path):
 
 def test_the_cli_the_health_watch_and_the_page_count_pools_alike(sample, capsys):
     """One computation (core/occupancy) behind `hetero-gpu pools`, the watch's pool metrics and the page."""
-    from airflow_hetero_gpu.cli import main
+    from airflow_hetero_gpu.cli.app import main
 
     assert main(["pools", "--captures", str(SAMPLE), "--json"]) == 0
     cli = {p["pool"]: p for p in json.loads(capsys.readouterr().out)}

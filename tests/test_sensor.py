@@ -473,7 +473,7 @@ def test_the_check_command_records_what_the_sensor_records(fleet, tmp_path, caps
     another at each step: the same evictions and readmissions, the same stored inventory."""
     from datetime import datetime, timezone
 
-    from airflow_hetero_gpu.cli import main
+    from airflow_hetero_gpu.cli.app import main
 
     cluster, ids, sensor_url = fleet(small_hosts(2, gpus=2))
     check_url = f"sqlite:///{tmp_path / 'check-ledger.db'}"
@@ -528,7 +528,7 @@ def test_the_check_command_records_what_the_sensor_records(fleet, tmp_path, caps
 
 
 def test_the_check_command_says_when_nothing_could_be_collected(fleet, tmp_path, capsys):
-    from airflow_hetero_gpu.cli import main
+    from airflow_hetero_gpu.cli.app import main
 
     cluster, _ids, _url = fleet(small_hosts(1, gpus=2))
     cluster.inject_fault("node01", "host_down")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from airflow_hetero_gpu.sim.__main__ import main
+from airflow_hetero_gpu.cli.simulate import main
 from airflow_hetero_gpu.sim.report import compare
 
 NODES = "sn,cpu_milli,memory_mib,gpu,model\na,1,1,8,G2\nb,1,1,8,V100M32\nc,1,1,2,T4\nd,1,1,4,T4\n"
@@ -123,7 +123,7 @@ def test_compare(case, table, dominated, within):
 def test_weights_option_takes_three_or_four_values():
     import argparse
 
-    from airflow_hetero_gpu.sim.cli import _weights
+    from airflow_hetero_gpu.cli.simulate import _weights
 
     assert _weights("0.3,-0.2,0.5") == {"load_balance": 0.3, "fragmentation": -0.2, "topology": 0.5}
     assert _weights("0.1,-0.2,0.5,0.2") == {"load_balance": 0.1, "fragmentation": -0.2, "topology": 0.5,

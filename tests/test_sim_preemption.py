@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from airflow_hetero_gpu.sim.__main__ import main
+from airflow_hetero_gpu.cli.simulate import main
 
 NODES = "sn,cpu_milli,memory_mib,gpu,model\n" + "".join(f"h{i},1,1,8,V100M32\n" for i in range(4))
 HEADER = "job_id,arrival_s,duration_s,gpus,priority,preemptible,checkpoint_s\n"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_hetero_gpu.sim.__main__ import main
+from airflow_hetero_gpu.cli.simulate import main
 from airflow_hetero_gpu.sim.trace import read_jobs_csv
 
 DATA = Path(__file__).with_name("data") / "queue"

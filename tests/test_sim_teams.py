@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_hetero_gpu.cli import main
+from airflow_hetero_gpu.cli.app import main
 
 DATA = Path(__file__).parent / "data" / "teams"
 QUOTA_SHARE = {"research": 0.5, "prod": 0.25, "intern": 0.25}

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from airflow_hetero_gpu.cli import main
+from airflow_hetero_gpu.cli.app import main
 from airflow_hetero_gpu.core.model import GpuKey
 from airflow_hetero_gpu.ledger import Ledger
 from airflow_hetero_gpu.testing.demo import small_hosts

@@ -31,14 +31,10 @@ from airflow_hetero_gpu.errors import CaptureError
 from airflow_hetero_gpu.ledger import history, inventory, watch
 from airflow_hetero_gpu.ledger.drains import end_past_deadline
 from airflow_hetero_gpu.ledger.errors import LedgerError
-from airflow_hetero_gpu.ledger.history import (
-    DEFAULT_HISTORY_INTERVAL_S,
-    DEFAULT_HISTORY_RETENTION_S,
-    GpuEvent,
-    HostSample,
-)
+from airflow_hetero_gpu.ledger.history import GpuEvent, HostSample
 from airflow_hetero_gpu.ledger.inventory import HostRecord, StoredHost, StoredInventory
 from airflow_hetero_gpu.ledger.schema import watch_runs as runs_t
+from airflow_hetero_gpu.settings import DEFAULT_HISTORY_INTERVAL_S, DEFAULT_HISTORY_RETENTION_S
 
 #: ``judge(captures, new_xids, fleet_files) -> (Evaluation, WatchPolicy)``: the health check's
 #: pure judgement of the stored outputs (``fleet_files``: the stored cluster.yaml and topology.conf).

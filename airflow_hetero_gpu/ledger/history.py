@@ -24,8 +24,6 @@ from airflow_hetero_gpu.ledger.schema import gpu_events as events_t
 from airflow_hetero_gpu.ledger.schema import host_samples as samples_t
 from airflow_hetero_gpu.ledger.schema import team_samples as team_samples_t
 
-DEFAULT_HISTORY_INTERVAL_S = 300.0
-DEFAULT_HISTORY_RETENTION_S = 7 * 24 * 3600.0
 EVENT_KINDS = ("evicted", "readmitted", "uncordoned", "replaced")
 
 

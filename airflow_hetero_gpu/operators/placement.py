@@ -76,7 +76,7 @@ class Placement:
 
     # --- the plan and the reservation ----------------------------------------------------------
     def reserve(self) -> PlanResult:
-        from airflow_hetero_gpu.cli_output import render_plan
+        from airflow_hetero_gpu.text import render_plan
         from airflow_hetero_gpu.core.model import PlanResult
         from airflow_hetero_gpu.core.request_check import never_satisfiable
         from airflow_hetero_gpu.ledger import LedgerError, LedgerUrlError, ReservationConflict

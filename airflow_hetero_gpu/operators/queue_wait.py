@@ -100,7 +100,7 @@ class QueueWait:
 
     def take(self) -> PlanResult:
         """The admission's reservation, as the decision the run uses (logged, pushed to XCom)."""
-        from airflow_hetero_gpu.cli_output import render_plan
+        from airflow_hetero_gpu.text import render_plan
         from airflow_hetero_gpu.ledger import LedgerError, NoQueueEntry
         from airflow_hetero_gpu.ledger.reservations import existing_result
 

@@ -54,13 +54,13 @@ class PageSettings:
             log.warning("[%s] refresh_seconds is not an integer; using 60", SECTION)
             refresh = 60
         from airflow_hetero_gpu.errors import ConfigError
-        from airflow_hetero_gpu.settings import history_settings
+        from airflow_hetero_gpu.settings import DEFAULT_HISTORY_INTERVAL_S, DEFAULT_HISTORY_RETENTION_S, history_settings
 
         try:
             history = history_settings()
         except ConfigError as err:
             log.warning("%s; using the defaults", err)
-            history = {"history_interval": 300.0, "history_retention": 7 * 86400.0}
+            history = {"history_interval": DEFAULT_HISTORY_INTERVAL_S, "history_retention": DEFAULT_HISTORY_RETENTION_S}
         return cls(opt("captures_dir"), opt("ledger_url"), opt("ledger_conn_id"), max(0, refresh),
                    max(1.0, history["history_interval"]), history["history_retention"])
 

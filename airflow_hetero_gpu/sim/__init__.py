@@ -11,7 +11,7 @@ The pipeline, one module each:
 * :mod:`~airflow_hetero_gpu.sim.engine`: the discrete-event loop (FIFO, optional backfill, gang jobs)
 * :mod:`~airflow_hetero_gpu.sim.metrics`, :mod:`~airflow_hetero_gpu.sim.report`,
   :mod:`~airflow_hetero_gpu.sim.plots`: numbers, comparison, JSON and PNG
-* :mod:`~airflow_hetero_gpu.sim.cli`: ``hetero-gpu simulate``
+* :mod:`~airflow_hetero_gpu.cli.simulate`: ``hetero-gpu simulate``
 """
 
 #: the queue disciplines of :mod:`~airflow_hetero_gpu.sim.disciplines` (here: the command line lists

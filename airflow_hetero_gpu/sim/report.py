@@ -206,7 +206,7 @@ def wait_rows(report: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
 
 def render_text(report: Mapping[str, Any]) -> str:
     """The report as plain text tables."""
-    from airflow_hetero_gpu.cli_output import table
+    from airflow_hetero_gpu.text import table
 
     t = report["trace"]
     s = report["settings"]

@@ -19,28 +19,22 @@ printed its ready line (an event, with ``start_timeout`` as the safety net).
 
 from __future__ import annotations
 
-import ipaddress
-from collections import Counter
 import itertools
 import json
 import os
 import queue
-import secrets
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Sequence
 
 import asyncssh
 
-from airflow_hetero_gpu.testing import procs
-from airflow_hetero_gpu.testing.cluster import PACKAGE_ROOT, SYSTEM_PATH
+from airflow_hetero_gpu.testing.cluster_base import PACKAGE_ROOT, SYSTEM_PATH, ClusterBase
 from airflow_hetero_gpu.testing.embedded.serve import SERVER_FAULTS, UNSUPPORTED_FAULTS
-from airflow_hetero_gpu.testing.fake_tools import set_nvidia_smi_present, write_tool_scripts
-from airflow_hetero_gpu.testing.hoststate import EmulatedHost, HostStateMethods
+from airflow_hetero_gpu.testing.fake_tools import set_nvidia_smi_present
+from airflow_hetero_gpu.testing.hoststate import EmulatedHost
 from airflow_hetero_gpu.testing.state import HostSpec, validate_state
 
 
@@ -141,49 +135,19 @@ class _ServerProcess:
                 self.proc.wait(timeout=timeout)
 
 
-class EmbeddedCluster(HostStateMethods):
+class EmbeddedCluster(ClusterBase):
     """N emulated GPU hosts behind ``processes`` asyncssh server processes; a context manager."""
 
     def __init__(self, root: Path | str, hosts: Sequence[HostSpec], *,
                  first_address: str = "127.0.0.11", start_timeout: float = 60.0,
                  python: str | None = None, training_stack: bool = True, processes: int = 1):
-        names = [h.name for h in hosts]
-        if len(set(names)) != len(names):
-            raise ValueError(f"host names must be unique: {sorted(n for n, c in Counter(names).items() if c > 1)}")
-        if not hosts:
-            raise ValueError("an emulated cluster needs at least one host")
         if processes < 1:
             raise ValueError(f"processes must be >= 1, got {processes}")
-        base = ipaddress.IPv4Address(first_address)
-        loopback = ipaddress.IPv4Network("127.0.0.0/8")
-        if base not in loopback or base + (len(hosts) - 1) not in loopback:
-            raise ValueError(f"addresses {base}..{base + (len(hosts) - 1)} leave 127.0.0.0/8")
-        for spec in hosts:
-            for fault in spec.faults:
-                self._check_fault(fault)
-        self.root = Path(root).resolve()
-        self.specs = list(hosts)
-        self.start_timeout = start_timeout
-        self.python = python or sys.executable
-        self.training_stack = training_stack
+        super().__init__(root, hosts, first_address=first_address, start_timeout=start_timeout,
+                         python=python, training_stack=training_stack)
         self.processes = min(processes, len(hosts))
-        self._addresses = [str(base + i) for i in range(len(hosts))]
-        self.marker = secrets.token_hex(8)
-        self.hosts: list[EmulatedHost] = []
         self._servers: list[_ServerProcess] = []
         self._server_of: dict[str, _ServerProcess] = {}
-        self._host_keys: dict[str, str] = {}
-        self._started = False
-
-    # -- paths and identity --------------------------------------------------------------------
-
-    @property
-    def identity_file(self) -> Path:
-        return self.root / "client" / "id_ed25519"
-
-    @property
-    def known_hosts_path(self) -> Path:
-        return self.root / "known_hosts"
 
     # -- life cycle ----------------------------------------------------------------------------
 
@@ -218,28 +182,16 @@ class EmbeddedCluster(HostStateMethods):
             raise
         return self
 
-    def _software_path(self) -> tuple[str, ...]:
-        if not self.training_stack:
-            return SYSTEM_PATH
-        venv_bin = str(Path(self.python).parent)
-        return SYSTEM_PATH if venv_bin in SYSTEM_PATH else (venv_bin, *SYSTEM_PATH)
-
     def _prepare(self) -> list[Path]:
-        (self.root / "client").mkdir(parents=True, exist_ok=True)
-        (self.root / "hosts").mkdir(parents=True, exist_ok=True)
+        self._make_dirs()
         client_pub = write_key_pair(self.identity_file, f"hetero-gpu-emulated-client@{self.marker}")
         self.hosts, self._host_keys = [], {}
         entries: list[dict[str, Any]] = []
         for number, (spec, address) in enumerate(zip(self.specs, self._addresses), start=1):
-            directory = self.root / "hosts" / spec.name
-            directory.mkdir(parents=True, exist_ok=True)
-            host = EmulatedHost(spec.name, address, 0, directory)
+            host = self._host_directory(spec, address, 0)
             self.hosts.append(host)
             _write_first_state(host.state_file, spec.to_state())
-            write_tool_scripts(host.bin_dir, self.python, PACKAGE_ROOT)
-            if "nvidia_smi_missing" in spec.faults:
-                set_nvidia_smi_present(host.bin_dir, present=False, system_path=SYSTEM_PATH)
-            key_file = directory / "ssh_host_ed25519_key"
+            key_file = host.directory / "ssh_host_ed25519_key"
             self._host_keys[spec.name] = write_key_pair(key_file, f"{spec.name}@hetero-gpu-emulated")
             entries.append({"name": spec.name, "address": address, "port": 0, "host_key": str(key_file),
                             "state": str(host.state_file), "bin_dir": str(host.bin_dir),
@@ -247,44 +199,21 @@ class EmbeddedCluster(HostStateMethods):
         files = []
         for number in range(self.processes):
             fleet = {"user": self.user, "home": os.path.expanduser("~"), "client_keys": [client_pub],
-                     "path_tail": list(self._software_path()), "hosts": entries[number::self.processes]}
+                     "path_tail": [*self._software_path(), *SYSTEM_PATH], "hosts": entries[number::self.processes]}
             path = self.root / f"fleet-{number}.json"
             path.write_text(json.dumps(fleet) + "\n", encoding="utf-8")
             files.append(path)
         return files
 
-    def _write_known_hosts(self) -> None:
-        lines = []
-        for host in self.hosts:
-            key_type, key_b64 = self._host_keys[host.name].split()[:2]
-            lines.append(f"[{host.address}]:{host.port} {key_type} {key_b64}\n")
-        self.known_hosts_path.write_text("".join(lines), encoding="utf-8")
-
-    def _write_summary(self) -> None:
-        summary = {
-            "user": self.user, "identity_file": str(self.identity_file),
-            "known_hosts": str(self.known_hosts_path), "server": "embedded",
-            "hosts": [{"name": h.name, "address": h.address, "port": h.port, "state": str(h.state_file)}
-                      for h in self.hosts],
-        }
-        (self.root / "cluster.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    def _summary_extra(self) -> dict[str, Any]:
+        return {"server": "embedded"}
 
     def stop(self) -> None:
         """Stop every server (which kills what it ran) and any straggler by marker; idempotent."""
         for server in self._servers:
             server.stop()
-        leftovers = procs.with_env_marker(self.marker + ".", prefix=True)
-        if leftovers:
-            procs.kill_all({pid: 1 for pid in leftovers})
         self._servers, self._server_of = [], {}
-        self._started = False
-
-    def __enter__(self) -> "EmbeddedCluster":
-        return self.start()
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
+        self._kill_stragglers()
 
     def server_pids(self) -> list[int]:
         """The pids of the server processes (for CPU accounting)."""

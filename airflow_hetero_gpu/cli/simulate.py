@@ -17,8 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from airflow_hetero_gpu.cli_output import EXIT_OK
-from airflow_hetero_gpu.cli_types import non_negative_float, non_negative_int, positive_int
+from airflow_hetero_gpu.cli.exits import EXIT_OK
+from airflow_hetero_gpu.cli.argtypes import non_negative_float, non_negative_int, positive_int
 from airflow_hetero_gpu.core.admission.defaults import (
     DEFAULT_AGING_INTERVAL_S, DEFAULT_MIN_RUNTIME_S, DEFAULT_PREEMPTION_DELAY_S, DEFAULT_PREEMPTION_GRACE_S,
 )
@@ -263,3 +263,16 @@ def _preemption(args, jobs):
         return None
     rules = PreemptionRules(min_runtime_s=args.min_runtime, delay_s=args.preemption_delay)
     return SimPreemption(rules, args.preemption_grace)
+
+
+def main(argv=None) -> int:
+    """``hetero-gpu simulate ...`` without the rest of the command line (tests, scripts)."""
+    parser = argparse.ArgumentParser(prog="hetero-gpu")
+    sub = parser.add_subparsers(dest="command", required=True)
+    register(sub)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except HeteroGpuError as err:
+        print(f"simulate: error: {err}", file=sys.stderr)
+        return 2

@@ -3,7 +3,7 @@
 Exit status: 0 placed (or done), 3 no pool can host the job now, 2 bad input with a one-line
 message on stderr naming the file, key or value (also a request the fleet can never serve: a card
 or task type it lacks, more GPUs than every matching pool has). The commands are listed in the
-order of :mod:`airflow_hetero_gpu.cli_guide`.
+order of :mod:`airflow_hetero_gpu.cli.guide`.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import sys
 from typing import Sequence
 
 from airflow_hetero_gpu import __version__
-from airflow_hetero_gpu.cli_guide import EPILOG, arrange
-from airflow_hetero_gpu.cli_output import EXIT_BAD_INPUT, EXIT_NO_CAPACITY, EXIT_OK, fmt, render_plan, table
-from airflow_hetero_gpu.cli_types import mib, non_negative_float, positive_int
+from airflow_hetero_gpu.cli.guide import EPILOG, arrange
+from airflow_hetero_gpu.cli.exits import EXIT_BAD_INPUT, EXIT_NO_CAPACITY, EXIT_OK
+from airflow_hetero_gpu.text import fmt, render_plan, table
+from airflow_hetero_gpu.cli.argtypes import mib, non_negative_float, positive_int
 from airflow_hetero_gpu.errors import HeteroGpuError, RequestError
 
 
@@ -61,7 +62,7 @@ def _ledger_state(args):
     if not getattr(args, "ledger", None):
         return {}, {}, {}
     from airflow_hetero_gpu.ledger import Ledger
-    from airflow_hetero_gpu.ledger.drain_cli import print_drains
+    from airflow_hetero_gpu.cli.drain import print_drains
 
     with Ledger.open_existing(args.ledger) as ledger:  # reserved_map() counts live leases only
         state = ledger.reserved_map(), ledger.evicted_map(), ledger.drained_map()
@@ -135,7 +136,7 @@ def cmd_plan(args) -> int:
     if mistake:  # a card or task type the fleet does not have: bad input (2), not "no capacity" (3)
         raise RequestError(mistake)
     if args.reserve:
-        from airflow_hetero_gpu.ledger.cli import reserve_for_cli
+        from airflow_hetero_gpu.cli.ledger import reserve_for_cli
 
         from airflow_hetero_gpu.ledger.errors import QuotaRefused
 
@@ -216,17 +217,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     for register in _extra_commands():
         register(sub)
-    arrange(sub)  # the order of a user's first hour, an example each (cli_guide.COMMANDS)
+    arrange(sub)  # the order of a user's first hour, an example each (cli.guide.COMMANDS)
     return parser
 
 
 def _extra_commands():
     """Sub-commands that live beside their subsystem (collection, ledger, simulator)."""
-    from airflow_hetero_gpu.collect.cli import register as collect_register
-    from airflow_hetero_gpu.healthcheck.cli import register as check_register
-    from airflow_hetero_gpu.ledger.cli import register as ledger_register
-    from airflow_hetero_gpu.ledger.teams_cli import register as teams_register
-    from airflow_hetero_gpu.sim.cli import register as simulate_register
+    from airflow_hetero_gpu.cli.collect import register as collect_register
+    from airflow_hetero_gpu.cli.check import register as check_register
+    from airflow_hetero_gpu.cli.ledger import register as ledger_register
+    from airflow_hetero_gpu.cli.teams import register as teams_register
+    from airflow_hetero_gpu.cli.simulate import register as simulate_register
 
     return [collect_register, check_register, ledger_register, teams_register, simulate_register]
 
@@ -245,5 +246,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,7 +11,7 @@ import argparse
 from datetime import datetime
 from typing import TYPE_CHECKING, Iterable
 
-from airflow_hetero_gpu.cli_output import EXIT_OK
+from airflow_hetero_gpu.cli.exits import EXIT_OK
 from airflow_hetero_gpu.durations import parse_duration
 
 if TYPE_CHECKING:

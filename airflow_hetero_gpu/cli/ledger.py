@@ -17,10 +17,12 @@ import json
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
-from airflow_hetero_gpu.cli_output import EXIT_OK, table
+from airflow_hetero_gpu.cli.exits import EXIT_OK
+
+from airflow_hetero_gpu.text import table
 from airflow_hetero_gpu.durations import duration
-from airflow_hetero_gpu.ledger.drain_cli import print_drains
-from airflow_hetero_gpu.ledger.drain_cli import register as drain_register
+from airflow_hetero_gpu.cli.drain import print_drains
+from airflow_hetero_gpu.cli.drain import register as drain_register
 from airflow_hetero_gpu.ledger.errors import LedgerError
 
 if TYPE_CHECKING:  # the ledger and the core are imported by the commands that use them

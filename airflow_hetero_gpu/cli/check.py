@@ -25,13 +25,13 @@ import sys
 import threading
 from typing import Any
 
-from airflow_hetero_gpu.cli_output import EXIT_NO_CAPACITY, EXIT_NOTHING_COLLECTED, EXIT_OK
-from airflow_hetero_gpu.cli_types import positive_int, positive_seconds
+from airflow_hetero_gpu.cli.exits import EXIT_NO_CAPACITY, EXIT_NOTHING_COLLECTED, EXIT_OK
+from airflow_hetero_gpu.cli.argtypes import positive_int, positive_seconds
 from airflow_hetero_gpu.errors import HeteroGpuError
 
 
 def register(subparsers: Any) -> None:
-    from airflow_hetero_gpu.collect.cli import add_host_args
+    from airflow_hetero_gpu.cli.collect import add_host_args
 
     p = subparsers.add_parser(
         "check", help="one health check of the fleet: collect, judge, evict/readmit, store the inventory",
@@ -96,7 +96,7 @@ def _status(report) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     import logging
 
-    from airflow_hetero_gpu.collect.cli import collector_from_args
+    from airflow_hetero_gpu.cli.collect import collector_from_args
     from airflow_hetero_gpu.healthcheck import HealthWatch
     from airflow_hetero_gpu.healthcheck.check import collector_name
     from airflow_hetero_gpu.healthcheck.metrics import silent_metrics

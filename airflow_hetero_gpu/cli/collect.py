@@ -37,8 +37,8 @@ from airflow_hetero_gpu.collect.ssh import (
     OpenFilesLimitError,
 )
 from airflow_hetero_gpu.collect.targets import parse_hosts_arg, parse_hosts_file
-from airflow_hetero_gpu.cli_output import EXIT_NOTHING_COLLECTED, EXIT_OK
-from airflow_hetero_gpu.cli_types import non_negative_int, positive_int, positive_seconds
+from airflow_hetero_gpu.cli.exits import EXIT_NOTHING_COLLECTED, EXIT_OK
+from airflow_hetero_gpu.cli.argtypes import non_negative_int, positive_int, positive_seconds
 from airflow_hetero_gpu.errors import HeteroGpuError
 
 EXIT_COLLECTED = EXIT_OK

@@ -10,7 +10,9 @@ import argparse
 import json
 from pathlib import Path
 
-from airflow_hetero_gpu.cli_output import EXIT_OK, table
+from airflow_hetero_gpu.cli.exits import EXIT_OK
+
+from airflow_hetero_gpu.text import table
 from airflow_hetero_gpu.core.admission.teams import TeamsError, teams_from_text
 
 
@@ -61,7 +63,7 @@ def cmd_teams(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    from airflow_hetero_gpu.ledger.cli import _ledger_arg
+    from airflow_hetero_gpu.cli.ledger import _ledger_arg
 
     p = subparsers.add_parser("teams", help="teams' GPU quotas: apply a teams file, or show where each team stands")
     _ledger_arg(p)

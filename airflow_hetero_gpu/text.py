@@ -1,19 +1,9 @@
-"""What every ``hetero-gpu`` command shares: exit codes, plain text tables, the plan's readable form.
-
-Exit status of every command:
-
-* 0 (``EXIT_OK``): done (placed, collected, checked);
-* 2 (``EXIT_BAD_INPUT``): bad input, with one line on stderr naming the file, key, value or
-  connection;
-* 3 (``EXIT_NO_CAPACITY``): no pool can host the job now (``plan``), every pool's reason printed;
-* 4 (``EXIT_NOTHING_COLLECTED``): no host could be collected (``collect``, ``check``).
-"""
+"""Plain text forms shared by the command line, the operator's task log and the simulator's
+report: left-aligned tables, numbers, and the readable form of a plan."""
 
 from __future__ import annotations
 
 from typing import Sequence
-
-EXIT_OK, EXIT_BAD_INPUT, EXIT_NO_CAPACITY, EXIT_NOTHING_COLLECTED = 0, 2, 3, 4
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
