@@ -29,20 +29,23 @@ if TYPE_CHECKING:
 STATES = occupancy.STATES
 #: The colours of the overview's GPU cells: evicted and unhealthy GPUs share one ("out"), and
 #: every GPU of a host whose last collection failed shows "unreachable".
-TILE_STATES = ("available", "busy", "reserved", "out", "unreachable")
+TILE_STATES = ("available", "busy", "drained", "reserved", "out", "unreachable")
+DRAINED_TEXT = "drained (no new jobs)"
 TILE_TEXT = {
     "available": "available",
     "busy": "busy (load above threshold)",
+    "drained": DRAINED_TEXT,
     "reserved": "reserved",
     "out": "evicted or unhealthy",
     "unreachable": "hosts unreachable",
 }
 #: What the state filter accepts; each matches the GPUs the pools table counts under that name.
-FILTER_STATES = ("available", "busy", "reserved", "evicted", "unhealthy", "unreachable")
+FILTER_STATES = ("available", "busy", "drained", "reserved", "evicted", "unhealthy", "unreachable")
 STATE_TEXT = {
     "unhealthy": "unhealthy (collection)",
     "evicted": "evicted (ledger)",
     "reserved": "reserved",
+    "drained": DRAINED_TEXT,
     "busy": "busy (load above threshold)",
     "available": "available",
     "unreachable": "host unreachable",
@@ -197,6 +200,7 @@ class HostView:
     wiring: Any = None  # core.topology.HostWiring
     nvlink_domain: str | None = None  # the multi-node NVLink domain (fabric cluster UUID/clique id)
     nvlink_hosts: int = 0  # hosts in that domain
+    drain: str | None = None  # "drained: why (since …, by …; running jobs end in …)" when drained
 
     @property
     def links(self) -> list[dict[str, Any]]:
@@ -240,7 +244,7 @@ class PageModel:
     events: Sequence[Any] = ()
     teams: Mapping[str, Any] | None = None  # per team and pattern: quota, in use, borrowed, lent, waiting
     team_samples: Sequence[Mapping[str, Any]] = ()
-    drained: list[dict[str, Any]] = field(default_factory=list)  # {host, reason, line} per drained host
+    drained: list[dict[str, Any]] = field(default_factory=list)  # {host, reason, deadline, line} per drained host
     preemptions: list[dict[str, Any]] = field(default_factory=list)  # docs/preemption.md
     _statuses: dict[tuple[str, int], GpuStatus] | None = field(default=None, repr=False)
 
@@ -354,7 +358,8 @@ def build(
     reserved = {g.key: r.job_id for r in reservations for g in r.gpus}
     evicted = {e.key: tuple(e.reasons) for e in evictions}
     drained = {d.host: d.reason for d in drains}
-    model.drained = [{"host": d.host, "reason": d.reason, "line": drain_line(d, now)} for d in drains]
+    model.drained = [{"host": d.host, "reason": d.reason, "deadline": iso(d.deadline), "line": drain_line(d, now)}
+                     for d in drains]
     state = occupancy.fleet_state(cluster, reserved, evicted, drained)
     model.pools = occupancy.pool_counts(cluster, state=state)
     th = cluster.config.thresholds
@@ -387,6 +392,7 @@ def build(
         host_notes = ([drain_notes[host]] if host in drain_notes else []) + list(notes.get(host, ()))
         model.hosts.append(HostView(host, errors.get(host), host_notes, by_host.get(host, []),
                                     net.groups_of(host), cluster.wiring.get(host), domain,
-                                    len(net.domains.get(domain, ())) if domain else 0))
+                                    len(net.domains.get(domain, ())) if domain else 0,
+                                    drain_notes[host].removeprefix(f"{host} ") if host in drain_notes else None))
     model.switches = _switch_tree(cluster)
     return model
