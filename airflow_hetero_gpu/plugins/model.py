@@ -155,13 +155,16 @@ class QueueEntry:
     state: str | None = None
     claim: str | None = None  # "node01 GPU 0-7 (3 held)"
 
-    def to_json(self, now: datetime) -> dict[str, Any]:
+    def to_json(self, now: datetime, *, show_identity: bool = True) -> dict[str, Any]:
+        """``show_identity`` False (a viewer who may not read the DAG): its DAG, run, task and try
+        are left out (``identity`` None, ``identity_hidden`` True), as for a reservation."""
         waited = None if self.enqueued_at is None else max(0.0, (now - _aware(self.enqueued_at)).total_seconds())
+        hidden = bool(self.identity) and not show_identity
         return {"job_id": self.job_id, "position": self.position, "priority": self.priority,
                 "enqueued_at": iso(self.enqueued_at), "waited_s": waited, "reason": self.reason,
                 "request": dict(self.request) if self.request else None,
-                "identity": dict(self.identity) if self.identity else None,
-                "state": self.state, "claim": self.claim}
+                "identity": dict(self.identity) if self.identity and not hidden else None,
+                "identity_hidden": hidden, "state": self.state, "claim": self.claim}
 
 
 def _aware(t: datetime) -> datetime:
@@ -333,23 +336,26 @@ def build(
 ) -> PageModel:
     """The page's model from the inventory (``cluster``, None when there is none yet) and the ledger.
 
-    ``visible_dag_ids``: the DAGs the viewer may read (None: all); a reservation of another DAG
-    keeps its job id and GPUs but not its DAG run.
+    ``visible_dag_ids``: the DAGs the viewer may read (None: all); a reservation or a queue entry
+    of another DAG keeps its job id and GPUs but not its DAG, run, task and try.
     """
     now = now or datetime.now(timezone.utc)
     reservations = list(reservations)
     evictions = list(evictions)
     labels = job_labels([r.job_id for r in reservations] + [q.job_id for q in queue or ()])
     res_facts = []
+    def shown(dag_id: str | None) -> bool:
+        return visible_dag_ids is None or dag_id in visible_dag_ids
+
     for r in reservations:
-        shown = visible_dag_ids is None or r.identity is None or r.identity.dag_id in visible_dag_ids
-        f = reservation_facts(r, show_identity=shown)
+        f = reservation_facts(r, show_identity=r.identity is None or shown(r.identity.dag_id))
         f["label"] = labels.get(r.job_id)
         res_facts.append(f)
     model = PageModel(
         generated_at=now, sources=dict(sources or {}), thresholds=None, pools=[], gpus=[], hosts=[],
         switches=[], reservations=res_facts, evictions=[e.to_json() for e in evictions],
-        queue=None if queue is None else [q.to_json(now) for q in sorted(queue, key=lambda q: q.position)],
+        queue=None if queue is None else [q.to_json(now, show_identity=shown((q.identity or {}).get("dag_id")))
+                                          for q in sorted(queue, key=lambda q: q.position)],
         labels=labels, cluster=cluster, samples=samples, events=events, teams=teams, team_samples=team_samples,
         preemptions=[dict(p) for p in preemptions],
     )

@@ -331,9 +331,11 @@ def read_preemptions(ledger: Any) -> list:
         return []
 
 
-def visible_dags(reservations: list, user: Any) -> set[str] | None:
-    """The DAG ids among ``reservations`` that ``user`` may read (fails closed: none)."""
+def visible_dags(reservations: list, user: Any, queue: list | None = None) -> set[str] | None:
+    """The DAG ids among ``reservations`` and the ``queue``'s entries that ``user`` may read
+    (fails closed: none)."""
     dag_ids = {r.identity.dag_id for r in reservations if r.identity is not None and r.identity.dag_id}
+    dag_ids |= {q.identity["dag_id"] for q in queue or () if q.identity and q.identity.get("dag_id")}
     if not dag_ids:
         return None
     try:
@@ -374,5 +376,5 @@ def read_inputs(user: Any, settings: PageSettings | None = None, *, history_hour
     preempted = read_preemptions(ledger)
     return PageInputs(cluster=cluster, reservations=reservations, evictions=evictions, queue=queue,
                       preemptions=preempted, samples=samples, events=events, sources=sources, teams=teams,
-                      team_samples=team_samples, visible_dag_ids=visible_dags(reservations, user), now=now,
+                      team_samples=team_samples, visible_dag_ids=visible_dags(reservations, user, queue), now=now,
                       drains=drains)
