@@ -21,6 +21,7 @@ from airflow_hetero_gpu.core.foreign import intruder_reason, intruders, outside_
 from airflow_hetero_gpu.core.drain import drain_line
 from airflow_hetero_gpu.core import occupancy
 from airflow_hetero_gpu.plugins.labels import job_labels
+from airflow_hetero_gpu.plugins.team_chart import no_quota_cards
 
 if TYPE_CHECKING:
     from airflow_hetero_gpu.core.cluster import Cluster
@@ -361,6 +362,8 @@ def build(
     )
     if cluster is None:
         return model
+    if teams is not None:
+        model.teams = no_quota_cards(teams, sorted({p.card_type for p in cluster.pools}))
     reserved = {g.key: r.job_id for r in reservations for g in r.gpus}
     evicted = {e.key: tuple(e.reasons) for e in evictions}
     drained = {d.host: d.reason for d in drains}

@@ -299,17 +299,20 @@ def read_queue(ledger: Any) -> tuple[list | None, dict]:
 
 
 def read_teams(ledger: Any, since: datetime) -> tuple[dict | None, list, dict]:
-    """The teams' standing (None: no ledger, or no team configured) and the samples since ``since``
+    """The teams' standing (None: no ledger, or no team configured; ``configured``: the teams the
+    teams file names) and the samples since ``since``
     (with the last one before it, so a line starts at the window's edge), and the source."""
     if ledger is None:
         return None, [], {"status": "ok", "message": None}
     try:
         standing = ledger.team_standing()
         samples = ledger.team_samples() if standing["rows"] else []
+        configured = ledger.teams() if standing["rows"] else None
     except Exception as err:  # noqa: BLE001 - shown on the page, never raised
         return None, [], {"status": "error", "message": f"teams: {err}"}
     if not standing["rows"]:
         return None, [], {"status": "ok", "message": None}
+    standing = {**standing, "configured": sorted(configured.teams) if configured is not None else []}
     last_before: dict[str, dict] = {}
     recent = []
     for s in samples:
