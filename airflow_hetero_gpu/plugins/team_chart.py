@@ -44,11 +44,10 @@ def team_chart(samples: Iterable[Mapping[str, Any]], now: datetime, hours: float
     first = min((rows[0][0] for rows in by_team.values()), default=window)
     since = max(window, min(first, now - timedelta(seconds=MIN_SPAN_S)))
     axis = Axis(since, now)
-    if since > window:
-        title = f"GPUs in use per team, the last {duration((now - since).total_seconds())} (all the history kept)"
-    else:
-        title = f"GPUs in use per team, last {hours:g} h"
-    chart = Chart("hg-teams-use", title + " (borrowed included)", "GPUs", axis, 1)
+    title = "GPUs in use per team (borrowed included), " + (
+        f"the last {duration((now - since).total_seconds())}: all the history there is" if since > window
+        else f"last {hours:g} h")
+    chart = Chart("hg-teams-use", title, "GPUs", axis, 1)
     if not by_team:
         return chart
     chart.y_max = max(1, max(v for rows in by_team.values() for _, v in rows))
