@@ -49,7 +49,7 @@ def test_a_drained_host_gets_no_new_placement_and_the_reason_says_why(ledger_db_
             in pool.reason
         assert led.reserve("j", cluster, PlanRequest(1)).decision is None  # the claim point sees it too
         (counts,) = pool_counts(cluster, led.reserved_map(), led.evicted_map(), drained=led.drained_map())
-        assert (counts.available, counts.busy, counts.healthy) == (0, 4, 4)
+        assert (counts.available, counts.busy, counts.drained, counts.healthy) == (0, 0, 4, 4)
         assert led.undrain(["node01", "node02"]) == ["node01", "node02"]
         assert led.reserve("j", cluster, PlanRequest(4)).decision is not None
 

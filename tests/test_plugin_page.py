@@ -92,7 +92,7 @@ def test_summary_states_the_pools_tables_totals(page):
     assert (t["gpus"], t["healthy"], t["evicted"], t["unhealthy"], t["reserved"]) == (32, 30, 2, 1, 2)
     summary = re.search(r'<p class="hg-summary">(.*?)</p>', html, re.S).group(1)
     assert (f"32 GPUs in 3 pools: {t['healthy']} healthy, {t['available']} available,\n{t['busy']} busy, "
-            f"{t['reserved']} reserved, {t['evicted']} evicted, {t['unhealthy']} unhealthy") in summary
+            f"{t['drained']} drained, {t['reserved']} reserved, {t['evicted']} evicted, {t['unhealthy']} unhealthy") in summary
     foot = re.search(r"<tfoot>(.*?)</tfoot>", html, re.S).group(1)
     cells = re.findall(r'<td class="hg-n">(\d+)</td>', foot)
     assert cells == [str(t[k]) for k in ("gpus", "healthy", "available", "reserved", "evicted", "unhealthy")]

@@ -315,6 +315,46 @@ def test_reservation_of_an_unreadable_dag_hides_its_run(sample):
     assert "secret_dag" not in html and "hidden (no access to the DAG)" in html and "open_dag" in html
 
 
+def test_queue_entry_of_an_unreadable_dag_hides_its_dag_run_task_and_try(sample, monkeypatch):
+    """A waiting job of a DAG the viewer may not read keeps its place, job id and request, but not
+    its DAG, run, task and try, in the JSON and the page alike (as a reservation's)."""
+    from airflow_hetero_gpu.plugins import sources
+
+    def entry(job, pos, dag_id):
+        ident = {"dag_id": dag_id, "run_id": f"manual__{job}", "task_id": f"task_{job}", "map_index": None,
+                 "try_number": 3}
+        return model.QueueEntry(job, pos, 0, NOW - timedelta(minutes=5), "waits for 2 GPUs", {"gpus": 2}, ident,
+                                "waiting")
+
+    queue = [entry("qa", 1, "secret_dag"), entry("qb", 2, "open_dag")]
+    res = [reservation("r", [("rtx-1", 0)], dag_id="secret_dag")]
+
+    class Manager:  # the auth manager: this viewer may read open_dag only
+        asked: set = set()
+
+        def filter_authorized_dag_ids(self, *, dag_ids, user):
+            Manager.asked = set(dag_ids)
+            return {d for d in dag_ids if d == "open_dag"}
+
+    import airflow.api_fastapi.app as api_app
+
+    monkeypatch.setattr(api_app, "get_auth_manager", lambda: Manager())
+    visible = sources.visible_dags(res, "viewer", queue)
+    assert visible == {"open_dag"} and Manager.asked == {"secret_dag", "open_dag"}
+    facts = model.build(sample, res, queue=queue, visible_dag_ids=visible, now=NOW).to_json()
+    by_job = {q["job_id"]: q for q in facts["queue"]}
+    assert by_job["qa"]["identity"] is None and by_job["qa"]["identity_hidden"]
+    assert (by_job["qa"]["position"], by_job["qa"]["request"]) == (1, {"gpus": 2})
+    assert by_job["qb"]["identity"]["dag_id"] == "open_dag" and not by_job["qb"]["identity_hidden"]
+    text = json.dumps(facts)
+    assert "secret_dag" not in text and "manual__qa" not in text and "task_qa" not in text
+    html = render.render_page(model.build(sample, res, queue=queue, visible_dag_ids=visible, now=NOW))
+    assert "secret_dag" not in html and "task_qa" not in html and "manual__qa" not in html
+    # a viewer who may read both sees both
+    assert model.build(sample, res, queue=queue, visible_dag_ids=None, now=NOW).to_json()["queue"][0][
+        "identity"]["dag_id"] == "secret_dag"
+
+
 def test_facts_without_inventory():
     m = model.build(None, [reservation("j", [("gone", 0)])], [eviction("gone", 1, ["lost"])],
                     sources={"captures": {"status": "missing", "message": "No inventory yet"}}, now=NOW)

@@ -9,10 +9,10 @@ A GPU has exactly one state, the first that holds:
 
 * ``unhealthy``: the last collection found a fault (``Gpu.reasons``);
 * ``evicted``: the ledger keeps it out of every pool (the health watch's eviction);
-* ``reserved``: a live reservation holds it;
-* ``busy``: its load (SPEC §4) is above ``busy_utilization``, it is in use outside the
-  scheduler (a compute process of someone else, :mod:`.foreign`), or its host is drained
-  (:mod:`.drain`);
+* ``reserved``: a live reservation holds it (a job on a drained host runs on: reserved);
+* ``drained``: its host is drained (:mod:`.drain`): no new job is placed there;
+* ``busy``: its load (SPEC §4) is above ``busy_utilization``, or it is in use outside the
+  scheduler (a compute process of someone else, :mod:`.foreign`);
 * ``available``: none of the above.
 
 The pool counts are not exclusive: an evicted GPU that is also unhealthy counts in both
@@ -32,7 +32,7 @@ from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
 from airflow_hetero_gpu.core.planner import cluster_state
 from airflow_hetero_gpu.core.view import ClusterState
 
-STATES = ("unhealthy", "evicted", "reserved", "busy", "available")
+STATES = ("unhealthy", "evicted", "reserved", "drained", "busy", "available")
 
 
 def fleet_state(cluster: Cluster, reserved: Mapping[GpuKey, str] | None = None,
@@ -42,12 +42,11 @@ def fleet_state(cluster: Cluster, reserved: Mapping[GpuKey, str] | None = None,
     return cluster_state(cluster, PlanRequest(gpus=1), reserved, evicted, drained=drained)
 
 
-def _out_of_use(state: ClusterState):
-    """Healthy GPUs no job holds that are not placed on all the same: in use outside, drained."""
-    out = state.outside
-    if state.on_drained is not None:
-        out = out | (state.on_drained & ~state.reserved)
-    return out
+def _drained(state: ClusterState) -> np.ndarray:
+    """The GPUs of drained hosts that no job holds (a job's GPUs stay reserved until it ends)."""
+    if state.on_drained is None:
+        return np.zeros(len(state.cluster.gpus), dtype=bool)
+    return state.on_drained & ~state.reserved
 
 
 def gpu_states(state: ClusterState) -> np.ndarray:
@@ -58,9 +57,9 @@ def gpu_states(state: ClusterState) -> np.ndarray:
     if pos:
         evicted[pos] = True
     return np.select(
-        [~cluster.healthy, evicted, state.reserved, state.busy | _out_of_use(state)],
-        list(STATES[:4]),
-        default=STATES[4],
+        [~cluster.healthy, evicted, state.reserved, _drained(state), state.busy | state.outside],
+        list(STATES[:5]),
+        default=STATES[5],
     ).astype(object)
 
 
@@ -78,14 +77,15 @@ class PoolCounts:
     reserved: int     # held by a live reservation
     evicted: int      # kept out by the ledger
     unhealthy: int    # a fault in the last collection
-    busy: int         # healthy, not reserved, loaded above busy_utilization, in use outside or drained
+    busy: int         # healthy, not reserved, not drained, loaded above busy_utilization or in use outside
+    drained: int = 0  # healthy, not reserved, on a drained host
 
     def to_json(self) -> dict[str, Any]:
         return {
             "pool": self.pool, "card_type": self.card_type, "task_types": list(self.task_types),
             "hosts": list(self.hosts), "gpus": self.gpus, "healthy": self.healthy,
             "available": self.available, "reserved": self.reserved, "evicted": self.evicted,
-            "unhealthy": self.unhealthy, "busy": self.busy,
+            "unhealthy": self.unhealthy, "busy": self.busy, "drained": self.drained,
         }
 
 
@@ -102,7 +102,8 @@ def pool_counts(cluster: Cluster, reserved: Mapping[GpuKey, str] | None = None,
     if pos:
         evicted_mask[pos] = True
     unhealthy = ~cluster.healthy
-    busy = state.healthy & ~state.reserved & (state.busy | _out_of_use(state))
+    drained = state.healthy & _drained(state)
+    busy = state.healthy & ~state.reserved & ~drained & (state.busy | state.outside)
     out = []
     for pool in cluster.pools:
         p = pool.positions
@@ -118,11 +119,12 @@ def pool_counts(cluster: Cluster, reserved: Mapping[GpuKey, str] | None = None,
             evicted=int(evicted_mask[p].sum()),
             unhealthy=int(unhealthy[p].sum()),
             busy=int(busy[p].sum()),
+            drained=int(drained[p].sum()),
         ))
     return out
 
 
 def totals(counts: Sequence[PoolCounts]) -> dict[str, int]:
     """The pool counts summed over the fleet (every GPU is in exactly one pool)."""
-    names = ("gpus", "healthy", "available", "reserved", "evicted", "unhealthy", "busy")
+    names = ("gpus", "healthy", "available", "reserved", "evicted", "unhealthy", "busy", "drained")
     return {n: sum(getattr(c, n) for c in counts) for n in names}

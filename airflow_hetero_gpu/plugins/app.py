@@ -2,8 +2,8 @@
 
 Read-only. Every route sits behind Airflow's own authentication and authorization (a plugin's
 app gets none by itself): the app-wide dependency ``requires_access_view(AccessView.PLUGINS)``
-refuses an anonymous request with 401 and a user without access with 403. Reservations of DAGs
-the user may not read keep their job id and GPUs but lose their DAG run. Every response carries
+refuses an anonymous request with 401 and a user without access with 403. Reservations and
+waiting jobs of DAGs the user may not read keep their job id and GPUs but lose their DAG run. Every response carries
 the security headers of :mod:`.security`.
 
 Routes (query parameters of the cluster page: :mod:`.tables`):

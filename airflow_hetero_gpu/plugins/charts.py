@@ -23,7 +23,7 @@ PAD_L, PAD_R, PAD_T, PAD_B = 46, 14, 12, 24
 #: The windows the page offers, in hours (a window longer than the retention shows what is kept).
 WINDOWS = (1, 6, 24, 72, 168)
 MAX_MARKERS = 400
-_STEPS = [60 * m for m in (5, 10, 15, 30)] + [3600 * h for h in (1, 2, 3, 6, 12)] + [86400 * d for d in (1, 2, 7)]
+_STEPS = [10, 15, 30, 60, 120] + [60 * m for m in (5, 10, 15, 30)] + [3600 * h for h in (1, 2, 3, 6, 12)] + [86400 * d for d in (1, 2, 7)]
 EVENT_TEXT = {"evicted": "evicted", "readmitted": "readmitted", "uncordoned": "uncordoned",
               "replaced": "replaced in its job"}
 
@@ -54,7 +54,7 @@ class Axis:
         out = []
         t = epoch + timedelta(seconds=first)
         while t <= self.until:
-            label = t.strftime("%m-%d") if step >= 86400 else t.strftime("%H:%M")
+            label = t.strftime("%m-%d") if step >= 86400 else t.strftime("%H:%M" if step >= 60 else "%H:%M:%S")
             if step < 86400 and t.hour == 0 and t.minute == 0:
                 label = t.strftime("%m-%d")
             out.append((self.x(t), label))

@@ -21,6 +21,7 @@ from airflow_hetero_gpu.core.foreign import intruder_reason, intruders, outside_
 from airflow_hetero_gpu.core.drain import drain_line
 from airflow_hetero_gpu.core import occupancy
 from airflow_hetero_gpu.plugins.labels import job_labels
+from airflow_hetero_gpu.plugins.team_chart import no_quota_cards
 
 if TYPE_CHECKING:
     from airflow_hetero_gpu.core.cluster import Cluster
@@ -29,20 +30,23 @@ if TYPE_CHECKING:
 STATES = occupancy.STATES
 #: The colours of the overview's GPU cells: evicted and unhealthy GPUs share one ("out"), and
 #: every GPU of a host whose last collection failed shows "unreachable".
-TILE_STATES = ("available", "busy", "reserved", "out", "unreachable")
+TILE_STATES = ("available", "busy", "drained", "reserved", "out", "unreachable")
+DRAINED_TEXT = "drained (no new jobs)"
 TILE_TEXT = {
     "available": "available",
     "busy": "busy (load above threshold)",
+    "drained": DRAINED_TEXT,
     "reserved": "reserved",
     "out": "evicted or unhealthy",
     "unreachable": "hosts unreachable",
 }
 #: What the state filter accepts; each matches the GPUs the pools table counts under that name.
-FILTER_STATES = ("available", "busy", "reserved", "evicted", "unhealthy", "unreachable")
+FILTER_STATES = ("available", "busy", "drained", "reserved", "evicted", "unhealthy", "unreachable")
 STATE_TEXT = {
     "unhealthy": "unhealthy (collection)",
     "evicted": "evicted (ledger)",
     "reserved": "reserved",
+    "drained": DRAINED_TEXT,
     "busy": "busy (load above threshold)",
     "available": "available",
     "unreachable": "host unreachable",
@@ -152,13 +156,16 @@ class QueueEntry:
     state: str | None = None
     claim: str | None = None  # "node01 GPU 0-7 (3 held)"
 
-    def to_json(self, now: datetime) -> dict[str, Any]:
+    def to_json(self, now: datetime, *, show_identity: bool = True) -> dict[str, Any]:
+        """``show_identity`` False (a viewer who may not read the DAG): its DAG, run, task and try
+        are left out (``identity`` None, ``identity_hidden`` True), as for a reservation."""
         waited = None if self.enqueued_at is None else max(0.0, (now - _aware(self.enqueued_at)).total_seconds())
+        hidden = bool(self.identity) and not show_identity
         return {"job_id": self.job_id, "position": self.position, "priority": self.priority,
                 "enqueued_at": iso(self.enqueued_at), "waited_s": waited, "reason": self.reason,
                 "request": dict(self.request) if self.request else None,
-                "identity": dict(self.identity) if self.identity else None,
-                "state": self.state, "claim": self.claim}
+                "identity": dict(self.identity) if self.identity and not hidden else None,
+                "identity_hidden": hidden, "state": self.state, "claim": self.claim}
 
 
 def _aware(t: datetime) -> datetime:
@@ -197,6 +204,7 @@ class HostView:
     wiring: Any = None  # core.topology.HostWiring
     nvlink_domain: str | None = None  # the multi-node NVLink domain (fabric cluster UUID/clique id)
     nvlink_hosts: int = 0  # hosts in that domain
+    drain: str | None = None  # "drained: why (since …, by …; running jobs end in …)" when drained
 
     @property
     def links(self) -> list[dict[str, Any]]:
@@ -240,7 +248,7 @@ class PageModel:
     events: Sequence[Any] = ()
     teams: Mapping[str, Any] | None = None  # per team and pattern: quota, in use, borrowed, lent, waiting
     team_samples: Sequence[Mapping[str, Any]] = ()
-    drained: list[dict[str, Any]] = field(default_factory=list)  # {host, reason, line} per drained host
+    drained: list[dict[str, Any]] = field(default_factory=list)  # {host, reason, deadline, line} per drained host
     preemptions: list[dict[str, Any]] = field(default_factory=list)  # docs/preemption.md
     _statuses: dict[tuple[str, int], GpuStatus] | None = field(default=None, repr=False)
 
@@ -329,32 +337,38 @@ def build(
 ) -> PageModel:
     """The page's model from the inventory (``cluster``, None when there is none yet) and the ledger.
 
-    ``visible_dag_ids``: the DAGs the viewer may read (None: all); a reservation of another DAG
-    keeps its job id and GPUs but not its DAG run.
+    ``visible_dag_ids``: the DAGs the viewer may read (None: all); a reservation or a queue entry
+    of another DAG keeps its job id and GPUs but not its DAG, run, task and try.
     """
     now = now or datetime.now(timezone.utc)
     reservations = list(reservations)
     evictions = list(evictions)
     labels = job_labels([r.job_id for r in reservations] + [q.job_id for q in queue or ()])
     res_facts = []
+    def shown(dag_id: str | None) -> bool:
+        return visible_dag_ids is None or dag_id in visible_dag_ids
+
     for r in reservations:
-        shown = visible_dag_ids is None or r.identity is None or r.identity.dag_id in visible_dag_ids
-        f = reservation_facts(r, show_identity=shown)
+        f = reservation_facts(r, show_identity=r.identity is None or shown(r.identity.dag_id))
         f["label"] = labels.get(r.job_id)
         res_facts.append(f)
     model = PageModel(
         generated_at=now, sources=dict(sources or {}), thresholds=None, pools=[], gpus=[], hosts=[],
         switches=[], reservations=res_facts, evictions=[e.to_json() for e in evictions],
-        queue=None if queue is None else [q.to_json(now) for q in sorted(queue, key=lambda q: q.position)],
+        queue=None if queue is None else [q.to_json(now, show_identity=shown((q.identity or {}).get("dag_id")))
+                                          for q in sorted(queue, key=lambda q: q.position)],
         labels=labels, cluster=cluster, samples=samples, events=events, teams=teams, team_samples=team_samples,
         preemptions=[dict(p) for p in preemptions],
     )
     if cluster is None:
         return model
+    if teams is not None:
+        model.teams = no_quota_cards(teams, sorted({p.card_type for p in cluster.pools}))
     reserved = {g.key: r.job_id for r in reservations for g in r.gpus}
     evicted = {e.key: tuple(e.reasons) for e in evictions}
     drained = {d.host: d.reason for d in drains}
-    model.drained = [{"host": d.host, "reason": d.reason, "line": drain_line(d, now)} for d in drains]
+    model.drained = [{"host": d.host, "reason": d.reason, "deadline": iso(d.deadline), "line": drain_line(d, now)}
+                     for d in drains]
     state = occupancy.fleet_state(cluster, reserved, evicted, drained)
     model.pools = occupancy.pool_counts(cluster, state=state)
     th = cluster.config.thresholds
@@ -387,6 +401,7 @@ def build(
         host_notes = ([drain_notes[host]] if host in drain_notes else []) + list(notes.get(host, ()))
         model.hosts.append(HostView(host, errors.get(host), host_notes, by_host.get(host, []),
                                     net.groups_of(host), cluster.wiring.get(host), domain,
-                                    len(net.domains.get(domain, ())) if domain else 0))
+                                    len(net.domains.get(domain, ())) if domain else 0,
+                                    drain_notes[host].removeprefix(f"{host} ") if host in drain_notes else None))
     model.switches = _switch_tree(cluster)
     return model

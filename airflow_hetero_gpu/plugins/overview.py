@@ -1,7 +1,7 @@
 """The fleet overview: every host a small tile, grouped by the network tree or by pool.
 
 A tile is the host's name and one small cell per GPU coloured by its state (available, busy,
-reserved, evicted or unhealthy; every cell of a host whose last collection failed shows
+drained, reserved, evicted or unhealthy; every cell of a host whose last collection failed shows
 unreachable). Tiles wrap to the width of the page, so a thousand hosts fill rows instead of one
 row a hundred thousand pixels wide, and the labels keep their size.
 
@@ -39,6 +39,7 @@ class Tile:
     host: str
     error: str | None
     cells: list[Cell]
+    drain: str | None = None  # "drained: why (since …; running jobs end in …)"
 
     @property
     def title(self) -> str:
@@ -47,6 +48,8 @@ class Tile:
             counts[c.state] = counts.get(c.state, 0) + 1
         text = ", ".join(f"{counts[s]} {TILE_TEXT[s]}" for s in TILE_STATES if counts.get(s) and s != "unreachable")
         head = f"{self.host}: {plural(len(self.cells), 'GPU')}" + (f" ({text})" if text else "")
+        if self.drain:
+            head += f" \u00b7 {self.drain}"
         return head + (f" \u00b7 collection failed: {self.error}" if self.error else "")
 
 
@@ -114,7 +117,7 @@ def _tile(h: HostView, q: Query, pool: str | None = None) -> Tile | None:
         return None  # nothing of this host matches (an unreachable host without GPUs still shows)
     if pool is not None and not cells:
         return None
-    return Tile(h.host, h.error, cells)
+    return Tile(h.host, h.error, cells, h.drain)
 
 
 def network_groups(model: PageModel, q: Query) -> list[Group]:

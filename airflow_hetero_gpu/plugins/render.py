@@ -93,7 +93,8 @@ def render_page(model: PageModel, q: tables.Query | None = None, *, base: str = 
         wiring_legend=Markup(topology_svg.legend_svg()) if wiring else "",
         gpus=tables.gpu_table(model, q), reservations=tables.reservation_table(model, q),
         extra_evictions=extra,
-        team_chart=team_chart(model.team_samples, model.generated_at) if model.teams is not None else None,
+        team_chart=team_chart(model.team_samples, model.generated_at, configured=model.teams.get("configured"))
+        if model.teams is not None else None,
     )
     return environment().get_template("cluster.html").render(ctx)
 

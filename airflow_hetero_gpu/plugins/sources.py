@@ -299,17 +299,20 @@ def read_queue(ledger: Any) -> tuple[list | None, dict]:
 
 
 def read_teams(ledger: Any, since: datetime) -> tuple[dict | None, list, dict]:
-    """The teams' standing (None: no ledger, or no team configured) and the samples since ``since``
+    """The teams' standing (None: no ledger, or no team configured; ``configured``: the teams the
+    teams file names) and the samples since ``since``
     (with the last one before it, so a line starts at the window's edge), and the source."""
     if ledger is None:
         return None, [], {"status": "ok", "message": None}
     try:
         standing = ledger.team_standing()
         samples = ledger.team_samples() if standing["rows"] else []
+        configured = ledger.teams() if standing["rows"] else None
     except Exception as err:  # noqa: BLE001 - shown on the page, never raised
         return None, [], {"status": "error", "message": f"teams: {err}"}
     if not standing["rows"]:
         return None, [], {"status": "ok", "message": None}
+    standing = {**standing, "configured": sorted(configured.teams) if configured is not None else []}
     last_before: dict[str, dict] = {}
     recent = []
     for s in samples:
@@ -331,9 +334,11 @@ def read_preemptions(ledger: Any) -> list:
         return []
 
 
-def visible_dags(reservations: list, user: Any) -> set[str] | None:
-    """The DAG ids among ``reservations`` that ``user`` may read (fails closed: none)."""
+def visible_dags(reservations: list, user: Any, queue: list | None = None) -> set[str] | None:
+    """The DAG ids among ``reservations`` and the ``queue``'s entries that ``user`` may read
+    (fails closed: none)."""
     dag_ids = {r.identity.dag_id for r in reservations if r.identity is not None and r.identity.dag_id}
+    dag_ids |= {q.identity["dag_id"] for q in queue or () if q.identity and q.identity.get("dag_id")}
     if not dag_ids:
         return None
     try:
@@ -374,5 +379,5 @@ def read_inputs(user: Any, settings: PageSettings | None = None, *, history_hour
     preempted = read_preemptions(ledger)
     return PageInputs(cluster=cluster, reservations=reservations, evictions=evictions, queue=queue,
                       preemptions=preempted, samples=samples, events=events, sources=sources, teams=teams,
-                      team_samples=team_samples, visible_dag_ids=visible_dags(reservations, user), now=now,
+                      team_samples=team_samples, visible_dag_ids=visible_dags(reservations, user, queue), now=now,
                       drains=drains)

@@ -77,6 +77,7 @@ SVG_STYLE = """
 .hg-gpu rect.hg-load{fill:var(--hg-bar,#374151);stroke:none}
 .hg-state-available rect.hg-node{fill:var(--hg-available-bg,#d8f3dc);stroke:var(--hg-available,#2d6a4f)}
 .hg-state-busy rect.hg-node{fill:var(--hg-busy-bg,#fff3bf);stroke:var(--hg-busy,#b08900)}
+.hg-state-drained rect.hg-node{fill:var(--hg-drained-bg,#ede4ff);stroke:var(--hg-drained,#6d28d9);stroke-dasharray:2 2}
 .hg-state-reserved rect.hg-node{fill:var(--hg-reserved-bg,#dbe7ff);stroke:var(--hg-reserved,#1d4ed8)}
 .hg-state-evicted rect.hg-node{fill:var(--hg-evicted-bg,#ffe3cc);stroke:var(--hg-evicted,#c2410c);stroke-dasharray:4 2}
 .hg-state-unhealthy rect.hg-node{fill:var(--hg-unhealthy-bg,#ffd6d6);stroke:var(--hg-unhealthy,#c0262d);stroke-width:2.4}
