@@ -118,7 +118,9 @@ def _set_wal(cur: sqlite3.Cursor) -> None:
 
 @contextmanager
 def write_transaction(engine: Engine) -> Iterator[Connection]:
-    """A transaction holding the ledger lock from its first statement to commit/rollback."""
+    """A transaction holding the ledger lock from its first statement to commit/rollback, its
+    writes declaring the engine's schema version to the writers' guard (:mod:`.guard`; SQLite's
+    connections declared it when they opened)."""
     with engine.connect() as conn:
         if engine.dialect.name == "sqlite":
             conn.execution_options(**{_BEGIN_OPTION: "IMMEDIATE"})
