@@ -60,7 +60,7 @@ def _run(led: Ledger, job: str, seconds: float, on_mark: str) -> str:
 def _worker(url: str, idx: int, barrier, out) -> None:
     rng = random.Random(idx)
     high = idx % 4 == 0
-    token = out_token = None
+    out_token = None
     try:
         with Ledger.from_url(url) as led:
             led.preemption = RULES

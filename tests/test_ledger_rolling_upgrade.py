@@ -22,7 +22,7 @@ from airflow_hetero_gpu.core.model import PlanRequest
 from airflow_hetero_gpu.ledger import Ledger, migrations, schema
 from airflow_hetero_gpu.ledger import guard
 from airflow_hetero_gpu.ledger.db import make_engine, write_transaction
-from airflow_hetero_gpu.ledger.errors import LedgerUpgraded
+from airflow_hetero_gpu.ledger import LedgerUpgraded
 from airflow_hetero_gpu.ledger.url import parse_url
 from postgres_fixtures import ledger_db_url  # noqa: F401  (fixture)
 from test_ledger_queue import fill
