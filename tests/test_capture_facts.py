@@ -65,9 +65,11 @@ def _records(specs):
 
 
 def _set_facts(url: str, host: str, facts) -> None:
-    engine = create_engine(parse_url(url))
+    from airflow_hetero_gpu.ledger.db import make_engine, write_transaction
+
+    engine = make_engine(parse_url(url))  # a writer of this release
     try:
-        with engine.begin() as conn:
+        with write_transaction(engine) as conn:
             conn.execute(update(schema.inventory_hosts).where(schema.inventory_hosts.c.host == host)
                          .values(facts=facts))
     finally:

@@ -205,14 +205,16 @@ def test_the_database_refuses_a_gpu_held_twice(ledger, ledger_db_url, cluster): 
     """Even a buggy writer cannot put one GPU in two reservations: (host, gpu_index) is the key."""
     ledger.reserve("a", cluster, PlanRequest(1, **A100_REQ))
     held = ledger.get("a").gpus[0]
-    engine = create_engine(parse_url(ledger_db_url))
+    from airflow_hetero_gpu.ledger.db import make_engine, write_transaction
+
+    engine = make_engine(parse_url(ledger_db_url))  # a writer of this release, past the planner
     now = datetime.now(timezone.utc)
     try:
-        with pytest.raises(Exception) as err, engine.begin() as conn:
+        with pytest.raises(Exception) as err, write_transaction(engine) as conn:
             conn.execute(insert(reservations).values(job_id="b", pool=A100, gpu_count=1, score={}, created_at=now,
                                                      renewed_at=now, expires_at=now + timedelta(hours=1)))
             conn.execute(insert(reservation_gpus).values(host=held.host, gpu_index=held.index, job_id="b", slot=0))
-        assert "IntegrityError" in type(err.value).__name__
+        assert "IntegrityError" in type(err.value).__name__ and "reservation_gpus" in str(err.value)
     finally:
         engine.dispose()
     assert counts(ledger_db_url)[:2] == (1, 1)

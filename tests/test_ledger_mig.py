@@ -4,13 +4,14 @@ no unit is held twice, an instance's fault evicts its GPU, replacement stays in 
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import create_engine, insert
+from sqlalchemy import insert
 from sqlalchemy.exc import IntegrityError
 
 from airflow_hetero_gpu.core.inventory import load_cluster
 from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
 from airflow_hetero_gpu.ledger import Ledger
 from airflow_hetero_gpu.ledger import schema
+from airflow_hetero_gpu.ledger.db import make_engine, write_transaction
 from airflow_hetero_gpu.ledger.url import parse_url
 from airflow_hetero_gpu.testing.captures import write_capture_dir
 from airflow_hetero_gpu.testing.demo import enable_mig, small_hosts
@@ -51,13 +52,13 @@ def test_no_unit_is_held_twice_even_past_the_planner(ledger_db_url, mig_cluster)
     with Ledger.from_url(ledger_db_url) as led:
         led.reserve("job-a", mig_cluster, PlanRequest(1, MIG_1G))
         led.reserve("job-b", mig_cluster, PlanRequest(1, MIG_1G))
-    engine = create_engine(parse_url(ledger_db_url))
+    engine = make_engine(parse_url(ledger_db_url))  # a writer of this release, past the planner
     try:
-        with pytest.raises(IntegrityError):
-            with engine.begin() as conn:  # a second claim of node01 GPU0 MIG 2, written by hand
+        with pytest.raises(IntegrityError, match="(?i)unique|duplicate"):
+            with write_transaction(engine) as conn:  # a second claim of node01 GPU0 MIG 2, written by hand
                 conn.execute(insert(schema.reservation_gpus).values(
                     host="node01", gpu_index=0, mig_instance=2, job_id="job-b", slot=1, uuid="MIG-x"))
-        with engine.begin() as conn:  # instance 1 of the same GPU is another unit
+        with write_transaction(engine) as conn:  # instance 1 of the same GPU is another unit
             conn.execute(insert(schema.reservation_gpus).values(
                 host="node01", gpu_index=0, mig_instance=1, job_id="job-b", slot=1, uuid="MIG-y"))
     finally:

@@ -28,6 +28,7 @@ from airflow_hetero_gpu.core.model import Gpu, GpuKey, PlanRequest
 from airflow_hetero_gpu.core.topology import HostWiring
 from airflow_hetero_gpu.ledger import Ledger, LedgerError
 from airflow_hetero_gpu.ledger import migrations, schema
+from airflow_hetero_gpu.ledger.db import make_engine, write_transaction
 from airflow_hetero_gpu.ledger.url import parse_url
 from postgres_fixtures import ledger_db_url  # noqa: F401  (fixture)
 
@@ -83,7 +84,7 @@ def test_upgrade_from_version_1_keeps_reservations_and_evictions(ledger_db_url):
     version_1_by_hand(ledger_db_url, now)
     cluster = make_cluster()
     with Ledger.from_url(ledger_db_url) as led:
-        assert led.schema_version() == migrations.LATEST == 10
+        assert led.schema_version() == migrations.LATEST == 11
         old = led.get("old-job")
         assert old is not None
         assert old.keys == [GpuKey("h0", 0), GpuKey("h0", 1)] and old.gpus[1].uuid == "GPU-h0-1"
@@ -100,7 +101,7 @@ def test_upgrade_from_version_1_keeps_reservations_and_evictions(ledger_db_url):
         assert led.record_check(("h1", 7), True, readmit_after=1) is None
         assert led.release("old-job") is True
     with Ledger.from_url(ledger_db_url) as led:  # opening again changes nothing
-        assert led.schema_version() == 10
+        assert led.schema_version() == 11
         assert [r.job_id for r in led.live_reservations()] == ["new-job"]
 
 
@@ -119,16 +120,16 @@ def test_fresh_schema_matches_the_tables_the_code_queries(ledger_db_url):  # noq
             uniques = insp.get_unique_constraints("reservation_gpus")
             assert [u["column_names"] for u in uniques] == [["job_id", "slot"]]
             applied = conn.execute(select(schema.schema_version.c.version).order_by("version")).scalars().all()
-            assert applied == list(range(1, 11))
+            assert applied == list(range(1, 12))
     finally:
         engine.dispose()
 
 
 def test_a_newer_schema_is_refused(ledger_db_url):  # noqa: F811
     Ledger.from_url(ledger_db_url).close()
-    engine = create_engine(parse_url(ledger_db_url))
+    engine = make_engine(parse_url(ledger_db_url), writes_schema=99)  # a future release's writer
     try:
-        with engine.begin() as conn:
+        with write_transaction(engine) as conn:
             conn.execute(insert(schema.schema_version).values(version=99, description="future",
                                                               applied_at=datetime.now(timezone.utc)))
     finally:

@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING
 from airflow_hetero_gpu.lazy import exports
 
 if TYPE_CHECKING:
-    from airflow_hetero_gpu.ledger.errors import (LedgerError, LedgerUrlError, MissingLedger, NoLiveReservation,
-                                                  ReservationConflict)
+    from airflow_hetero_gpu.ledger.errors import (LedgerError, LedgerUpgraded, LedgerUrlError, MissingLedger,
+                                                  NoLiveReservation, ReservationConflict)
     from airflow_hetero_gpu.ledger.queue import NoQueueEntry, QueueRecord
     from airflow_hetero_gpu.ledger.records import Eviction, Reservation, ReservedGpu, TaskIdentity
     from airflow_hetero_gpu.ledger.store import DEFAULT_LEASE_SECONDS, Ledger
     from airflow_hetero_gpu.ledger.url import default_url, parse_url
 
 _WHERE = {
-    "LedgerError": "errors", "LedgerUrlError": "errors", "MissingLedger": "errors", "NoLiveReservation": "errors",
+    "LedgerError": "errors", "LedgerUpgraded": "errors", "LedgerUrlError": "errors", "MissingLedger": "errors", "NoLiveReservation": "errors",
     "ReservationConflict": "errors",
     "NoQueueEntry": "queue", "QueueRecord": "queue",
     "Eviction": "records", "Reservation": "records", "ReservedGpu": "records", "TaskIdentity": "records",

@@ -17,10 +17,10 @@ from typing import Any, Callable, Iterator
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from airflow_hetero_gpu.ledger import migrations
+from airflow_hetero_gpu.ledger import guard, migrations
 from airflow_hetero_gpu.ledger.checks import first_line
 from airflow_hetero_gpu.ledger.db import db_now, make_engine, read_transaction, write_transaction
-from airflow_hetero_gpu.ledger.errors import LedgerError, MissingLedger
+from airflow_hetero_gpu.ledger.errors import LedgerError, LedgerUpgraded, MissingLedger
 from airflow_hetero_gpu.ledger.url import is_memory, mask, parse_url
 
 Clock = Callable[[], datetime]
@@ -105,9 +105,13 @@ class LedgerBase:
     def _errors(self, action: str) -> Iterator[None]:
         try:
             yield
-        except IntegrityError as err:
-            raise LedgerError(f"ledger {self.display_url}: {action} refused by the database: {first_line(err)}") from err
         except DBAPIError as err:
+            refused = guard.refusal(err, migrations.LATEST)
+            if refused is not None:  # a newer release upgraded the ledger while this process ran
+                raise LedgerUpgraded(f"ledger {self.display_url}: {action} refused: {refused}") from err
+            if isinstance(err, IntegrityError):
+                raise LedgerError(f"ledger {self.display_url}: {action} refused by the database: "
+                                  f"{first_line(err)}") from err
             raise LedgerError(f"ledger {self.display_url}: {action} failed: {first_line(err)}") from err
 
     @contextmanager

@@ -12,6 +12,11 @@ whole transaction before reading anything:
 
 Reads (:func:`read_transaction`) take no lock: PostgreSQL at REPEATABLE READ, SQLite with a
 deferred ``BEGIN``, so several statements see one consistent snapshot.
+
+Every writer declares the schema version its release writes (:mod:`.guard`): on PostgreSQL in
+the statement that takes the lock (``set_config``, no extra round trip), on SQLite when a
+connection opens (an attached in-memory database named for it). A ledger upgraded past that
+version refuses the writer's first row, and the whole transaction rolls back.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from sqlalchemy import bindparam, create_engine, event, func, select
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import StaticPool
 
+from airflow_hetero_gpu.ledger import guard
+from airflow_hetero_gpu.ledger.migrations import LATEST
 from airflow_hetero_gpu.ledger.url import is_memory
 
 # One 64-bit advisory lock key for the whole ledger (schema changes and every write).
@@ -37,17 +44,20 @@ SQLITE_BUSY_TIMEOUT_S = 60.0
 _BEGIN_OPTION = "hetero_gpu_sqlite_begin"
 
 
-def make_engine(url: URL, *, create: bool = True) -> Engine:
+def make_engine(url: URL, *, create: bool = True, writes_schema: int = LATEST) -> Engine:
     """An engine for ``url`` set up for the ledger (SQLite: WAL, busy timeout, explicit BEGIN).
 
-    ``create=False``: a SQLite file is opened read-write but never created (nor its directory)."""
+    ``create=False``: a SQLite file is opened read-write but never created (nor its directory).
+    ``writes_schema``: the schema version its writes declare (this release's)."""
     if url.get_backend_name() == "sqlite":
-        return _sqlite_engine(url, create=create)
-    return create_engine(url, isolation_level="READ COMMITTED", pool_pre_ping=True, pool_size=2,
-                         max_overflow=2)
+        return _sqlite_engine(url, create=create, writes_schema=writes_schema)
+    engine = create_engine(url, isolation_level="READ COMMITTED", pool_pre_ping=True, pool_size=2,
+                           max_overflow=2)
+    engine.hetero_gpu_writes_schema = int(writes_schema)  # declared by write_transaction
+    return engine
 
 
-def _sqlite_engine(url: URL, *, create: bool = True) -> Engine:
+def _sqlite_engine(url: URL, *, create: bool = True, writes_schema: int = LATEST) -> Engine:
     kwargs: dict = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}}
     if is_memory(url):
         kwargs["poolclass"] = StaticPool  # one shared in-memory database
@@ -72,6 +82,7 @@ def _sqlite_engine(url: URL, *, create: bool = True) -> Engine:
                 _set_wal(cur)
                 cur.execute("PRAGMA synchronous = NORMAL")
             cur.execute("PRAGMA foreign_keys = ON")
+            cur.execute(guard.attach_statement(writes_schema))  # this connection's writes declare their version
         finally:
             cur.close()
 
@@ -107,15 +118,19 @@ def _set_wal(cur: sqlite3.Cursor) -> None:
 
 @contextmanager
 def write_transaction(engine: Engine) -> Iterator[Connection]:
-    """A transaction holding the ledger lock from its first statement to commit/rollback."""
+    """A transaction holding the ledger lock from its first statement to commit/rollback, its
+    writes declaring the engine's schema version to the writers' guard (:mod:`.guard`; SQLite's
+    connections declared it when they opened)."""
     with engine.connect() as conn:
         if engine.dialect.name == "sqlite":
             conn.execution_options(**{_BEGIN_OPTION: "IMMEDIATE"})
             with conn.begin():
                 yield conn
         else:
-            with conn.begin():
-                conn.execute(select(func.pg_advisory_xact_lock(bindparam("key", LOCK_KEY))))
+            declared = str(getattr(engine, "hetero_gpu_writes_schema", LATEST))
+            with conn.begin():  # the lock and the writer's declaration, in one statement
+                conn.execute(select(func.pg_advisory_xact_lock(bindparam("key", LOCK_KEY)),
+                                    func.set_config(guard.SETTING, bindparam("writes", declared), True)))
                 yield conn
 
 

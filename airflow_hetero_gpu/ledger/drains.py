@@ -20,11 +20,11 @@ from sqlalchemy import delete, insert, select, update
 from sqlalchemy.engine import Connection
 
 from airflow_hetero_gpu.ledger.errors import LedgerError
+from airflow_hetero_gpu.ledger.preemption import DRAIN_DEADLINE, drop_reservations, open_record
 from airflow_hetero_gpu.ledger.schema import NAME
 from airflow_hetero_gpu.ledger.schema import gpu_watch as watch_t
 from airflow_hetero_gpu.ledger.schema import host_drains as drains_t
 from airflow_hetero_gpu.ledger.schema import inventory_hosts as hosts_t
-from airflow_hetero_gpu.ledger.schema import preemptions as pre_t
 from airflow_hetero_gpu.ledger.schema import reservation_gpus as gpu_t
 from airflow_hetero_gpu.ledger.schema import reservations as res_t
 
@@ -96,20 +96,14 @@ def end_job_past_deadline(conn: Connection, now: datetime, job_id: str, host: st
     row = conn.execute(select(res_t.c.dag_id, res_t.c.preempting).where(res_t.c.job_id == job_id)).first()
     if row is None:
         return False
-    if row.dag_id is None:
-        conn.execute(delete(gpu_t).where(gpu_t.c.job_id == job_id))
-        conn.execute(delete(res_t).where(res_t.c.job_id == job_id))
+    if row.dag_id is None:  # a record of its preemption for a job closes with it
+        drop_reservations(conn, now, [job_id], DRAIN_DEADLINE)
         return True
     if row.preempting:  # already being stopped (for the drain, or for a job)
         return False
     why = f"host {host} drained: {reason}; its deadline passed"
-    mark = {"by": f"drain of {host}", "drain": host, "reason": why, "at": now.isoformat(), "priority": None,
-            "team": None}
-    conn.execute(update(res_t).where(res_t.c.job_id == job_id).values(preempting=mark))
-    gpus = [[h, i] for h, i in conn.execute(select(gpu_t.c.host, gpu_t.c.gpu_index)
-                                            .where(gpu_t.c.job_id == job_id).order_by(gpu_t.c.slot))]
-    conn.execute(insert(pre_t).values(victim=job_id, preemptor=f"drain of {host}", reason=why, gpus=gpus,
-                                      decided_at=now))
+    open_record(conn, now, job_id, {"by": f"drain of {host}", "drain": host, "reason": why, "at": now.isoformat(),
+                                    "priority": None, "team": None})
     return False
 
 

@@ -9,6 +9,11 @@ class LedgerError(HeteroGpuError):
     """The ledger could not do what was asked (bad URL, unreachable database, bad argument...)."""
 
 
+class LedgerUpgraded(LedgerError):
+    """A newer release upgraded the ledger while this process ran: its writes are refused
+    (nothing of them is written) until it is restarted with the new package (docs/operations.md)."""
+
+
 class LedgerUrlError(LedgerError):
     """A ledger URL that is malformed or names a database the ledger does not support."""
 

@@ -35,6 +35,11 @@ Version history
   10. Preemption (docs/preemption.md): ``priority``, ``preemptible``, ``enqueued_at``,
       ``checkpoint_at``, ``preempting`` on reservations, ``preemptible`` on queue entries;
       ``preemptions`` (one row a victim).
+  11. The writers' guard (:mod:`.guard`): triggers on every table refuse the writes of a process
+      of an older release (one that opened the ledger before it was upgraded); preemption
+      records an earlier release left open with no victim being stopped are closed
+      (``abandoned``, ended when decided). The guard is installed again, for the version
+      reached, by every upgrade from this one on, after the steps (which run unguarded).
 
 To add a version: append a step to :data:`STEPS` (never edit a released one) and update the
 table definitions below to the result.
@@ -47,15 +52,16 @@ from typing import Callable
 
 from sqlalchemy import (
     JSON, Column, Float, ForeignKey, Integer, MetaData, PrimaryKeyConstraint, String, Table, UniqueConstraint, func,
-    inspect, insert, select,
+    inspect, insert, select, update,
 )
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import ExecutableDDLElement
 
+from airflow_hetero_gpu.ledger import guard
 from airflow_hetero_gpu.ledger.schema import (
     _V10_COLUMNS, NAME, WHOLE_GPU, UtcDateTime, _v4_tables, _v6_tables, _v8_tables, _v9_tables, preemptions,
-    schema_version,
+    reservations, schema_version,
 )
 
 
@@ -211,6 +217,15 @@ def _v10(conn: Connection) -> None:
     preemptions.to_metadata(MetaData()).create(conn)
 
 
+def _v11(conn: Connection) -> None:
+    """Close the records left open by an earlier release whose victim is not being stopped (its
+    reservation went without closing them): ended when decided, as ``abandoned``. The guard
+    itself is installed by :func:`upgrade` after the steps."""
+    marked = select(reservations.c.job_id).where(reservations.c.preempting.is_not(None))
+    conn.execute(update(preemptions).where(preemptions.c.ended_at.is_(None), preemptions.c.victim.not_in(marked))
+                 .values(ended_at=preemptions.c.decided_at, outcome="abandoned"))
+
+
 @dataclass(frozen=True)
 class Step:
     version: int
@@ -231,6 +246,7 @@ STEPS: tuple[Step, ...] = (
     Step(9, "drained hosts: reason, deadline, who and when", _v9),
     Step(10, "preemption: priority, preemptible, checkpoint and preempting on reservations; the preemption record",
          _v10),
+    Step(11, "writers' guard: a process of an older release may not write; stale preemption records closed", _v11),
 )
 LATEST = STEPS[-1].version
 
@@ -246,11 +262,16 @@ def upgrade(conn: Connection, now: datetime, target: int = LATEST) -> list[int]:
     """Apply the missing steps up to ``target`` inside the caller's (locked) transaction.
 
     Returns the versions applied. The caller holds the ledger lock, so concurrent first users
-    wait here instead of racing on ``CREATE TABLE``.
+    wait here instead of racing on ``CREATE TABLE``. From version 11 on the writers' guard
+    (:mod:`.guard`) is put back for the version reached, after the steps.
     """
     version = current_version(conn)
     if version == 0:
         schema_version.create(conn, checkfirst=True)
+    if not any(version < step.version <= target for step in STEPS):
+        return []
+    if version >= guard.GUARD_SINCE:
+        guard.drop(conn)  # the steps run unguarded; the guard comes back for the version reached
     applied = []
     for step in STEPS:
         if version < step.version <= target:
@@ -258,4 +279,6 @@ def upgrade(conn: Connection, now: datetime, target: int = LATEST) -> list[int]:
             conn.execute(insert(schema_version).values(version=step.version, description=step.description,
                                                        applied_at=now))
             applied.append(step.version)
+    if applied[-1] >= guard.GUARD_SINCE:
+        guard.install(conn, applied[-1])
     return applied

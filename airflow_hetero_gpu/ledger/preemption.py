@@ -13,9 +13,9 @@ never half-stopped in the ledger: it holds its GPUs, or it waits in the queue.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Sequence
 
-from sqlalchemy import and_, delete, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.engine import Connection
 
 from airflow_hetero_gpu.core.admission import PreemptionRules, RunningJob
@@ -27,6 +27,56 @@ from airflow_hetero_gpu.ledger.schema import reservation_gpus as gpu_t
 from airflow_hetero_gpu.ledger.schema import reservations as res_t
 
 OUTCOMES = ("exited", "killed")
+#: How a record closes when its victim's reservation goes another way than a finished preemption.
+RELEASED, LEASE_EXPIRED, DRAIN_DEADLINE = "released", "lease expired", "drain deadline"
+#: A record left open by a removal that did not close it (an earlier release): closed when its
+#: victim's reservation goes, or when the same job id is preempted again.
+ABANDONED = "abandoned"
+
+
+def open_record(conn: Connection, now: datetime, victim: str, mark: dict[str, Any]) -> int:
+    """Mark ``victim``'s reservation ``preempting`` (``mark``, with the id of its record) and
+    open its record; returns the record's id. A record of the same job id still open is stale
+    (the job runs unmarked): it closes as ``abandoned`` and is never taken for this one."""
+    close_records(conn, now, [victim], ABANDONED)
+    gpus = [[h, i] for h, i in conn.execute(select(gpu_t.c.host, gpu_t.c.gpu_index)
+                                            .where(gpu_t.c.job_id == victim).order_by(gpu_t.c.slot))]
+    record = int(conn.execute(insert(pre_t).values(victim=victim, preemptor=mark["by"], reason=mark["reason"],
+                                                   gpus=gpus, decided_at=now)).inserted_primary_key[0])
+    conn.execute(update(res_t).where(res_t.c.job_id == victim).values(preempting={**mark, "record": record}))
+    return record
+
+
+def close_records(conn: Connection, now: datetime, job_ids: Sequence[str], outcome: str) -> None:
+    """Close the open records of ``job_ids`` as ``outcome`` (their reservations went)."""
+    if job_ids:
+        conn.execute(update(pre_t).where(pre_t.c.victim.in_(list(job_ids)), pre_t.c.ended_at.is_(None))
+                     .values(ended_at=now, outcome=outcome))
+
+
+def drop_reservations(conn: Connection, now: datetime, job_ids: Sequence[str], outcome: str) -> int:
+    """Delete the reservations of ``job_ids`` with their GPU rows and close their open preemption
+    records as ``outcome``, in the caller's transaction. Every removal of a reservation goes
+    through here (release, leaving the queue, a lease expiry, a drain's deadline, a finished
+    preemption), so no victim's record stays "in progress" once its GPUs are gone. Returns the
+    number of reservations deleted."""
+    ids = list(job_ids)
+    if not ids:
+        return 0
+    conn.execute(delete(gpu_t).where(gpu_t.c.job_id.in_(ids)))
+    gone = conn.execute(delete(res_t).where(res_t.c.job_id.in_(ids))).rowcount
+    close_records(conn, now, ids, outcome)
+    return gone
+
+
+def _own_record(conn: Connection, job_id: str, mark: dict[str, Any]) -> Any:
+    """The record a mark opened: by its id, or (a mark without one, made by an earlier release)
+    the newest open record of the job."""
+    if mark.get("record") is not None:
+        return pre_t.c.id == int(mark["record"])
+    newest = conn.execute(select(func.max(pre_t.c.id)).where(pre_t.c.victim == job_id,
+                                                             pre_t.c.ended_at.is_(None))).scalar()
+    return pre_t.c.id == (newest if newest is not None else -1)
 
 
 class PreemptionMixin:
@@ -53,8 +103,6 @@ class PreemptionMixin:
         """The running jobs for the pass's preemption rule; none (one indexed read) when no
         preemptible job runs at a priority below ``below``, the highest waiting priority, and no
         job runs on borrowed quota (a reclaim's candidates)."""
-        from sqlalchemy import func
-
         from sqlalchemy import and_, or_
 
         candidate = or_(and_(res_t.c.preemptible.is_(True), func.coalesce(res_t.c.priority, 0) < int(below)),
@@ -80,20 +128,7 @@ class PreemptionMixin:
             for victim in pre.victims:
                 mark = {"by": pre.preemptor, "reason": pre.reasons[victim], "at": now.isoformat(),
                         "priority": pre.priority, "team": pre.team}
-                conn.execute(update(res_t).where(res_t.c.job_id == victim).values(preempting=mark))
-                gpus = [list(k) for k in (self._reserved_of(conn, victim))]
-                conn.execute(insert(pre_t).values(victim=victim, preemptor=pre.preemptor, reason=pre.reasons[victim],
-                                                  gpus=gpus, decided_at=now))
-
-    def _close_preemptions(self, conn: Connection, now: datetime, job_ids: list[str], outcome: str) -> None:
-        """Close the open records of victims whose GPUs went another way (released by their
-        holder, or their lease passed): no victim stays "in progress" forever."""
-        conn.execute(update(pre_t).where(pre_t.c.victim.in_(job_ids), pre_t.c.ended_at.is_(None))
-                     .values(ended_at=now, outcome=outcome))
-
-    def _reserved_of(self, conn: Connection, job_id: str) -> list[tuple[str, int]]:
-        return [(h, i) for h, i in conn.execute(select(gpu_t.c.host, gpu_t.c.gpu_index)
-                                                .where(gpu_t.c.job_id == job_id).order_by(gpu_t.c.slot))]
+                open_record(conn, now, victim, mark)
 
     # --- the victim's holder -------------------------------------------------------------------
     def note_checkpoint(self, job_id: str, at: datetime | None = None) -> None:
@@ -120,12 +155,11 @@ class PreemptionMixin:
             lost = max(0.0, (now - since).total_seconds()) * int(row.gpu_count)
             lease = check_lease(lease_seconds if lease_seconds is not None else
                                 max(3.0, (row.expires_at - row.renewed_at).total_seconds()))
-            conn.execute(delete(gpu_t).where(gpu_t.c.job_id == job_id))
-            conn.execute(delete(res_t).where(res_t.c.job_id == job_id))
-            open_row = and_(pre_t.c.victim == job_id, pre_t.c.ended_at.is_(None))
-            conn.execute(update(pre_t).where(open_row).values(
+            mark = dict(row.preempting)
+            conn.execute(update(pre_t).where(_own_record(conn, job_id, mark)).values(
                 ended_at=now, outcome=outcome, exited_after_s=round(float(exited_after_s), 3),
                 lost_gpu_s=round(lost, 3), checkpoint=checkpoint))
+            drop_reservations(conn, now, [job_id], ABANDONED)  # any other open record of the job is stale
             ident = {f: getattr(row, f) for f in ("dag_id", "run_id", "task_id", "map_index", "try_number")}
             conn.execute(delete(q_t).where(q_t.c.job_id == job_id))
             conn.execute(insert(q_t).values(
@@ -134,7 +168,7 @@ class PreemptionMixin:
                 lease_seconds=lease.total_seconds(), state="waiting", preemptible=bool(row.preemptible), team=row.team,
                 **ident))
             self._admit(conn, now)
-            mark = dict(row.preempting)
+            mark.pop("record", None)
             return {**mark, "victim": job_id, "lost_gpu_s": round(lost, 3), "outcome": outcome,
                     "exited_after_s": round(float(exited_after_s), 3), "checkpoint": checkpoint,
                     "gpus": int(row.gpu_count)}

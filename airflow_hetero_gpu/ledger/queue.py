@@ -26,9 +26,9 @@ from airflow_hetero_gpu.ledger import admission
 from airflow_hetero_gpu.ledger.admission import ADMITTED, WAITING, ClusterCache
 from airflow_hetero_gpu.ledger.checks import check_job_id, check_lease
 from airflow_hetero_gpu.ledger.errors import LedgerError, ReservationConflict
+from airflow_hetero_gpu.ledger.preemption import RELEASED, drop_reservations
 from airflow_hetero_gpu.ledger.records import Reservation, TaskIdentity
 from airflow_hetero_gpu.ledger.schema import queue_entries as q_t
-from airflow_hetero_gpu.ledger.schema import reservation_gpus as gpu_t
 from airflow_hetero_gpu.ledger.schema import reservations as res_t
 
 DEFAULT_QUEUE_LEASE_SECONDS = 120.0
@@ -219,9 +219,8 @@ class QueueMixin:
             if row is None:
                 return False
             conn.execute(delete(q_t).where(q_t.c.job_id == job_id))
-            if row.state == ADMITTED and release_admitted:
-                conn.execute(delete(gpu_t).where(gpu_t.c.job_id == job_id))
-                conn.execute(delete(res_t).where(res_t.c.job_id == job_id))
+            if row.state == ADMITTED and release_admitted:  # a victim's record closes with it
+                drop_reservations(conn, now, [job_id], RELEASED)
             self._admit(conn, now)
             return True
 

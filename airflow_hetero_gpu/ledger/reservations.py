@@ -24,6 +24,7 @@ from airflow_hetero_gpu.ledger import history
 from airflow_hetero_gpu.ledger.checks import check_job_id, check_key, check_lease, check_reasons, instance_column, instance_of
 from airflow_hetero_gpu.ledger.drains import drained_map, end_past_deadline
 from airflow_hetero_gpu.ledger.errors import LedgerError, NoLiveReservation, ReservationConflict
+from airflow_hetero_gpu.ledger.preemption import LEASE_EXPIRED, RELEASED, drop_reservations
 from airflow_hetero_gpu.ledger.records import Reservation, ReservedGpu, TaskIdentity
 from airflow_hetero_gpu.ledger.schema import job_hosts as job_hosts_t
 from airflow_hetero_gpu.ledger.schema import reservation_gpus as gpu_t
@@ -133,9 +134,7 @@ class ReservationsMixin:
         self._warm_admission()
         with self._write(f"release job {job_id!r}") as (conn, now):
             self._expire(conn, now, admit=False)
-            conn.execute(delete(gpu_t).where(gpu_t.c.job_id == job_id))
-            freed = conn.execute(delete(res_t).where(res_t.c.job_id == job_id)).rowcount > 0
-            self._close_preemptions(conn, now, [job_id], "released")
+            freed = drop_reservations(conn, now, [job_id], RELEASED) > 0
             self._admit(conn, now)  # the freed GPUs go to the queue in the same transaction
             return freed
 
@@ -158,10 +157,7 @@ class ReservationsMixin:
 
     def _expire_reservations(self, conn: Connection, now: datetime) -> list[str]:
         ids = list(conn.execute(select(res_t.c.job_id).where(res_t.c.expires_at <= now)).scalars())
-        if ids:
-            conn.execute(delete(gpu_t).where(gpu_t.c.job_id.in_(ids)))
-            conn.execute(delete(res_t).where(res_t.c.job_id.in_(ids)))
-            self._close_preemptions(conn, now, ids, "lease expired")
+        drop_reservations(conn, now, ids, LEASE_EXPIRED)
         return sorted(set(ids) | set(end_past_deadline(conn, now)))  # drained hosts past their deadline
 
     def get(self, job_id: str) -> Reservation | None:
