@@ -41,8 +41,13 @@ def setting(name: str) -> str | None:
     return value.strip() if isinstance(value, str) and value.strip() else None
 
 
+#: The longest a ``[hetero_gpu]`` option of seconds may be: ten years (a finite number the
+#: ledger's timestamps can add and subtract; ``inf``, ``nan`` and ``1e300`` are refused).
+MAX_SETTING_S = 3650 * 86400.0
+
+
 def seconds_setting(name: str, default: float) -> float:
-    """A ``[hetero_gpu]`` option holding seconds (>= 0); a bad value is a one-line ConfigError."""
+    """A ``[hetero_gpu]`` option holding seconds (0 to ten years); a bad value is a one-line ConfigError."""
     from airflow_hetero_gpu.errors import ConfigError
 
     value = setting(name)
@@ -54,6 +59,9 @@ def seconds_setting(name: str, default: float) -> float:
         seconds = -1.0
     if not seconds >= 0:
         raise ConfigError(f"[{SECTION}] {name}: expected seconds >= 0, got {value!r}")
+    if not seconds <= MAX_SETTING_S:
+        raise ConfigError(f"[{SECTION}] {name}: expected at most {MAX_SETTING_S:.0f} seconds (ten years), "
+                          f"got {value!r}")
     return seconds
 
 

@@ -161,6 +161,9 @@ def test_the_command_line(tmp_path, capsys):
         (["drain", "node02", "--reason", ""], "hetero-gpu drain: error: reason: say why the hosts are drained"),
         (["drain", "node02", "--reason", "x", "--deadline", "soon"], "argument --deadline: expected a positive "
                                                                      "duration such as 90s, 30m, 2h or 1d, got 'soon'"),
+        (["drain", "node02", "--reason", "x", "--deadline", "1e300"], "argument --deadline: expected a duration of "
+                                                                      "at most 365 days, got '1e300'"),
+        (["drain", "node02", "--reason", "x", "--deadline", "400d"], "at most 365 days, got '400d'"),
         (["hosts", "remove", "node09"], "hetero-gpu hosts: error: cannot remove host 'node09'"),
     ]:
         assert _exit_status([*argv, "--ledger", url]) == 2

@@ -225,3 +225,14 @@ def test_plan_and_pools_with_a_ledger_count_live_leases_and_evictions_only(ledge
     assert a100["available"] == 12 - 1 and a100["healthy"] == 15 - 1
     with Ledger.from_url(ledger_db_url) as led:
         assert led.live_reservations() == []
+
+
+@pytest.mark.skipif(not SAMPLE.is_dir(), reason="the shipped sample capture directory is absent")
+def test_a_lease_past_365_days_is_one_line_and_reserves_nothing(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    code, _, err = run(capsys, "plan", "--captures", str(SAMPLE), "--gpus", "1", "--reserve", "--job-id", "j",
+                       "--ledger", url, "--lease", str(10 ** 13))
+    assert code == 2 and err.count("\n") == 1 and "lease_seconds: expected a positive number of seconds, at most " \
+        "31536000 (365 days), got 10000000000000" in err, err
+    with Ledger.from_url(url) as led:
+        assert led.live_reservations() == []

@@ -117,10 +117,29 @@ BAD = [
     ("teams:\n  prod: {quota: {'A100*': 8}, borrowing_limit: {'A100*': -1}}\n",
      "team prod: borrowing_limit: 'A100*': expected a number >= 0, got -1"),
     ("teams: [prod\n", "not valid YAML"),
+    # every number bounded where it is read (docs/teams.md#bounds)
+    ("teams:\n  prod: {quota: {'*': 100000000000000000000}}\n",
+     "team prod: quota: '*': expected at most 1000000 GPUs, got 100000000000000000000"),
+    ("teams:\n  prod: {quota: {'*': 8}, lending_limit: {'*': 1000001}}\n",
+     "team prod: lending_limit: '*': expected at most 1000000 GPUs"),
+    ("teams:\n  prod: {quota: {'*': 8}, weight: 1.0e-320}\n", "team prod: weight: expected a number > 0, from 0.001 to 1000"),
+    ("teams:\n  prod: {quota: {'*': 8}, weight: .inf}\n", "team prod: weight: expected a number > 0"),
+    ("teams:\n  prod: {quota: {'*': 8}}\nusage_half_life: 1.7e+308\n",
+     "usage_half_life: expected a duration from 1 s to 365 days"),
+    ("teams:\n  prod: {quota: {'*': 8}}\nusage_half_life: 400d\n", "usage_half_life: expected a duration from 1 s"),
+    # the file itself: UTF-8, nesting and size bounded, nothing named twice
+    (b"teams:\n  prod\xe9: {quota: {'*': 8}}\n", "not UTF-8 text (line 2, byte 0xe9 at offset 13)"),
+    ("teams:\n  prod: " + "[" * 5000 + "]" * 5000 + "\n", "not valid YAML (line 2): nested deeper than 32 levels"),
+    ("teams:\n  prod: {quota: {'*': 8}}\n  prod: {quota: {'*': 1}}\n",
+     "not valid YAML (line 3): key 'prod' given twice (first on line 2)"),
+    ("teams:\n  prod: {quota: {'*': 8}, quota: {'*': 1}}\n", "key 'quota' given twice"),
+    ("teams:\n  prod: {quota: {'*': 8}}\nteams: {}\n", "key 'teams' given twice"),
+    ("teams:\n  prod: {quota: {'A100*': 8, ' A100*': 2}}\n", "team prod: quota: pattern 'A100*' given twice"),
+    ("# " + "x" * (1 << 20) + "\n", "larger than 1048576 bytes"),
 ]
 
 
-@pytest.mark.parametrize("text, message", BAD)
+@pytest.mark.parametrize("text, message", BAD, ids=[m[:40] for _, m in BAD])
 def test_a_bad_teams_file_is_one_line_and_changes_nothing(led, tmp_path, capsys, text, message, ledger_db_url):  # noqa: F811
     good = tmp_path / "good.yaml"
     good.write_text(TEAMS_YAML)
@@ -128,7 +147,7 @@ def test_a_bad_teams_file_is_one_line_and_changes_nothing(led, tmp_path, capsys,
     before = led.teams().to_json()
     capsys.readouterr()
     bad = tmp_path / "bad.yaml"
-    bad.write_text(text)
+    bad.write_bytes(text if isinstance(text, bytes) else text.encode())
     assert main(["teams", "apply", str(bad), "--ledger", ledger_db_url]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and str(bad) in err and "Traceback" not in err

@@ -9,6 +9,7 @@ from typing import Iterable
 from sqlalchemy.exc import DBAPIError
 
 from airflow_hetero_gpu.core.model import GpuKey
+from airflow_hetero_gpu.durations import MAX_DURATION_S
 from airflow_hetero_gpu.ledger import schema
 from airflow_hetero_gpu.ledger.errors import LedgerError
 
@@ -29,8 +30,11 @@ def check_job_id(job_id: object) -> str:
 
 
 def check_lease(seconds: object) -> timedelta:
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds <= 0:
-        raise LedgerError(f"lease_seconds: expected a positive number of seconds, got {seconds!r}")
+    """A lease: a positive number of seconds, at most :data:`MAX_DURATION_S` (365 days)."""
+    if (isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds)
+            or not 0 < seconds <= MAX_DURATION_S):
+        raise LedgerError(f"lease_seconds: expected a positive number of seconds, at most {MAX_DURATION_S:.0f} "
+                          f"(365 days), got {seconds!r}")
     return timedelta(seconds=float(seconds))
 
 

@@ -8,18 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from airflow_hetero_gpu.cli_output import EXIT_OK, table
-from airflow_hetero_gpu.core.admission.teams import TeamsError, teams_from_text
-
-
-def read_teams_file(path: str):
-    try:
-        text = Path(path).read_text()
-    except OSError as err:
-        raise TeamsError(f"{path}: cannot read: {err.strerror or err}") from None
-    return teams_from_text(text, path)
+from airflow_hetero_gpu.core.admission.teams import read_teams_file
 
 
 def cmd_teams_apply(args: argparse.Namespace) -> int:

@@ -22,6 +22,13 @@ from airflow_hetero_gpu.errors import HeteroGpuError
 
 DEFAULT_TEAM = "default"
 DEFAULT_USAGE_HALF_LIFE_S = 24 * 3600.0
+#: Bounds of every number of the file (docs/teams.md#bounds): GPUs of a quota or a limit are whole
+#: numbers 0..MAX_GPUS (a fleet of a million GPUs is far above any real one; the pass adds them in
+#: 64-bit integers); a weight lies in [MIN_WEIGHT, MAX_WEIGHT]; the half-life in
+#: [MIN_HALF_LIFE_S, MAX_DURATION_S] (1 s to 365 days).
+MAX_GPUS = 1_000_000
+MIN_WEIGHT, MAX_WEIGHT = 0.001, 1000.0
+MIN_HALF_LIFE_S = 1.0
 TEAM_KEYS = ("quota", "borrowing_limit", "lending_limit", "weight")
 FILE_KEYS = ("teams", "usage_half_life")
 _TEAM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
@@ -116,8 +123,11 @@ def parse_duration(value: Any, where: str) -> float:
         if m is None:
             raise TeamsError(f"{where}: expected seconds or a duration like 24h, got {value!r}")
         seconds = float(m.group(1)) * _UNITS[m.group(2)]
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise TeamsError(f"{where}: expected a positive duration, got {value!r}")
+    from airflow_hetero_gpu.durations import MAX_DURATION_S
+
+    if not math.isfinite(seconds) or not MIN_HALF_LIFE_S <= seconds <= MAX_DURATION_S:
+        raise TeamsError(f"{where}: expected a duration from {MIN_HALF_LIFE_S:g} s to 365 days "
+                         f"({MAX_DURATION_S:.0f} s), got {value!r}")
     return seconds
 
 
@@ -132,6 +142,10 @@ def _gpus_by_pattern(value: Any, where: str) -> dict[str, int]:
             raise TeamsError(f"{where}: {pattern!r}: expected a whole number of GPUs, got {n!r}")
         if n < 0:
             raise TeamsError(f"{where}: {pattern!r}: expected a number >= 0, got {n}")
+        if n > MAX_GPUS:
+            raise TeamsError(f"{where}: {pattern!r}: expected at most {MAX_GPUS} GPUs, got {n}")
+        if pattern.strip() in out:
+            raise TeamsError(f"{where}: pattern {pattern.strip()!r} given twice")
         out[pattern.strip()] = n
     return out
 
@@ -174,23 +188,27 @@ def teams_from_mapping(data: Any, source: str = "teams") -> Teams:
                                      f"(give it a quota, 0 if need be)")
         weight = spec.get("weight", 1)
         if (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight)
-                or weight <= 0):
+                or not MIN_WEIGHT <= weight <= MAX_WEIGHT):
+            bounds = f"a number > 0, from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}"
             if isinstance(weight, (int, float)) and not isinstance(weight, bool) and weight < 0:
-                raise TeamsError(f"{where}: weight: expected a number > 0, got {weight!r} (negative)")
-            raise TeamsError(f"{where}: weight: expected a number > 0, got {weight!r}")
+                raise TeamsError(f"{where}: weight: expected {bounds}, got {weight!r} (negative)")
+            raise TeamsError(f"{where}: weight: expected {bounds}, got {weight!r}")
         teams[name] = TeamQuota(name, quota, limits["borrowing_limit"], limits["lending_limit"], float(weight))
     return Teams(teams, half_life)
 
 
-def teams_from_text(text: str, source: str = "teams") -> Teams:
-    """A teams file's YAML text (see :func:`teams_from_mapping`)."""
-    import yaml
+def teams_from_text(text: str | bytes, source: str = "teams") -> Teams:
+    """A teams file's YAML text (see :func:`teams_from_mapping`), read strictly
+    (:mod:`~airflow_hetero_gpu.core.yamlfile`: UTF-8, size and nesting bounded, no key twice)."""
+    from airflow_hetero_gpu.core.yamlfile import decode_utf8, load_strict_yaml
 
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        problem = getattr(err, "problem", None) or type(err).__name__
-        raise TeamsError(f"{source}: not valid YAML{where}: {problem}") from None
-    return teams_from_mapping(data, source)
+    if isinstance(text, bytes):
+        text = decode_utf8(text, source, TeamsError)
+    return teams_from_mapping(load_strict_yaml(text, source, TeamsError), source)
+
+
+def read_teams_file(path: str) -> Teams:
+    """The teams file at ``path`` (at most 1 MiB of UTF-8 YAML); one-line TeamsError otherwise."""
+    from airflow_hetero_gpu.core.yamlfile import read_bounded
+
+    return teams_from_text(read_bounded(path, TeamsError), path)
