@@ -16,7 +16,7 @@ from typing import Sequence
 from airflow_hetero_gpu import __version__
 from airflow_hetero_gpu.cli_guide import EPILOG, arrange
 from airflow_hetero_gpu.cli_output import EXIT_BAD_INPUT, EXIT_NO_CAPACITY, EXIT_OK, fmt, render_plan, table
-from airflow_hetero_gpu.cli_types import mib, non_negative_float, positive_int
+from airflow_hetero_gpu.cli_types import job_id as job_id_arg, mib, non_negative_float, positive_int, team_name
 from airflow_hetero_gpu.errors import HeteroGpuError, RequestError
 
 
@@ -206,8 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task-type", metavar="T", help="training-task type the pool must support")
     p.add_argument("--gpu-memory", type=mib, metavar="MIB", help="free memory needed on each GPU")
     p.add_argument("--reserve", action="store_true", help="claim the chosen GPUs in the ledger")
-    p.add_argument("--job-id", metavar="ID", help="job id of the reservation (with --reserve)")
-    p.add_argument("--team", metavar="NAME", help="the job's team for the quotas (with --reserve; default: the "
+    p.add_argument("--job-id", metavar="ID", type=job_id_arg, help="job id of the reservation (with --reserve; "
+                                                               "1-128 letters, digits, '.', '_', '-')")
+    p.add_argument("--team", metavar="NAME", type=team_name, help="the job's team for the quotas (with --reserve; default: the "
                                                   "default team; docs/teams.md)")
     p.add_argument("--lease", type=positive_int, default=600, metavar="SECONDS",
                    help="lease of the reservation (with --reserve; default 600): it is freed when the "

@@ -7,6 +7,26 @@ import argparse
 import math
 
 
+def team_name(text: str) -> str:
+    """``--team``: a team name by the one rule (:mod:`airflow_hetero_gpu.core.names`)."""
+    from airflow_hetero_gpu.core.names import TEAM, name_problem
+
+    problem = name_problem(text, TEAM)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+def job_id(text: str) -> str:
+    """``--job-id``: a job id by the one rule, as the operator's (:mod:`airflow_hetero_gpu.core.names`)."""
+    from airflow_hetero_gpu.core.names import JOB_ID, name_problem
+
+    problem = name_problem(text, JOB_ID)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)

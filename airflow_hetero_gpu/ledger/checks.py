@@ -9,6 +9,7 @@ from typing import Iterable
 from sqlalchemy.exc import DBAPIError
 
 from airflow_hetero_gpu.core.model import GpuKey
+from airflow_hetero_gpu.core.names import JOB_ID, TEAM, name_problem
 from airflow_hetero_gpu.durations import MAX_DURATION_S
 from airflow_hetero_gpu.ledger import schema
 from airflow_hetero_gpu.ledger.errors import LedgerError
@@ -22,11 +23,21 @@ def first_line(err: DBAPIError) -> str:
 
 
 def check_job_id(job_id: object) -> str:
-    if not isinstance(job_id, str) or not job_id.strip():
-        raise LedgerError(f"job id: expected a non-empty string, got {job_id!r}")
-    if len(job_id) > schema.NAME:
-        raise LedgerError(f"job id {job_id[:40]!r}...: longer than {schema.NAME} characters")
-    return job_id
+    """A job id by the one rule (:mod:`airflow_hetero_gpu.core.names`), else a one-line LedgerError."""
+    problem = name_problem(job_id, JOB_ID)
+    if problem is not None:
+        raise LedgerError(problem)
+    return job_id  # type: ignore[return-value]
+
+
+def check_team(team: object) -> str | None:
+    """A team name by the one rule, or None (the default team); else a one-line LedgerError."""
+    if team is None:
+        return None
+    problem = name_problem(team, TEAM)
+    if problem is not None:
+        raise LedgerError(problem)
+    return team  # type: ignore[return-value]
 
 
 def check_lease(seconds: object) -> timedelta:

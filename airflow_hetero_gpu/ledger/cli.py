@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from airflow_hetero_gpu.cli_output import EXIT_OK, table
+from airflow_hetero_gpu.cli_types import job_id as job_id_arg
 from airflow_hetero_gpu.durations import duration
 from airflow_hetero_gpu.ledger.drain_cli import print_drains
 from airflow_hetero_gpu.ledger.drain_cli import register as drain_register
@@ -50,11 +51,18 @@ def reserve_for_cli(
     team: str | None = None,
 ) -> PlanResult:
     """``plan --reserve``: plan and claim in one ledger transaction; decision None means exit 3.
-    ``lease_seconds``: default the ledger's :data:`DEFAULT_LEASE_SECONDS`."""
+    ``lease_seconds``: default the ledger's :data:`DEFAULT_LEASE_SECONDS`. A ``team`` the applied
+    teams file does not name is refused (LedgerError; nothing reserved, docs/teams.md)."""
+    from airflow_hetero_gpu.core.admission.teams import unknown_team
     from airflow_hetero_gpu.ledger.store import DEFAULT_LEASE_SECONDS, Ledger
 
     lease = DEFAULT_LEASE_SECONDS if lease_seconds is None else lease_seconds
     with Ledger.from_url(ledger_url) as ledger:
+        if team is not None:
+            teams = ledger.teams()
+            problem = unknown_team(team, teams.teams if teams else ())
+            if problem:
+                raise LedgerError(f"--team: {problem}; nothing reserved")
         return ledger.reserve(job_id, cluster, request, lease_seconds=lease, config=config, team=team)
 
 
@@ -216,7 +224,7 @@ def _ledger_arg(p: argparse.ArgumentParser) -> None:
 def register(subparsers) -> None:
     """Add the ledger's sub-commands to ``hetero-gpu``'s sub-parsers."""
     p = subparsers.add_parser("release", help="free a job's reservation (harmless when there is none)")
-    p.add_argument("--job-id", required=True, metavar="ID", help="job id of the reservation")
+    p.add_argument("--job-id", required=True, metavar="ID", type=job_id_arg, help="job id of the reservation")
     _ledger_arg(p)
     p.set_defaults(func=cmd_release)
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from airflow_hetero_gpu.core.cardtype import card_type_matches
+from airflow_hetero_gpu.core.names import TEAM, name_problem, valid_name
 from airflow_hetero_gpu.errors import HeteroGpuError
 
 DEFAULT_TEAM = "default"
@@ -31,7 +32,6 @@ MIN_WEIGHT, MAX_WEIGHT = 0.001, 1000.0
 MIN_HALF_LIFE_S = 1.0
 TEAM_KEYS = ("quota", "borrowing_limit", "lending_limit", "weight")
 FILE_KEYS = ("teams", "usage_half_life")
-_TEAM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 _UNITS = {None: 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -41,8 +41,25 @@ class TeamsError(HeteroGpuError):
 
 
 def valid_team_name(name: object) -> bool:
-    """A team name: letters, digits, ``_ . @ -``, at most 64, starting with a letter or digit."""
-    return isinstance(name, str) and _TEAM_NAME.match(name) is not None
+    """A team name: letters, digits, ``_ . @ -``, at most 64, starting with a letter or digit
+    (the one rule of :mod:`airflow_hetero_gpu.core.names`)."""
+    return valid_name(name, TEAM)
+
+
+def unknown_team(team: str, known: Iterable[str]) -> str | None:
+    """One line when teams are configured (``known`` not empty) and ``team`` is none of them, else
+    None. The one check of a job's team against the teams file: the operator logs it as a warning,
+    ``plan --reserve --team`` refuses with it (docs/teams.md#a-team-the-file-does-not-name)."""
+    names = sorted(set(known))
+    if not names or team in names:
+        return None
+    import difflib
+
+    close = difflib.get_close_matches(team, names, n=1)
+    shown = ", ".join(names[:20]) + (f", ... ({len(names) - 20} more)" if len(names) > 20 else "")
+    return (f"team {team!r} is not in the teams file (its teams: {shown})"
+            + (f"; did you mean {close[0]!r}?" if close else "")
+            + " A team the file does not name has quota 0: its jobs only borrow")
 
 
 def specificity(pattern: str) -> tuple:
@@ -168,8 +185,8 @@ def teams_from_mapping(data: Any, source: str = "teams") -> Teams:
         raise TeamsError(f"{source}: teams: expected a mapping of team name to its quota, got {raw!r}")
     teams: dict[str, TeamQuota] = {}
     for name, spec in raw.items():
-        if not isinstance(name, str) or not _TEAM_NAME.match(name):
-            raise TeamsError(f"{source}: team {name!r}: expected a name of letters, digits, '_', '.', '@', '-'")
+        if not valid_name(name, TEAM):
+            raise TeamsError(f"{source}: {name_problem(name, TEAM)}")
         where = f"{source}: team {name}"
         if spec is None:
             spec = {}
