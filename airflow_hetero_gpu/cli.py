@@ -39,7 +39,8 @@ def _load(args):
         return load_cluster(args.captures, args.config, xid_rule=rule)
     if not getattr(args, "ledger", None):
         raise HeteroGpuError("give --ledger URL (the ledger `hetero-gpu check` or `collect` filled) or --captures DIR "
-                             "(a capture directory); the command line opens no ledger by default")
+                             "(a capture directory); without them the command line opens the tasks' ledger, "
+                             "[hetero_gpu] ledger_url, and none is set")
     from airflow_hetero_gpu.collect.freshness import FreshInventory
     from airflow_hetero_gpu.core.config import load_config
     from airflow_hetero_gpu.ledger import Ledger
@@ -232,10 +233,46 @@ def _extra_commands():
     return [collect_register, check_register, ledger_register, teams_register, simulate_register]
 
 
+#: Commands whose ledger, when --ledger is not given, is the tasks' (docs/operations.md)
+_LEDGER_COMMANDS = frozenset({"queue", "teams", "drain", "undrain", "hosts", "reservations", "evictions", "release",
+                              "uncordon", "captures"})
+#: Commands that read a ledger or a capture directory: the tasks' ledger only when a setting names it
+_PLANNING_COMMANDS = frozenset({"inventory", "pools", "plan"})
+
+
+def default_ledger(args: argparse.Namespace, err=None) -> None:
+    """Without ``--ledger``, take the ledger the operator uses: ``[hetero_gpu] ledger_url``
+    (``AIRFLOW__HETERO_GPU__LEDGER_URL``, then airflow.cfg; Airflow is not imported), else, for
+    the ledger's own commands, the SQLite file under ``$AIRFLOW_HOME``; say which on stderr.
+    ``inventory``/``pools``/``plan`` take it only with no ``--captures`` (``plan --reserve``:
+    always) and only when a setting names it."""
+    from airflow_hetero_gpu.settings import cli_ledger_url
+
+    if getattr(args, "ledger", "given") or args.command not in _LEDGER_COMMANDS | _PLANNING_COMMANDS:
+        return
+    planning = args.command in _PLANNING_COMMANDS
+    if planning and getattr(args, "captures", None) and not getattr(args, "reserve", False):
+        return  # a capture directory alone, as before: no ledger
+    url, where = cli_ledger_url()
+    where = f"from {where}"
+    if url is None:
+        if planning:
+            return  # `give --ledger URL or --captures DIR`
+        from airflow_hetero_gpu.ledger.url import default_url
+
+        url, where = default_url(), "the default: no [hetero_gpu] ledger_url is set"
+    from airflow_hetero_gpu.ledger.url import mask
+
+    args.ledger = url
+    print(f"hetero-gpu {args.command}: ledger {mask(url)} ({where}; --ledger URL for another)",
+          file=err or sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        default_ledger(args)
         return int(args.func(args) or 0)
     except HeteroGpuError as err:
         print(f"hetero-gpu {args.command}: error: {err}", file=sys.stderr)

@@ -7,7 +7,8 @@ writers elsewhere: ``collect --ledger``, ``check``, ``plan --reserve``) create o
 
 Each handler returns an exit status; bad input raises a one-line
 :class:`~airflow_hetero_gpu.errors.HeteroGpuError` subclass that the CLI prints (exit 2).
-``--ledger`` defaults to the SQLite file under ``$AIRFLOW_HOME``.
+``--ledger`` defaults to the tasks' ledger (``[hetero_gpu] ledger_url``, read without Airflow by
+:func:`airflow_hetero_gpu.cli.default_ledger`), else the SQLite file under ``$AIRFLOW_HOME``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import json
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
-from airflow_hetero_gpu.cli_output import EXIT_OK, table
+from airflow_hetero_gpu.cli_output import EXIT_OK, table, terminal_width
 from airflow_hetero_gpu.cli_types import job_id as job_id_arg
 from airflow_hetero_gpu.durations import duration
 from airflow_hetero_gpu.ledger.drain_cli import print_drains
@@ -171,8 +172,9 @@ def cmd_queue(args: argparse.Namespace) -> int:
              "admitted" if e.admitted else (e.standing or "waiting"), e.priority,
              _asks(e.request), duration(e.waited_s(now)), _claim(e), "" if e.admitted else e.where())
             for e in entries]
+    width = None if args.wide else terminal_width()  # REASON wraps to the terminal; --wide: one line each
     print(table(["POS", "JOB", *(("TEAM",) if teams else ()), "STATE", "PRIO", "ASKS", "WAITED", "CLAIM", "REASON"],
-                rows))
+                rows, width))
     if not entries:
         print("(nobody waits)")
     print_drains(drains, now)
@@ -182,7 +184,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
                     [(p["victim"], p["preemptor"], p["state"], p["decided_at"][11:19],
                       "" if p["exited_after_s"] is None else duration(p["exited_after_s"]),
                       "" if p["lost_gpu_s"] is None else f"{p['lost_gpu_s']:.0f}", p["checkpoint"] or "", p["reason"])
-                     for p in preempted]))
+                     for p in preempted], width))
     return EXIT_OK
 
 
@@ -218,7 +220,9 @@ def cmd_captures_export(args: argparse.Namespace) -> int:
 
 def _ledger_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ledger", metavar="URL", default=None,
-                   help="ledger database URL (default: sqlite file $AIRFLOW_HOME/hetero_gpu_ledger.db)")
+                   help="ledger database URL (default: the tasks' ledger, [hetero_gpu] ledger_url from "
+                        "AIRFLOW__HETERO_GPU__LEDGER_URL or airflow.cfg, else the sqlite file "
+                        "$AIRFLOW_HOME/hetero_gpu_ledger.db)")
 
 
 def register(subparsers) -> None:
@@ -246,6 +250,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("queue", help="the jobs waiting for GPUs, in order, with the head's claim")
     _ledger_arg(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--wide", action="store_true", help="each reason on one line, however long (default: reasons "
+                                                       "wrap to the terminal's width when printing to one)")
     p.set_defaults(func=cmd_queue)
 
     drain_register(subparsers, _ledger_arg)

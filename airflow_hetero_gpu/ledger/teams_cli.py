@@ -62,6 +62,6 @@ def register(subparsers) -> None:
     q.add_argument("file", metavar="FILE", help="the teams file (YAML; docs/teams.md)")
     # given before or after `apply`: the sub-command's default must not overwrite the parent's value
     q.add_argument("--ledger", metavar="URL", default=argparse.SUPPRESS,
-                   help="ledger database URL (default: sqlite file $AIRFLOW_HOME/hetero_gpu_ledger.db)")
+                   help="ledger database URL (default: the tasks' ledger, as `teams --help` says)")
     q.set_defaults(func=cmd_teams)
     p.set_defaults(func=cmd_teams)
