@@ -51,6 +51,7 @@ def _load(args):
     if not stored.hosts:
         raise HeteroGpuError(f"ledger {ledger.display_url} holds no inventory: {FILL_WITH}")
     fresh = FreshInventory(stored, args.max_age if args.max_age is not None else float("inf"))
+    args.inventory_ages = stored.ages()  # for plan's warning on an old inventory
     if not args.json:
         print(fresh.describe())
     return fresh.cluster(load_config(args.config) if args.config else None)
@@ -149,6 +150,8 @@ def cmd_plan(args) -> int:
     else:
         reserved, evicted, drained = _ledger_state(args)
         result = plan(cluster, request, reserved=reserved, evicted=evicted, drained=drained)
+    if result.decision is not None:
+        _warn_old_inventory(args, {k.host for k in result.decision.keys})
     if args.json:
         out = result.to_json()
         if args.reserve:
@@ -159,6 +162,28 @@ def cmd_plan(args) -> int:
         if args.reserve and result.decision is not None:
             print(f"\nreserved for job {args.job_id!r} in the ledger")
     return EXIT_OK if result.decision is not None else EXIT_NO_CAPACITY
+
+
+def _warn_old_inventory(args, hosts: set[str]) -> None:
+    """One line on stderr when ``plan`` placed (with no ``--max-age``) on hosts whose inventory in
+    the ledger is older than ``[hetero_gpu] inventory_max_age`` (300 s): the operator would
+    collect them again first, the command line places on what it has."""
+    from airflow_hetero_gpu.collect.freshness import DEFAULT_MAX_AGE_S
+    from airflow_hetero_gpu.settings import light_setting
+
+    ages = getattr(args, "inventory_ages", None)
+    if not ages or args.max_age is not None:
+        return
+    value, _ = light_setting("inventory_max_age")
+    try:
+        limit = float(value) if value is not None else DEFAULT_MAX_AGE_S
+    except ValueError:
+        limit = DEFAULT_MAX_AGE_S
+    old = sorted((h for h in hosts if ages.get(h) is not None and ages[h] > limit), key=lambda h: -ages[h])
+    if old:
+        print(f"hetero-gpu plan: warning: placed on an inventory {ages[old[0]]:.0f} s old ({', '.join(old)}), older "
+              f"than inventory_max_age {limit:g} s, which a task would collect again first: run `hetero-gpu check` "
+              f"or `hetero-gpu collect --ledger`, or give --max-age to refuse old hosts", file=sys.stderr)
 
 
 # --- parser -----------------------------------------------------------------------------------

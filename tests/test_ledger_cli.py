@@ -311,3 +311,24 @@ def test_queue_wraps_its_reasons_to_the_terminal_and_wide_prints_them_whole(tmp_
     monkeypatch.delenv("COLUMNS")  # not a terminal (captured): whole lines, as for a pipe
     code, out, _ = run(capsys, "queue", "--ledger", url)
     assert any(x.rstrip().endswith(reason) for x in out.splitlines()), out
+
+
+def test_plan_warns_when_it_places_on_an_inventory_older_than_inventory_max_age(tmp_path, capsys, monkeypatch):
+    import re
+    from datetime import datetime, timedelta, timezone
+
+    from test_ledger_queue import fill
+
+    monkeypatch.delenv("AIRFLOW__HETERO_GPU__INVENTORY_MAX_AGE", raising=False)
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    with Ledger.from_url(url, clock=lambda: datetime.now(timezone.utc) - timedelta(seconds=703)) as led:
+        fill(led)  # collected 703 s ago
+    code, out, err = run(capsys, "plan", "--ledger", url, "--gpus", "2", "--json")
+    assert code == 0 and json.loads(out)["decision"] is not None
+    assert err.count("\n") == 1 and re.match(r"hetero-gpu plan: warning: placed on an inventory 70\d s old \(node0\d\), "
+                                             r"older than inventory_max_age 300 s", err), err
+    monkeypatch.setenv("AIRFLOW__HETERO_GPU__INVENTORY_MAX_AGE", "3600")
+    code, _, err = run(capsys, "plan", "--ledger", url, "--gpus", "2")
+    assert code == 0 and err == ""
+    code, _, err = run(capsys, "plan", "--ledger", url, "--gpus", "2", "--max-age", "1000")  # a bound given: no warning
+    assert code == 0 and err == ""

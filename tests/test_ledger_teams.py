@@ -340,3 +340,15 @@ def test_unknown_team_is_one_reusable_check():
     assert unknown_team("visoin", []) is None and unknown_team("vision", ["vision"]) is None
     line = unknown_team("x", [f"t{i:02d}" for i in range(25)])
     assert "(its teams: t00, t01" in line and "t19, ... (5 more))" in line and "did you mean" not in line
+
+
+def test_teams_apply_help_has_the_format_and_an_example_that_applies(capsys):
+    import textwrap
+
+    with pytest.raises(SystemExit):
+        main(["teams", "apply", "--help"])
+    out = capsys.readouterr().out
+    assert "Replace every team's GPU quota" in out and "The file (YAML" in out and "borrowing_limit:" in out
+    example = out.split("Example (teams.yaml):\n", 1)[1].split("\n\n", 1)[0]
+    teams = teams_from_mapping(__import__("yaml").safe_load(textwrap.dedent(example)), "help")
+    assert sorted(teams.teams) == ["intern", "prod", "research"] and teams.usage_half_life_s == 86400
