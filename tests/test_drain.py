@@ -183,3 +183,14 @@ def _exit_status(argv) -> int:
         return main(argv)
     except SystemExit as done:
         return int(done.code)
+
+
+@pytest.mark.parametrize("deadline", [1e300, float("inf"), float("nan"), 366 * 86400.0])
+def test_a_deadline_past_365_days_is_refused_by_the_ledger_too(tmp_path, deadline):
+    from airflow_hetero_gpu.ledger.errors import LedgerError
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    with _filled(url) as led:
+        with pytest.raises(LedgerError, match=r"^deadline: expected a positive number of seconds, at most 31536000"):
+            led.drain(["node01"], "upgrade", deadline_s=deadline)
+        assert led.drains() == []
