@@ -5,6 +5,8 @@ enqueues carries the team."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
@@ -47,9 +49,10 @@ def test_the_team_is_the_argument_else_the_setting_else_default(url, monkeypatch
     op.ledger.leave_queue("j")
 
 
-def test_a_malformed_team_fails_before_anything_is_enqueued(url):
-    op = _op(url, team="research team")
-    with pytest.raises(AirflowFailException, match=r"team: expected a team name .* got 'research team'"):
+@pytest.mark.parametrize("team", ["research team", "a\n", "<script>", "t" * 65])
+def test_a_malformed_team_fails_before_anything_is_enqueued(url, team):
+    op = _op(url, team=team)
+    with pytest.raises(AirflowFailException, match=r"team: expected a team name .* got " + re.escape(repr(team))):
         QueueWait(Placement(op, {"ti": None}, "j", PlanRequest(2))).enqueue()
     with Ledger.open_existing(url) as led:
         assert [e.job_id for e in led.queue()] == []

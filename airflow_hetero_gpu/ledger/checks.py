@@ -40,6 +40,20 @@ def check_team(team: object) -> str | None:
     return team  # type: ignore[return-value]
 
 
+#: A job's priority: an integer within +-MAX_PRIORITY (the column is a 32-bit integer on PostgreSQL,
+#: and aging adds to it; a million levels is far more than any scheme uses).
+MAX_PRIORITY = 1_000_000
+
+
+def check_priority(priority: object, job_id: str) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise LedgerError(f"job {job_id!r}: priority: expected an integer, got {priority!r}")
+    if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
+        raise LedgerError(f"job {job_id!r}: priority: expected an integer from {-MAX_PRIORITY} to {MAX_PRIORITY}, "
+                          f"got {priority}")
+    return priority
+
+
 def check_lease(seconds: object) -> timedelta:
     """A lease: a positive number of seconds, at most :data:`MAX_DURATION_S` (365 days)."""
     if (isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds)

@@ -24,7 +24,7 @@ from airflow_hetero_gpu.core.admission import DEFAULT_AGING_INTERVAL_S, Admissio
 from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
 from airflow_hetero_gpu.ledger import admission
 from airflow_hetero_gpu.ledger.admission import ADMITTED, WAITING, ClusterCache
-from airflow_hetero_gpu.ledger.checks import check_job_id, check_lease, check_team
+from airflow_hetero_gpu.ledger.checks import check_job_id, check_lease, check_priority, check_team
 from airflow_hetero_gpu.ledger.errors import LedgerError, ReservationConflict
 from airflow_hetero_gpu.ledger.records import Reservation, TaskIdentity
 from airflow_hetero_gpu.ledger.schema import queue_entries as q_t
@@ -140,8 +140,7 @@ class QueueMixin:
         lease = check_lease(lease_seconds)
         if not isinstance(request, PlanRequest):
             raise LedgerError(f"enqueue job {job_id!r}: request: expected a PlanRequest, got {request!r}")
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise LedgerError(f"enqueue job {job_id!r}: priority: expected an integer, got {priority!r}")
+        priority = check_priority(priority, job_id)
         ident = TaskIdentity.coerce(identity)
         team = check_team(team)
         values: dict[str, Any] = {"request": request.to_json(), "priority": priority, "team": team, "preemptible": bool(preemptible),
