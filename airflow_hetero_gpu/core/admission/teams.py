@@ -19,6 +19,7 @@ from typing import Any, Iterable, Mapping
 
 from airflow_hetero_gpu.core.cardtype import card_type_matches
 from airflow_hetero_gpu.core.names import TEAM, name_problem, valid_name
+from airflow_hetero_gpu.durations import MAX_DURATION_S
 from airflow_hetero_gpu.errors import HeteroGpuError
 
 DEFAULT_TEAM = "default"
@@ -140,8 +141,6 @@ def parse_duration(value: Any, where: str) -> float:
         if m is None:
             raise TeamsError(f"{where}: expected seconds or a duration like 24h, got {value!r}")
         seconds = float(m.group(1)) * _UNITS[m.group(2)]
-    from airflow_hetero_gpu.durations import MAX_DURATION_S
-
     if not math.isfinite(seconds) or not MIN_HALF_LIFE_S <= seconds <= MAX_DURATION_S:
         raise TeamsError(f"{where}: expected a duration from {MIN_HALF_LIFE_S:g} s to 365 days "
                          f"({MAX_DURATION_S:.0f} s), got {value!r}")
