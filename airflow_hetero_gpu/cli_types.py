@@ -55,9 +55,15 @@ def _number(text: str, what: str) -> float:
 
 
 def positive_seconds(text: str) -> float:
+    """Seconds > 0 and at most 365 days (``--interval``, ``--connect-timeout``; ``1e300`` would
+    overflow a sleep or a socket's timeout)."""
+    from airflow_hetero_gpu.durations import MAX_DURATION_S
+
     value = _number(text, "a number of seconds")
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    if value > MAX_DURATION_S:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_DURATION_S:.0f} seconds (365 days), got {text!r}")
     return value
 
 
