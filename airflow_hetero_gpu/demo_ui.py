@@ -3,9 +3,10 @@
 ``airflow standalone`` starts the scheduler, dag-processor, api-server and triggerer as bare
 ``airflow`` commands looked up on ``PATH``: the demo's environment puts this interpreter's
 ``bin`` first (``demo_setup.demo_env``). Its api-server serves on ``port`` (checked free before
-anything starts). Ctrl-C and SIGTERM both stop standalone and every component it started (they
-run in their own session, so they are stopped as one process group), then the emulated hosts,
-and remove the demo directory.
+anything starts). It prints the ledger's URL (for ``hetero-gpu queue --ledger URL`` in another
+shell). Ctrl-C and SIGTERM both stop standalone and every component it started (they run in their
+own session, so they are stopped as one process group), then the emulated hosts, and remove the
+demo directory; SIGTERM is a normal end (exit 0: ``make`` prints no error).
 """
 
 from __future__ import annotations
@@ -90,6 +91,9 @@ def run_ui(dags: Path, *, port: int = DEFAULT_PORT, ssh_server: str = "auto", ou
             out.write(f"demo directory: {root}\n")
             with demo_cluster(root / "cluster", ssh_server, out) as cluster:
                 env = ui_env(demo_env(root, cluster, dags), port)
+                ledger = env["AIRFLOW__HETERO_GPU__LEDGER_URL"]
+                out.write(f"ledger: {ledger} (the tasks' ledger while the demo runs: hetero-gpu queue --ledger "
+                          f"{ledger}, or export AIRFLOW__HETERO_GPU__LEDGER_URL={ledger})\n")
                 migrate(env)
                 out.write(f"starting `airflow standalone` on http://localhost:{port} (admin password: see its "
                           f"output or {root / 'airflow' / 'simple_auth_manager_passwords.json.generated'}); "
@@ -102,9 +106,9 @@ def run_ui(dags: Path, *, port: int = DEFAULT_PORT, ssh_server: str = "auto", ou
                     return code
                 finally:  # Airflow goes before the hosts it talks to
                     stop_group(proc)
-        except Stopped as sig:
+        except Stopped as sig:  # asked to stop, and stopped: success (`make demo-ui` says no "Error 143")
             out.write(f"\ndemo-ui stopped ({sig}): stopping Airflow and the emulated hosts, removing {root}\n")
-            return 143
+            return 0
         except KeyboardInterrupt:
             out.write(f"\ndemo-ui interrupted: stopping Airflow and the emulated hosts, removing {root}\n")
             return 130

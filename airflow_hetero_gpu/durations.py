@@ -9,6 +9,8 @@ import math
 import re
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+#: The longest duration read anywhere (a drain's deadline, a lease, the fair-share half-life): 365 days.
+MAX_DURATION_S = 365 * 86400.0
 _PART = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 
 
@@ -24,10 +26,10 @@ def duration(seconds: float) -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
-def parse_duration(text: str) -> float:
+def parse_duration(text: str, max_s: float = MAX_DURATION_S) -> float:
     """Seconds from ``90``, ``90s``, ``30m``, ``2h``, ``1d``, ``1h30m``; ValueError (one line naming
-    the text) for anything else, zero or negative."""
-    spec = text.strip().lower()
+    the text) for anything else, zero, negative, or longer than ``max_s`` (365 days)."""
+    spec = str(text).strip().lower()
     seconds: float | None = None
     try:
         seconds = float(spec)
@@ -37,7 +39,16 @@ def parse_duration(text: str) -> float:
             seconds = sum(float(n) * _UNITS[u] for n, u in parts)
     if seconds is None or not math.isfinite(seconds) or seconds <= 0:
         raise ValueError(f"expected a positive duration such as 90s, 30m, 2h or 1d, got {text!r}")
+    return check_seconds(seconds, text, max_s)
+
+
+def check_seconds(seconds: float, text: object = None, max_s: float = MAX_DURATION_S) -> float:
+    """``seconds`` when it is finite and at most ``max_s``, else ValueError naming the value."""
+    if not math.isfinite(seconds) or seconds > max_s:
+        most = f"{max_s / 86400:g} days" if max_s >= 86400 else f"{max_s:g} s"
+        raise ValueError(f"expected a duration of at most {most}, "
+                         f"got {seconds if text is None else text!r}")
     return seconds
 
 
-__all__ = ["duration", "parse_duration"]
+__all__ = ["MAX_DURATION_S", "check_seconds", "duration", "parse_duration"]

@@ -45,8 +45,58 @@ def setting(name: str) -> str | None:
     return value.strip() if isinstance(value, str) and value.strip() else None
 
 
+#: The longest a ``[hetero_gpu]`` option of seconds may be: ten years (a finite number the
+#: ledger's timestamps can add and subtract; ``inf``, ``nan`` and ``1e300`` are refused).
+MAX_SETTING_S = 3650 * 86400.0
+
+
+def _cfg_path(env) -> str:
+    """airflow.cfg as Airflow finds it: ``$AIRFLOW_CONFIG``, else ``$AIRFLOW_HOME/airflow.cfg``."""
+    import os
+
+    if env.get("AIRFLOW_CONFIG"):
+        return env["AIRFLOW_CONFIG"]
+    home = env.get("AIRFLOW_HOME") or os.path.join(os.path.expanduser("~"), "airflow")
+    return os.path.join(home, "airflow.cfg")
+
+
+def light_setting(name: str, env=None) -> tuple[str | None, str]:
+    """``[hetero_gpu] <name>`` read without importing Airflow (the command line's fast start):
+    ``AIRFLOW__HETERO_GPU__<NAME>``, then airflow.cfg's ``[hetero_gpu]`` section. Returns the value
+    (None when unset or empty) and where it came from."""
+    import configparser
+    import os
+
+    env = os.environ if env is None else env
+    var = f"AIRFLOW__{SECTION.upper()}__{name.upper()}"
+    if (env.get(var) or "").strip():
+        return env[var].strip(), var
+    path = _cfg_path(env)
+    parser = configparser.ConfigParser(interpolation=None, strict=False)
+    try:
+        parser.read(path, encoding="utf-8")
+    except (configparser.Error, UnicodeDecodeError):
+        return None, path  # Airflow itself says what is wrong with its file
+    value = parser.get(SECTION, name, fallback="").strip()
+    return (value, f"[{SECTION}] {name} in {path}") if value else (None, path)
+
+
+def cli_ledger_url(env=None) -> tuple[str | None, str]:
+    """The ledger the operator uses, as the command line finds it with no ``--ledger``:
+    ``[hetero_gpu] ledger_url`` (environment, then airflow.cfg). Returns (URL, where it came from),
+    or (None, why) when no setting names one. ``ledger_conn_id`` (an Airflow connection, which the
+    operator prefers) is a one-line ConfigError: the command line reads no connections."""
+    from airflow_hetero_gpu.errors import ConfigError
+
+    conn_id, conn_where = light_setting("ledger_conn_id", env)
+    if conn_id:
+        raise ConfigError(f"the tasks' ledger is the Airflow connection {conn_id!r} ({conn_where}), which the "
+                          "command line does not read: give --ledger URL")
+    return light_setting("ledger_url", env)
+
+
 def seconds_setting(name: str, default: float) -> float:
-    """A ``[hetero_gpu]`` option holding seconds (>= 0); a bad value is a one-line ConfigError."""
+    """A ``[hetero_gpu]`` option holding seconds (0 to ten years); a bad value is a one-line ConfigError."""
     from airflow_hetero_gpu.errors import ConfigError
 
     value = setting(name)
@@ -58,6 +108,9 @@ def seconds_setting(name: str, default: float) -> float:
         seconds = -1.0
     if not seconds >= 0:
         raise ConfigError(f"[{SECTION}] {name}: expected seconds >= 0, got {value!r}")
+    if not seconds <= MAX_SETTING_S:
+        raise ConfigError(f"[{SECTION}] {name}: expected at most {MAX_SETTING_S:.0f} seconds (ten years), "
+                          f"got {value!r}")
     return seconds
 
 

@@ -6,12 +6,41 @@ from __future__ import annotations
 from typing import Sequence
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A plain left-aligned text table."""
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]], width: int | None = None) -> str:
+    """A plain left-aligned text table. With ``width`` (the terminal's), the last column wraps onto
+    lines of its own indented under it, so that no line is wider (at least 30 characters of it
+    per line, however narrow the terminal)."""
     cells = [[("" if c is None else str(c)) for c in row] for row in rows]
+    if width is not None and headers:
+        start = sum(max([len(h)] + [len(r[i]) for r in cells]) + 2 for i, h in enumerate(headers[:-1]))
+        room = max(30, width - start)
+        wrapped = []
+        for r in cells:
+            parts = [r[-1]] if len(r[-1]) <= room else _wrap(r[-1], room)
+            wrapped.append(r[:-1] + parts[:1])
+            wrapped.extend([""] * (len(r) - 1) + [p] for p in parts[1:])
+        cells = wrapped
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
     line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
     return "\n".join([line(list(headers)), line(["-" * w for w in widths])] + [line(r) for r in cells])
+
+
+def _wrap(text: str, room: int) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, room, break_on_hyphens=False) or [""]
+
+
+def terminal_width() -> int | None:
+    """The terminal's width when standard output is one (or ``COLUMNS`` is set), else None: a
+    pipe or a file gets whole lines."""
+    import os
+    import shutil
+    import sys
+
+    if "COLUMNS" not in os.environ and not sys.stdout.isatty():
+        return None
+    return shutil.get_terminal_size().columns
 
 
 def fmt(x: float | None, digits: int = 3) -> str:

@@ -50,8 +50,11 @@ def test_inventory_max_age_does_not_speak_of_placing(capsys):
 
 def test_plan_without_a_source_names_both_and_opens_no_ledger(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    monkeypatch.delenv("AIRFLOW__HETERO_GPU__LEDGER_URL", raising=False)
+    monkeypatch.delenv("AIRFLOW_CONFIG", raising=False)
     assert main(["plan", "--gpus", "2"]) == 2
     err = capsys.readouterr().err
     assert err == ("hetero-gpu plan: error: give --ledger URL (the ledger `hetero-gpu check` or `collect` filled) "
-                   "or --captures DIR (a capture directory); the command line opens no ledger by default\n")
+                   "or --captures DIR (a capture directory); without them the command line opens the tasks' "
+                   "ledger, [hetero_gpu] ledger_url, and none is set\n")
     assert list(tmp_path.iterdir()) == []   # nothing created under $AIRFLOW_HOME

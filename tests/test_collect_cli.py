@@ -104,6 +104,7 @@ def test_nothing_collected_exits_4(emulated_cluster, tmp_path):
     (["--hosts", "gpu1", "--nvml", "--nvml-python", "python3;id", "--out", "OUT"], "must be a command name or path"),
     (["--hosts", "gpu1", "--max-parallel", "0", "--out", "OUT"], "must be at least 1"),
     (["--hosts", "gpu1", "--connect-timeout", "nan", "--out", "OUT"], "must be a positive number of seconds"),
+    (["--hosts", "gpu1", "--command-timeout", "1e300", "--out", "OUT"], "must be at most 31536000 seconds (365 days)"),
     (["--hosts", "gpu1", "--out", "FILE"], "--out FILE"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):

@@ -161,6 +161,9 @@ def test_the_command_line(tmp_path, capsys):
         (["drain", "node02", "--reason", ""], "hetero-gpu drain: error: reason: say why the hosts are drained"),
         (["drain", "node02", "--reason", "x", "--deadline", "soon"], "argument --deadline: expected a positive "
                                                                      "duration such as 90s, 30m, 2h or 1d, got 'soon'"),
+        (["drain", "node02", "--reason", "x", "--deadline", "1e300"], "argument --deadline: expected a duration of "
+                                                                      "at most 365 days, got '1e300'"),
+        (["drain", "node02", "--reason", "x", "--deadline", "400d"], "at most 365 days, got '400d'"),
         (["hosts", "remove", "node09"], "hetero-gpu hosts: error: cannot remove host 'node09'"),
     ]:
         assert _exit_status([*argv, "--ledger", url]) == 2
@@ -180,3 +183,14 @@ def _exit_status(argv) -> int:
         return main(argv)
     except SystemExit as done:
         return int(done.code)
+
+
+@pytest.mark.parametrize("deadline", [1e300, float("inf"), float("nan"), 366 * 86400.0])
+def test_a_deadline_past_365_days_is_refused_by_the_ledger_too(tmp_path, deadline):
+    from airflow_hetero_gpu.ledger.errors import LedgerError
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    with _filled(url) as led:
+        with pytest.raises(LedgerError, match=r"^deadline: expected a positive number of seconds, at most 31536000"):
+            led.drain(["node01"], "upgrade", deadline_s=deadline)
+        assert led.drains() == []

@@ -225,3 +225,110 @@ def test_plan_and_pools_with_a_ledger_count_live_leases_and_evictions_only(ledge
     assert a100["available"] == 12 - 1 and a100["healthy"] == 15 - 1
     with Ledger.from_url(ledger_db_url) as led:
         assert led.live_reservations() == []
+
+
+@pytest.mark.skipif(not SAMPLE.is_dir(), reason="the shipped sample capture directory is absent")
+def test_a_lease_past_365_days_is_one_line_and_reserves_nothing(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    code, _, err = run(capsys, "plan", "--captures", str(SAMPLE), "--gpus", "1", "--reserve", "--job-id", "j",
+                       "--ledger", url, "--lease", str(10 ** 13))
+    assert code == 2 and err.count("\n") == 1 and "lease_seconds: expected a positive number of seconds, at most " \
+        "31536000 (365 days), got 10000000000000" in err, err
+    with Ledger.from_url(url) as led:
+        assert led.live_reservations() == []
+
+
+# --- the tasks' ledger by default ----------------------------------------------------------------
+def _cli(env: dict, *argv: str):
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW__HETERO_GPU__", "AIRFLOW_CONFIG"))}
+    clean["PYTHONPATH"] = os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, "-m", "airflow_hetero_gpu.cli", *argv], env={**clean, **env},
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_queue_with_only_the_ledger_url_setting_reads_that_ledger(tmp_path):
+    """As after sourcing the emulated cluster's airflow.env: the task's ledger, not $AIRFLOW_HOME's."""
+    url = f"sqlite:///{tmp_path / 'tasks.db'}"
+    with Ledger.from_url(url) as led:
+        led.enqueue("waits-here", PlanRequest(4))
+    home = tmp_path / "home"
+    home.mkdir()
+    done = _cli({"AIRFLOW_HOME": str(home), "AIRFLOW__HETERO_GPU__LEDGER_URL": url}, "queue")
+    assert done.returncode == 0, done.stderr
+    assert "waits-here" in done.stdout
+    assert done.stderr == f"hetero-gpu queue: ledger {url} (from AIRFLOW__HETERO_GPU__LEDGER_URL; --ledger URL " \
+                          "for another)\n"
+    assert list(home.iterdir()) == []  # nothing opened or created under $AIRFLOW_HOME
+    done = _cli({"AIRFLOW_HOME": str(home), "AIRFLOW__HETERO_GPU__LEDGER_URL": url}, "queue", "--ledger",
+                f"sqlite:///{tmp_path / 'other.db'}")
+    assert done.returncode == 2 and "other.db" in done.stderr and "from AIRFLOW" not in done.stderr  # --ledger wins
+
+
+def test_the_ledger_url_of_airflow_cfg_and_the_fallback(tmp_path):
+    url = f"sqlite:///{tmp_path / 'cfg.db'}"
+    with Ledger.from_url(url) as led:
+        led.reserve("held", make_cluster(), PlanRequest(1))
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "airflow.cfg").write_text(f"[core]\ndags_folder = {{AIRFLOW_HOME}}/dags\n[hetero_gpu]\nledger_url = {url}\n")
+    done = _cli({"AIRFLOW_HOME": str(home)}, "reservations", "--json")
+    assert done.returncode == 0 and [r["job_id"] for r in json.loads(done.stdout)] == ["held"], done.stderr
+    assert f"(from [hetero_gpu] ledger_url in {home / 'airflow.cfg'};" in done.stderr
+    (home / "airflow.cfg").write_text("[core]\n")
+    done = _cli({"AIRFLOW_HOME": str(home)}, "queue")
+    assert done.returncode == 2 and done.stderr.splitlines()[0] == (
+        f"hetero-gpu queue: ledger sqlite:///{home / 'hetero_gpu_ledger.db'} (the default: no [hetero_gpu] "
+        "ledger_url is set; --ledger URL for another)")
+    done = _cli({"AIRFLOW_HOME": str(home), "AIRFLOW__HETERO_GPU__LEDGER_CONN_ID": "pg_ledger"}, "drain", "x",
+                "--reason", "r")
+    assert done.returncode == 2 and done.stderr == (
+        "hetero-gpu drain: error: the tasks' ledger is the Airflow connection 'pg_ledger' "
+        "(AIRFLOW__HETERO_GPU__LEDGER_CONN_ID), which the command line does not read: give --ledger URL\n")
+
+
+def test_queue_wraps_its_reasons_to_the_terminal_and_wide_prints_them_whole(tmp_path, capsys, monkeypatch):
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    with Ledger.from_url(url) as led:
+        led.reserve("hold", make_cluster(), PlanRequest(8))
+        led.enqueue("waits", PlanRequest(4))
+        reason = led.queue_entry("waits").reason
+    assert len(reason) > 60
+    monkeypatch.setenv("COLUMNS", "100")
+    code, out, _ = run(capsys, "queue", "--ledger", url)
+    lines = out.splitlines()
+    assert code == 0 and max(len(x) for x in lines) <= 100, out
+    start = lines[0].index("REASON")
+    follow = [x for x in lines[3:] if x.strip() and not x.startswith(("1", "-", "(", "\n"))]
+    assert follow and all(x[:start].strip() == "" for x in follow), out  # continuation lines sit under REASON
+    assert " ".join(x[start:].strip() for x in lines[2:3] + follow) == reason
+    code, out, _ = run(capsys, "queue", "--ledger", url, "--wide")
+    assert code == 0 and any(x.rstrip().endswith(reason) for x in out.splitlines()), out
+    monkeypatch.delenv("COLUMNS")  # not a terminal (captured): whole lines, as for a pipe
+    code, out, _ = run(capsys, "queue", "--ledger", url)
+    assert any(x.rstrip().endswith(reason) for x in out.splitlines()), out
+
+
+def test_plan_warns_when_it_places_on_an_inventory_older_than_inventory_max_age(tmp_path, capsys, monkeypatch):
+    import re
+    from datetime import datetime, timedelta, timezone
+
+    from test_ledger_queue import fill
+
+    monkeypatch.delenv("AIRFLOW__HETERO_GPU__INVENTORY_MAX_AGE", raising=False)
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    with Ledger.from_url(url, clock=lambda: datetime.now(timezone.utc) - timedelta(seconds=703)) as led:
+        fill(led)  # collected 703 s ago
+    code, out, err = run(capsys, "plan", "--ledger", url, "--gpus", "2", "--json")
+    assert code == 0 and json.loads(out)["decision"] is not None
+    assert err.count("\n") == 1 and re.match(r"hetero-gpu plan: warning: placed on an inventory 70\d s old \(node0\d\), "
+                                             r"older than inventory_max_age 300 s", err), err
+    monkeypatch.setenv("AIRFLOW__HETERO_GPU__INVENTORY_MAX_AGE", "3600")
+    code, _, err = run(capsys, "plan", "--ledger", url, "--gpus", "2")
+    assert code == 0 and err == ""
+    code, _, err = run(capsys, "plan", "--ledger", url, "--gpus", "2", "--max-age", "1000")  # a bound given: no warning
+    assert code == 0 and err == ""

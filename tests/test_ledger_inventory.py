@@ -193,7 +193,7 @@ def test_an_empty_ledger_says_how_to_fill_it(tmp_path, capsys):
         code, _, err = _run(capsys, *argv, "--ledger", url)
         assert code == 2 and "holds no inventory" in err and "hetero-gpu collect --ledger" in err, err
     code, _, err = _run(capsys, "plan", "--gpus", "1")
-    assert code == 2 and "or --captures DIR" in err and "opens no ledger by default" in err
+    assert code == 2 and "or --captures DIR" in err and "[hetero_gpu] ledger_url, and none is set" in err
 
 
 def test_an_old_ledger_is_refused_by_readers_and_upgraded_by_init(tmp_path, capsys):

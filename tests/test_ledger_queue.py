@@ -166,6 +166,8 @@ def test_enqueue_again_keeps_the_place_and_a_reservation_counts(led, clock):
 def test_bad_input_is_one_line_and_writes_nothing(led):
     for kwargs, match in (({"priority": "high"}, "priority: expected an integer"),
                           ({"priority": True}, "priority: expected an integer"),
+                          ({"priority": 2 ** 31}, "priority: expected an integer from -1000000 to 1000000"),
+                          ({"team": "a\n"}, "invalid team 'a\\\\n'"),
                           ({"lease_seconds": 0}, "lease_seconds")):
         with pytest.raises(LedgerError, match=match):
             led.enqueue("x", PlanRequest(1), **kwargs)

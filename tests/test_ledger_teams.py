@@ -117,10 +117,29 @@ BAD = [
     ("teams:\n  prod: {quota: {'A100*': 8}, borrowing_limit: {'A100*': -1}}\n",
      "team prod: borrowing_limit: 'A100*': expected a number >= 0, got -1"),
     ("teams: [prod\n", "not valid YAML"),
+    # every number bounded where it is read (docs/teams.md#bounds)
+    ("teams:\n  prod: {quota: {'*': 100000000000000000000}}\n",
+     "team prod: quota: '*': expected at most 1000000 GPUs, got 100000000000000000000"),
+    ("teams:\n  prod: {quota: {'*': 8}, lending_limit: {'*': 1000001}}\n",
+     "team prod: lending_limit: '*': expected at most 1000000 GPUs"),
+    ("teams:\n  prod: {quota: {'*': 8}, weight: 1.0e-320}\n", "team prod: weight: expected a number > 0, from 0.001 to 1000"),
+    ("teams:\n  prod: {quota: {'*': 8}, weight: .inf}\n", "team prod: weight: expected a number > 0"),
+    ("teams:\n  prod: {quota: {'*': 8}}\nusage_half_life: 1.7e+308\n",
+     "usage_half_life: expected a duration from 1 s to 365 days"),
+    ("teams:\n  prod: {quota: {'*': 8}}\nusage_half_life: 400d\n", "usage_half_life: expected a duration from 1 s"),
+    # the file itself: UTF-8, nesting and size bounded, nothing named twice
+    (b"teams:\n  prod\xe9: {quota: {'*': 8}}\n", "not UTF-8 text (line 2, byte 0xe9 at offset 13)"),
+    ("teams:\n  prod: " + "[" * 5000 + "]" * 5000 + "\n", "not valid YAML (line 2): nested deeper than 32 levels"),
+    ("teams:\n  prod: {quota: {'*': 8}}\n  prod: {quota: {'*': 1}}\n",
+     "not valid YAML (line 3): key 'prod' given twice (first on line 2)"),
+    ("teams:\n  prod: {quota: {'*': 8}, quota: {'*': 1}}\n", "key 'quota' given twice"),
+    ("teams:\n  prod: {quota: {'*': 8}}\nteams: {}\n", "key 'teams' given twice"),
+    ("teams:\n  prod: {quota: {'A100*': 8, ' A100*': 2}}\n", "team prod: quota: pattern 'A100*' given twice"),
+    ("# " + "x" * (1 << 20) + "\n", "larger than 1048576 bytes"),
 ]
 
 
-@pytest.mark.parametrize("text, message", BAD)
+@pytest.mark.parametrize("text, message", BAD, ids=[m[:40] for _, m in BAD])
 def test_a_bad_teams_file_is_one_line_and_changes_nothing(led, tmp_path, capsys, text, message, ledger_db_url):  # noqa: F811
     good = tmp_path / "good.yaml"
     good.write_text(TEAMS_YAML)
@@ -128,7 +147,7 @@ def test_a_bad_teams_file_is_one_line_and_changes_nothing(led, tmp_path, capsys,
     before = led.teams().to_json()
     capsys.readouterr()
     bad = tmp_path / "bad.yaml"
-    bad.write_text(text)
+    bad.write_bytes(text if isinstance(text, bytes) else text.encode())
     assert main(["teams", "apply", str(bad), "--ledger", ledger_db_url]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and str(bad) in err and "Traceback" not in err
@@ -182,3 +201,154 @@ def test_team_samples_are_pruned_with_the_history(led, clock):
                          collector="test", history_retention=1800)  # keeps only the last half hour
     samples = led.team_samples()
     assert samples and all(s["in_use"] == 0 for s in samples if s["team"] == "research")
+
+
+@pytest.mark.parametrize("stored", [float("nan"), float("inf"), -5.0])
+def test_a_non_finite_fair_share_history_is_never_stored_and_never_kept(led, clock, stored):
+    """An older release left NaN (PostgreSQL) or infinity in team_usage: the next pass clamps it
+    (a warning names the team and the value) and the standing is finite again."""
+    import math
+
+    from sqlalchemy import select, update
+
+    from airflow_hetero_gpu.ledger.schema import team_usage
+
+    led.apply_teams(_teams())
+    _take(led, "i0", PlanRequest(1), "intern", clock)  # borrows 1: a team_usage row per team
+    if stored != stored and led.dialect == "sqlite":
+        stored = float("inf")  # SQLite binds NaN as NULL, refused by NOT NULL: its case is infinity
+    with led._write("old release") as (conn, _):
+        conn.execute(update(team_usage).where(team_usage.c.team == "intern").values(decayed_borrowed_gpu_s=stored))
+    clock.tick(60)
+    led.apply_teams(_teams("teams:\n  intern: {quota: {'*': 0}}\n  research: {quota: {'*': 8}}\n"))  # a sane file
+    assert _take(led, "r0", PlanRequest(1), "research", clock).admitted  # the pass runs
+    share = led.team_standing()["teams"]["intern"]
+    assert math.isfinite(share["fair_share"]) and math.isfinite(share["decayed_borrowed_gpu_s"])
+    with led._read("check") as (conn, _):
+        values = [r.decayed_borrowed_gpu_s for r in conn.execute(select(team_usage))]
+    assert values and all(math.isfinite(v) and v >= 0 for v in values), values
+    from airflow_hetero_gpu.ledger.teams import MAX_DECAYED_GPU_S, finite_usage
+
+    assert finite_usage("t", float("nan")) == 0.0 and finite_usage("t", -1.0) == 0.0
+    assert finite_usage("t", float("inf")) == MAX_DECAYED_GPU_S == finite_usage("t", 1e300)
+
+
+@pytest.mark.parametrize("bad", [dict(weight=float("nan")), dict(weight=float("inf")), dict(half=float("inf")),
+                                 dict(half=float("nan")), dict(quota=10 ** 20), dict(name="a\n")])
+def test_teams_built_in_code_meet_the_files_bounds(led, bad):
+    from airflow_hetero_gpu.core.admission.teams import TeamQuota, Teams
+
+    led.apply_teams(_teams())
+    before = led.teams().to_json()
+    name = bad.get("name", "prod")
+    team = TeamQuota(name, {"*": bad.get("quota", 8)}, weight=bad.get("weight", 1.0))
+    with pytest.raises(TeamsError, match="^api: (team|usage_half_life|invalid team)"):
+        led.apply_teams(Teams({name: team}, bad.get("half", 3600.0)), "api")
+    assert led.teams().to_json() == before
+
+
+HOSTILE_TEAMS = ["<script>", "a" * 300, "a\n", "", " ", "research team", "-x"]
+
+
+@pytest.mark.parametrize("team", HOSTILE_TEAMS)
+def test_one_name_rule_in_the_ledgers_public_methods(led, team):
+    """reserve and enqueue take the teams file's rule (fullmatch: "a\\n" is not "a"), and job ids
+    the operator's: one line, nothing stored, on SQLite and PostgreSQL alike."""
+    from airflow_hetero_gpu.ledger.errors import LedgerError
+
+    led.apply_teams(_teams())
+    cluster = FreshInventory(led.inventory(), float("inf")).cluster()
+    for call in (lambda: led.reserve("j", cluster, PlanRequest(1), team=team),
+                 lambda: led.enqueue("j", PlanRequest(1), team=team)):
+        with pytest.raises(LedgerError, match=r"^invalid team .*: use 1-64 letters") as err:
+            call()
+        assert "\n" not in str(err.value)
+    for job in ("bad id!", "a\n", "x" * 129, "..", "<script>"):
+        with pytest.raises(LedgerError, match=r"^invalid job id .*: use 1-128 letters"):
+            led.reserve(job, cluster, PlanRequest(1))
+        with pytest.raises(LedgerError, match=r"^invalid job id"):
+            led.enqueue(job, PlanRequest(1))
+    assert led.live_reservations() == [] and led.queue() == []
+
+
+def test_the_name_rule_is_one_function():
+    from airflow_hetero_gpu.core.admission.teams import valid_team_name
+    from airflow_hetero_gpu.core.names import JOB_ID, TEAM, InvalidName, check_name, valid_name
+    from airflow_hetero_gpu.launch.command import validate_job_id
+
+    assert valid_name("a") and not valid_name("a\n") and not valid_team_name("a\n")
+    assert check_name("ml-research@site.eu", TEAM) == "ml-research@site.eu"
+    assert check_name("dag.task.0123abcd", JOB_ID) == validate_job_id("dag.task.0123abcd")
+    for value, kind in [("a\n", TEAM), ("a" * 65, TEAM), ("a@b", JOB_ID), ("a\n", JOB_ID), (None, TEAM)]:
+        with pytest.raises(InvalidName):
+            check_name(value, kind)
+        with pytest.raises(ValueError):
+            check_name(value, kind)
+    with pytest.raises(TeamsError, match=r"^f.yaml: invalid team 'a\\n'"):
+        teams_from_mapping({"teams": {"a\n": {"quota": {"*": 1}}}}, "f.yaml")
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--team", "<script>", "argument --team: invalid team '<script>': use 1-64 letters"),
+    ("--team", "a\n", "argument --team: invalid team 'a\\n'"),
+    ("--team", "t" * 300, "argument --team: invalid team 'tttt"),
+    ("--job-id", "bad id!", "argument --job-id: invalid job id 'bad id!': use 1-128 letters"),
+])
+def test_plan_reserve_takes_the_one_name_rule(tmp_path, capsys, flag, value, message):
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    with Ledger.from_url(url) as led:
+        fill(led)
+    argv = ["plan", "--ledger", url, "--gpus", "1", "--reserve", "--job-id", "ok", "--team", "research", flag, value]
+    try:
+        code = main(argv)
+    except SystemExit as done:
+        code = int(done.code)
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and message in err, err
+    with Ledger.open_existing(url) as led:
+        assert led.live_reservations() == []
+
+
+def test_plan_reserve_refuses_a_team_the_file_does_not_name(tmp_path, capsys):
+    from sqlalchemy import select
+
+    from airflow_hetero_gpu.ledger.schema import team_usage
+
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    with Ledger.from_url(url) as led:
+        fill(led)
+        argv = ["plan", "--ledger", url, "--gpus", "1", "--reserve", "--job-id", "j1", "--team", "nobody"]
+        assert main(argv) == 0  # no teams configured: any team is taken (quotas are off)
+        led.release("j1")
+        led.apply_teams(_teams())
+        capsys.readouterr()
+        with led._read("rows") as (conn, _):
+            before = sorted(r.team for r in conn.execute(select(team_usage)))
+        assert main([*argv[:-1], "reserch"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--team: team 'reserch' is not in the teams file (its teams: intern, prod, " \
+            "research); did you mean 'research'?" in err and "nothing reserved" in err, err
+        assert led.get("j1") is None
+        with led._read("rows") as (conn, _):
+            assert sorted(r.team for r in conn.execute(select(team_usage))) == before and "reserch" not in before
+        assert main([*argv[:-1], "research"]) == 0
+
+
+def test_unknown_team_is_one_reusable_check():
+    from airflow_hetero_gpu.core.admission.teams import unknown_team
+
+    assert unknown_team("visoin", []) is None and unknown_team("vision", ["vision"]) is None
+    line = unknown_team("x", [f"t{i:02d}" for i in range(25)])
+    assert "(its teams: t00, t01" in line and "t19, ... (5 more))" in line and "did you mean" not in line
+
+
+def test_teams_apply_help_has_the_format_and_an_example_that_applies(capsys):
+    import textwrap
+
+    with pytest.raises(SystemExit):
+        main(["teams", "apply", "--help"])
+    out = capsys.readouterr().out
+    assert "Replace every team's GPU quota" in out and "The file (YAML" in out and "borrowing_limit:" in out
+    example = out.split("Example (teams.yaml):\n", 1)[1].split("\n\n", 1)[0]
+    teams = teams_from_mapping(__import__("yaml").safe_load(textwrap.dedent(example)), "help")
+    assert sorted(teams.teams) == ["intern", "prod", "research"] and teams.usage_half_life_s == 86400

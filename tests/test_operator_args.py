@@ -32,6 +32,10 @@ BASE = {"task_id": "t", "gpu_count": 2, "script": "train.py", "ssh_conn_ids": ["
         ({"priority": "high"}, "priority: expected an integer (higher first), got 'high'"),
         ({"priority": 1.5}, "priority: expected an integer (higher first), got 1.5"),
         ({"priority": True}, "priority: expected an integer (higher first), got True"),
+        ({"priority": 10 ** 30}, "priority: expected an integer from -1000000 to 1000000, got " + str(10 ** 30)),
+        ({"lease_seconds": float("inf")}, "lease_seconds: expected at most 31536000 seconds (365 days), got inf"),
+        ({"host_timeout": 1e300}, "host_timeout: expected at most 31536000 seconds (365 days), got 1e+300"),
+        ({"preemption_grace": float("inf")}, "preemption_grace: expected at most 86400 seconds (a day), got inf"),
         ({"preemptible": "no"}, "preemptible: expected True or False, got 'no'"),
         ({"preemption_signal": "SIGNOPE"}, "preemption_signal: expected a signal the job can catch, such as "
                                            "'SIGTERM' or 'SIGUSR1', got 'SIGNOPE'"),

@@ -5,6 +5,8 @@ enqueues carries the team."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
@@ -47,9 +49,10 @@ def test_the_team_is_the_argument_else_the_setting_else_default(url, monkeypatch
     op.ledger.leave_queue("j")
 
 
-def test_a_malformed_team_fails_before_anything_is_enqueued(url):
-    op = _op(url, team="research team")
-    with pytest.raises(AirflowFailException, match=r"team: expected a team name .* got 'research team'"):
+@pytest.mark.parametrize("team", ["research team", "a\n", "<script>", "t" * 65])
+def test_a_malformed_team_fails_before_anything_is_enqueued(url, team):
+    op = _op(url, team=team)
+    with pytest.raises(AirflowFailException, match=r"team: expected a team name .* got " + re.escape(repr(team))):
         QueueWait(Placement(op, {"ti": None}, "j", PlanRequest(2))).enqueue()
     with Ledger.open_existing(url) as led:
         assert [e.job_id for e in led.queue()] == []
@@ -58,3 +61,21 @@ def test_a_malformed_team_fails_before_anything_is_enqueued(url):
 def test_team_is_templated_on_the_operator_and_the_decorator():
     assert "team" in HeteroTrainOperator.template_fields
     assert "team" in HeteroTrainDecoratedOperator.template_fields
+
+
+def test_a_team_the_teams_file_does_not_name_runs_with_one_warning(url, monkeypatch):
+    """A typo'd team (team="visoin") still runs, on quota 0, borrowing only; the task log says so
+    once, naming the teams the file has and the closest one."""
+    from airflow_hetero_gpu.core.admission import teams_from_mapping
+
+    with Ledger.open_existing(url) as led:
+        led.apply_teams(teams_from_mapping({"teams": {"vision": {"quota": {"*": 8}}, "prod": {"quota": {"*": 8}}}}))
+    op = _op(url, team="visoin")
+    warned = []
+    log = type("Log", (), {"warning": lambda self, *a: warned.append(a[0] % a[1:])})()
+    monkeypatch.setattr(Placement, "log", property(lambda self: log))
+    placement = Placement(op, {}, "j", PlanRequest(2))
+    assert placement.team == "visoin" and placement.team == "visoin"
+    assert warned == ["job j: team 'visoin' is not in the teams file (its teams: prod, vision); did you mean "
+                      "'vision'? A team the file does not name has quota 0: its jobs only borrow"]
+    assert Placement(_op(url, team="vision"), {}, "j", PlanRequest(2)).unknown_team("vision") is None

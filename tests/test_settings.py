@@ -36,3 +36,13 @@ def test_ledger_comes_from_the_settings(monkeypatch, tmp_path):
     monkeypatch.setenv("AIRFLOW__HETERO_GPU__LEDGER_CONN_ID", "my_ledger")
     assert LedgerHook().get_url() == "sqlite:////x.db"  # the connection wins over the URL setting
     assert LedgerHook(ledger_url="sqlite:///arg.db").get_url() == "sqlite:///arg.db"  # an argument wins
+
+
+@pytest.mark.parametrize("value", ["inf", "1e300", "nan", "-1"])
+def test_a_seconds_setting_is_finite_and_bounded(monkeypatch, value):
+    from airflow_hetero_gpu.settings import preemption_settings
+
+    monkeypatch.setenv("AIRFLOW__HETERO_GPU__PREEMPTION_DELAY", value)
+    with pytest.raises(ConfigError, match=r"^\[hetero_gpu\] preemption_delay: expected (seconds >= 0|at most "
+                                          r"315360000 seconds \(ten years\)), got '"):
+        preemption_settings()

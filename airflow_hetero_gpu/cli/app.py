@@ -14,10 +14,10 @@ import sys
 from typing import Sequence
 
 from airflow_hetero_gpu import __version__
-from airflow_hetero_gpu.cli.guide import EPILOG, arrange
+from airflow_hetero_gpu.cli.argtypes import job_id as job_id_arg, mib, non_negative_float, positive_int, team_name
 from airflow_hetero_gpu.cli.exits import EXIT_BAD_INPUT, EXIT_NO_CAPACITY, EXIT_OK
+from airflow_hetero_gpu.cli.guide import EPILOG, arrange
 from airflow_hetero_gpu.text import fmt, render_plan, table
-from airflow_hetero_gpu.cli.argtypes import mib, non_negative_float, positive_int
 from airflow_hetero_gpu.errors import HeteroGpuError, RequestError
 
 
@@ -40,7 +40,8 @@ def _load(args):
         return load_cluster(args.captures, args.config, xid_rule=rule)
     if not getattr(args, "ledger", None):
         raise HeteroGpuError("give --ledger URL (the ledger `hetero-gpu check` or `collect` filled) or --captures DIR "
-                             "(a capture directory); the command line opens no ledger by default")
+                             "(a capture directory); without them the command line opens the tasks' ledger, "
+                             "[hetero_gpu] ledger_url, and none is set")
     from airflow_hetero_gpu.collect.freshness import FreshInventory
     from airflow_hetero_gpu.core.config import load_config
     from airflow_hetero_gpu.ledger import Ledger
@@ -51,6 +52,7 @@ def _load(args):
     if not stored.hosts:
         raise HeteroGpuError(f"ledger {ledger.display_url} holds no inventory: {FILL_WITH}")
     fresh = FreshInventory(stored, args.max_age if args.max_age is not None else float("inf"))
+    args.inventory_ages = stored.ages()  # for plan's warning on an old inventory
     if not args.json:
         print(fresh.describe())
     return fresh.cluster(load_config(args.config) if args.config else None)
@@ -149,6 +151,8 @@ def cmd_plan(args) -> int:
     else:
         reserved, evicted, drained = _ledger_state(args)
         result = plan(cluster, request, reserved=reserved, evicted=evicted, drained=drained)
+    if result.decision is not None:
+        _warn_old_inventory(args, {k.host for k in result.decision.keys})
     if args.json:
         out = result.to_json()
         if args.reserve:
@@ -159,6 +163,28 @@ def cmd_plan(args) -> int:
         if args.reserve and result.decision is not None:
             print(f"\nreserved for job {args.job_id!r} in the ledger")
     return EXIT_OK if result.decision is not None else EXIT_NO_CAPACITY
+
+
+def _warn_old_inventory(args, hosts: set[str]) -> None:
+    """One line on stderr when ``plan`` placed (with no ``--max-age``) on hosts whose inventory in
+    the ledger is older than ``[hetero_gpu] inventory_max_age`` (300 s): the operator would
+    collect them again first, the command line places on what it has."""
+    from airflow_hetero_gpu.collect.freshness import DEFAULT_MAX_AGE_S
+    from airflow_hetero_gpu.settings import light_setting
+
+    ages = getattr(args, "inventory_ages", None)
+    if not ages or args.max_age is not None:
+        return
+    value, _ = light_setting("inventory_max_age")
+    try:
+        limit = float(value) if value is not None else DEFAULT_MAX_AGE_S
+    except ValueError:
+        limit = DEFAULT_MAX_AGE_S
+    old = sorted((h for h in hosts if ages.get(h) is not None and ages[h] > limit), key=lambda h: -ages[h])
+    if old:
+        print(f"hetero-gpu plan: warning: placed on an inventory {ages[old[0]]:.0f} s old ({', '.join(old)}), older "
+              f"than inventory_max_age {limit:g} s, which a task would collect again first: run `hetero-gpu check` "
+              f"or `hetero-gpu collect --ledger`, or give --max-age to refuse old hosts", file=sys.stderr)
 
 
 # --- parser -----------------------------------------------------------------------------------
@@ -207,8 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task-type", metavar="T", help="training-task type the pool must support")
     p.add_argument("--gpu-memory", type=mib, metavar="MIB", help="free memory needed on each GPU")
     p.add_argument("--reserve", action="store_true", help="claim the chosen GPUs in the ledger")
-    p.add_argument("--job-id", metavar="ID", help="job id of the reservation (with --reserve)")
-    p.add_argument("--team", metavar="NAME", help="the job's team for the quotas (with --reserve; default: the "
+    p.add_argument("--job-id", metavar="ID", type=job_id_arg, help="job id of the reservation (with --reserve; "
+                                                               "1-128 letters, digits, '.', '_', '-')")
+    p.add_argument("--team", metavar="NAME", type=team_name, help="the job's team for the quotas (with --reserve; default: the "
                                                   "default team; docs/teams.md)")
     p.add_argument("--lease", type=positive_int, default=600, metavar="SECONDS",
                    help="lease of the reservation (with --reserve; default 600): it is freed when the "
@@ -232,10 +259,46 @@ def _extra_commands():
     return [collect_register, check_register, ledger_register, teams_register, simulate_register]
 
 
+#: Commands whose ledger, when --ledger is not given, is the tasks' (docs/operations.md)
+_LEDGER_COMMANDS = frozenset({"queue", "teams", "drain", "undrain", "hosts", "reservations", "evictions", "release",
+                              "uncordon", "captures"})
+#: Commands that read a ledger or a capture directory: the tasks' ledger only when a setting names it
+_PLANNING_COMMANDS = frozenset({"inventory", "pools", "plan"})
+
+
+def default_ledger(args: argparse.Namespace, err=None) -> None:
+    """Without ``--ledger``, take the ledger the operator uses: ``[hetero_gpu] ledger_url``
+    (``AIRFLOW__HETERO_GPU__LEDGER_URL``, then airflow.cfg; Airflow is not imported), else, for
+    the ledger's own commands, the SQLite file under ``$AIRFLOW_HOME``; say which on stderr.
+    ``inventory``/``pools``/``plan`` take it only with no ``--captures`` (``plan --reserve``:
+    always) and only when a setting names it."""
+    from airflow_hetero_gpu.settings import cli_ledger_url
+
+    if getattr(args, "ledger", "given") or args.command not in _LEDGER_COMMANDS | _PLANNING_COMMANDS:
+        return
+    planning = args.command in _PLANNING_COMMANDS
+    if planning and getattr(args, "captures", None) and not getattr(args, "reserve", False):
+        return  # a capture directory alone, as before: no ledger
+    url, where = cli_ledger_url()
+    where = f"from {where}"
+    if url is None:
+        if planning:
+            return  # `give --ledger URL or --captures DIR`
+        from airflow_hetero_gpu.ledger.url import default_url
+
+        url, where = default_url(), "the default: no [hetero_gpu] ledger_url is set"
+    from airflow_hetero_gpu.ledger.url import mask
+
+    args.ledger = url
+    print(f"hetero-gpu {args.command}: ledger {mask(url)} ({where}; --ledger URL for another)",
+          file=err or sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        default_ledger(args)
         return int(args.func(args) or 0)
     except HeteroGpuError as err:
         print(f"hetero-gpu {args.command}: error: {err}", file=sys.stderr)

@@ -7,6 +7,26 @@ import argparse
 import math
 
 
+def team_name(text: str) -> str:
+    """``--team``: a team name by the one rule (:mod:`airflow_hetero_gpu.core.names`)."""
+    from airflow_hetero_gpu.core.names import TEAM, name_problem
+
+    problem = name_problem(text, TEAM)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+def job_id(text: str) -> str:
+    """``--job-id``: a job id by the one rule, as the operator's (:mod:`airflow_hetero_gpu.core.names`)."""
+    from airflow_hetero_gpu.core.names import JOB_ID, name_problem
+
+    problem = name_problem(text, JOB_ID)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -35,9 +55,15 @@ def _number(text: str, what: str) -> float:
 
 
 def positive_seconds(text: str) -> float:
+    """Seconds > 0 and at most 365 days (``--interval``, ``--connect-timeout``; ``1e300`` would
+    overflow a sleep or a socket's timeout)."""
+    from airflow_hetero_gpu.durations import MAX_DURATION_S
+
     value = _number(text, "a number of seconds")
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    if value > MAX_DURATION_S:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_DURATION_S:.0f} seconds (365 days), got {text!r}")
     return value
 
 

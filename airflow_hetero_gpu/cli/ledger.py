@@ -7,7 +7,8 @@ writers elsewhere: ``collect --ledger``, ``check``, ``plan --reserve``) create o
 
 Each handler returns an exit status; bad input raises a one-line
 :class:`~airflow_hetero_gpu.errors.HeteroGpuError` subclass that the CLI prints (exit 2).
-``--ledger`` defaults to the SQLite file under ``$AIRFLOW_HOME``.
+``--ledger`` defaults to the tasks' ledger (``[hetero_gpu] ledger_url``, read without Airflow by
+:func:`airflow_hetero_gpu.cli.default_ledger`), else the SQLite file under ``$AIRFLOW_HOME``.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ import json
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
+from airflow_hetero_gpu.cli.argtypes import job_id as job_id_arg
 from airflow_hetero_gpu.cli.exits import EXIT_OK
-
-from airflow_hetero_gpu.text import table
+from airflow_hetero_gpu.text import table, terminal_width
 from airflow_hetero_gpu.durations import duration
 from airflow_hetero_gpu.cli.drain import print_drains
 from airflow_hetero_gpu.cli.drain import register as drain_register
@@ -52,11 +53,18 @@ def reserve_for_cli(
     team: str | None = None,
 ) -> PlanResult:
     """``plan --reserve``: plan and claim in one ledger transaction; decision None means exit 3.
-    ``lease_seconds``: default the ledger's :data:`DEFAULT_LEASE_SECONDS`."""
+    ``lease_seconds``: default the ledger's :data:`DEFAULT_LEASE_SECONDS`. A ``team`` the applied
+    teams file does not name is refused (LedgerError; nothing reserved, docs/teams.md)."""
+    from airflow_hetero_gpu.core.admission.teams import unknown_team
     from airflow_hetero_gpu.ledger.store import DEFAULT_LEASE_SECONDS, Ledger
 
     lease = DEFAULT_LEASE_SECONDS if lease_seconds is None else lease_seconds
     with Ledger.from_url(ledger_url) as ledger:
+        if team is not None:
+            teams = ledger.teams()
+            problem = unknown_team(team, teams.teams if teams else ())
+            if problem:
+                raise LedgerError(f"--team: {problem}; nothing reserved")
         return ledger.reserve(job_id, cluster, request, lease_seconds=lease, config=config, team=team)
 
 
@@ -165,8 +173,9 @@ def cmd_queue(args: argparse.Namespace) -> int:
              "admitted" if e.admitted else (e.standing or "waiting"), e.priority,
              _asks(e.request), duration(e.waited_s(now)), _claim(e), "" if e.admitted else e.where())
             for e in entries]
+    width = None if args.wide else terminal_width()  # REASON wraps to the terminal; --wide: one line each
     print(table(["POS", "JOB", *(("TEAM",) if teams else ()), "STATE", "PRIO", "ASKS", "WAITED", "CLAIM", "REASON"],
-                rows))
+                rows, width))
     if not entries:
         print("(nobody waits)")
     print_drains(drains, now)
@@ -176,7 +185,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
                     [(p["victim"], p["preemptor"], p["state"], p["decided_at"][11:19],
                       "" if p["exited_after_s"] is None else duration(p["exited_after_s"]),
                       "" if p["lost_gpu_s"] is None else f"{p['lost_gpu_s']:.0f}", p["checkpoint"] or "", p["reason"])
-                     for p in preempted]))
+                     for p in preempted], width))
     return EXIT_OK
 
 
@@ -212,13 +221,15 @@ def cmd_captures_export(args: argparse.Namespace) -> int:
 
 def _ledger_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ledger", metavar="URL", default=None,
-                   help="ledger database URL (default: sqlite file $AIRFLOW_HOME/hetero_gpu_ledger.db)")
+                   help="ledger database URL (default: the tasks' ledger, [hetero_gpu] ledger_url from "
+                        "AIRFLOW__HETERO_GPU__LEDGER_URL or airflow.cfg, else the sqlite file "
+                        "$AIRFLOW_HOME/hetero_gpu_ledger.db)")
 
 
 def register(subparsers) -> None:
     """Add the ledger's sub-commands to ``hetero-gpu``'s sub-parsers."""
     p = subparsers.add_parser("release", help="free a job's reservation (harmless when there is none)")
-    p.add_argument("--job-id", required=True, metavar="ID", help="job id of the reservation")
+    p.add_argument("--job-id", required=True, metavar="ID", type=job_id_arg, help="job id of the reservation")
     _ledger_arg(p)
     p.set_defaults(func=cmd_release)
 
@@ -240,6 +251,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("queue", help="the jobs waiting for GPUs, in order, with the head's claim")
     _ledger_arg(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--wide", action="store_true", help="each reason on one line, however long (default: reasons "
+                                                       "wrap to the terminal's width when printing to one)")
     p.set_defaults(func=cmd_queue)
 
     drain_register(subparsers, _ledger_arg)

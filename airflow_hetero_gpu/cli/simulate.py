@@ -119,13 +119,9 @@ def register(subparsers) -> None:
 
 def _read_teams(path: str, cluster):
     """The teams file, checked against the simulated fleet's card types (one-line errors)."""
-    from airflow_hetero_gpu.core.admission.quota import teams_from_text
+    from airflow_hetero_gpu.core.admission.teams import read_teams_file
 
-    try:
-        text = Path(path).read_text()
-    except OSError as err:
-        raise HeteroGpuError(f"--teams {path}: cannot read: {err.strerror or err}") from None
-    teams = teams_from_text(text, path)
+    teams = read_teams_file(path)
     teams.check_fleet([g.name for g in cluster.gpus], path)
     return teams
 

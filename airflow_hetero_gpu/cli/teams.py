@@ -8,20 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from airflow_hetero_gpu.cli.exits import EXIT_OK
-
+from airflow_hetero_gpu.core.admission.teams import read_teams_file
 from airflow_hetero_gpu.text import table
-from airflow_hetero_gpu.core.admission.teams import TeamsError, teams_from_text
-
-
-def read_teams_file(path: str):
-    try:
-        text = Path(path).read_text()
-    except OSError as err:
-        raise TeamsError(f"{path}: cannot read: {err.strerror or err}") from None
-    return teams_from_text(text, path)
 
 
 def cmd_teams_apply(args: argparse.Namespace) -> int:
@@ -33,6 +23,36 @@ def cmd_teams_apply(args: argparse.Namespace) -> int:
     names = ", ".join(sorted(teams.teams)) or "none (quotas off)"
     print(f"teams {'applied' if changed else 'unchanged (already applied)'}: {names}")
     return EXIT_OK
+
+
+APPLY_DESCRIPTION = """\
+Replace every team's GPU quota by those of FILE, in one transaction: the whole file or nothing,
+and applying the same file again changes nothing. A bad file is one line naming the file, the
+team and the key (exit 2); the applied quotas stay as they were. An empty `teams:` turns quotas
+off. Then an admission pass runs (what may start changed).
+
+The file (YAML, UTF-8, at most 1 MiB; no team or key twice):
+
+  teams:
+    TEAM:                       # 1-64 letters, digits, _ . @ -
+      quota: {PATTERN: GPUS}    # card-type pattern ("*", "A100*", "H100-SXM5-80GB") -> 0..1000000
+      borrowing_limit: {PATTERN: GPUS}   # optional, per pattern of quota; default unlimited
+      lending_limit: {PATTERN: GPUS}     # optional, per pattern of quota; default all idle quota
+      weight: 1                 # optional, fair-share weight, 0.001..1000
+  usage_half_life: 24h          # optional, 1s..365d (seconds, or 30m, 24h, 2d)
+
+Example (teams.yaml):
+
+  teams:
+    research: {quota: {"*": 16}, weight: 2}
+    prod:     {quota: {"A100*": 8}, lending_limit: {"A100*": 4}}
+    intern:   {quota: {"*": 4}, borrowing_limit: {"*": 4}}
+  usage_half_life: 24h
+
+  hetero-gpu teams apply teams.yaml --ledger postgresql://user@db/ledger
+  hetero-gpu teams --ledger postgresql://user@db/ledger      # where each team stands
+
+Rules, bounds and a worked example: docs/teams.md."""
 
 
 def _n(v) -> str:
@@ -69,10 +89,11 @@ def register(subparsers) -> None:
     _ledger_arg(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     sub = p.add_subparsers(dest="teams_command", required=False, metavar="COMMAND", parser_class=type(p))
-    q = sub.add_parser("apply", help="replace every team's quota by FILE's, in one transaction")
+    q = sub.add_parser("apply", help="replace every team's quota by FILE's, in one transaction",
+                       description=APPLY_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     q.add_argument("file", metavar="FILE", help="the teams file (YAML; docs/teams.md)")
     # given before or after `apply`: the sub-command's default must not overwrite the parent's value
     q.add_argument("--ledger", metavar="URL", default=argparse.SUPPRESS,
-                   help="ledger database URL (default: sqlite file $AIRFLOW_HOME/hetero_gpu_ledger.db)")
+                   help="ledger database URL (default: the tasks' ledger, as `teams --help` says)")
     q.set_defaults(func=cmd_teams)
     p.set_defaults(func=cmd_teams)

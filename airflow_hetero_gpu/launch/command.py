@@ -58,13 +58,11 @@ SETUP_EXIT_CODE = 125
 #: Seconds between SIGTERM and SIGKILL when a host's watchdog ends a job whose SSH session is gone.
 WATCHDOG_GRACE_S = 10.0
 
-_JOB_ID = re.compile(r"[A-Za-z0-9._-]+")
 _HOST = re.compile(r"[A-Za-z0-9._:-]+")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MARKERS = frozenset({JOB_ENV, HOST_ENV, NODE_RANK_ENV})
 _RESERVED_NAMES = {LAUNCH_ENV, PAYLOAD_ENV}
 _RESERVED_ENV = _MARKERS | _RESERVED_NAMES | {"CUDA_VISIBLE_DEVICES"}
-_MAX_JOB_ID = 128
 
 #: Seconds the sweep waits after SIGKILL before it reports survivors.
 KILL_WAIT_S = 5.0
@@ -149,13 +147,11 @@ def _word(value: str) -> str:
 
 
 def validate_job_id(job_id: str) -> str:
-    """Return ``job_id`` when it is 1-128 characters of ``[A-Za-z0-9._-]``, else ValueError."""
-    if not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id) or len(job_id) > _MAX_JOB_ID \
-            or job_id in (".", ".."):
-        raise ValueError(
-            f"invalid job id {job_id!r}: use 1-{_MAX_JOB_ID} letters, digits, '.', '_' or '-'"
-        )
-    return job_id
+    """Return ``job_id`` when it is 1-128 characters of ``[A-Za-z0-9._-]``, else ValueError
+    (the one rule of :mod:`airflow_hetero_gpu.core.names`)."""
+    from airflow_hetero_gpu.core.names import JOB_ID, check_name
+
+    return check_name(job_id, JOB_ID)
 
 
 def validate_host_name(host: str) -> str:

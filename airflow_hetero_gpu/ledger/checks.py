@@ -9,6 +9,8 @@ from typing import Iterable
 from sqlalchemy.exc import DBAPIError
 
 from airflow_hetero_gpu.core.model import GpuKey
+from airflow_hetero_gpu.core.names import JOB_ID, TEAM, name_problem
+from airflow_hetero_gpu.durations import MAX_DURATION_S
 from airflow_hetero_gpu.ledger import schema
 from airflow_hetero_gpu.ledger.errors import LedgerError
 
@@ -21,16 +23,43 @@ def first_line(err: DBAPIError) -> str:
 
 
 def check_job_id(job_id: object) -> str:
-    if not isinstance(job_id, str) or not job_id.strip():
-        raise LedgerError(f"job id: expected a non-empty string, got {job_id!r}")
-    if len(job_id) > schema.NAME:
-        raise LedgerError(f"job id {job_id[:40]!r}...: longer than {schema.NAME} characters")
-    return job_id
+    """A job id by the one rule (:mod:`airflow_hetero_gpu.core.names`), else a one-line LedgerError."""
+    problem = name_problem(job_id, JOB_ID)
+    if problem is not None:
+        raise LedgerError(problem)
+    return job_id  # type: ignore[return-value]
+
+
+def check_team(team: object) -> str | None:
+    """A team name by the one rule, or None (the default team); else a one-line LedgerError."""
+    if team is None:
+        return None
+    problem = name_problem(team, TEAM)
+    if problem is not None:
+        raise LedgerError(problem)
+    return team  # type: ignore[return-value]
+
+
+#: A job's priority: an integer within +-MAX_PRIORITY (the column is a 32-bit integer on PostgreSQL,
+#: and aging adds to it; a million levels is far more than any scheme uses).
+MAX_PRIORITY = 1_000_000
+
+
+def check_priority(priority: object, job_id: str) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise LedgerError(f"job {job_id!r}: priority: expected an integer, got {priority!r}")
+    if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
+        raise LedgerError(f"job {job_id!r}: priority: expected an integer from {-MAX_PRIORITY} to {MAX_PRIORITY}, "
+                          f"got {priority}")
+    return priority
 
 
 def check_lease(seconds: object) -> timedelta:
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds <= 0:
-        raise LedgerError(f"lease_seconds: expected a positive number of seconds, got {seconds!r}")
+    """A lease: a positive number of seconds, at most :data:`MAX_DURATION_S` (365 days)."""
+    if (isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds)
+            or not 0 < seconds <= MAX_DURATION_S):
+        raise LedgerError(f"lease_seconds: expected a positive number of seconds, at most {MAX_DURATION_S:.0f} "
+                          f"(365 days), got {seconds!r}")
     return timedelta(seconds=float(seconds))
 
 

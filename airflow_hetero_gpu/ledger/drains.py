@@ -19,6 +19,7 @@ from typing import Any, Iterable, Sequence
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.engine import Connection
 
+from airflow_hetero_gpu.durations import MAX_DURATION_S
 from airflow_hetero_gpu.ledger.errors import LedgerError
 from airflow_hetero_gpu.ledger.preemption import DRAIN_DEADLINE, drop_reservations, open_record
 from airflow_hetero_gpu.ledger.schema import NAME
@@ -134,8 +135,9 @@ class DrainsMixin:
             raise LedgerError("reason: say why the hosts are drained (--reason TEXT), got an empty reason")
         if len(reason) > MAX_REASON:
             raise LedgerError(f"reason: longer than {MAX_REASON} characters")
-        if deadline_s is not None and not deadline_s > 0:
-            raise LedgerError(f"deadline: expected a positive number of seconds, got {deadline_s!r}")
+        if deadline_s is not None and not 0 < deadline_s <= MAX_DURATION_S:  # NaN, inf and 1e300 too
+            raise LedgerError(f"deadline: expected a positive number of seconds, at most {MAX_DURATION_S:.0f} "
+                              f"(365 days), got {deadline_s!r}")
         reason = " ".join(reason.split())
         with self._write("drain hosts") as (conn, now):
             _known(conn, names, "drain")

@@ -24,7 +24,7 @@ from airflow_hetero_gpu.core.admission import DEFAULT_AGING_INTERVAL_S, Admissio
 from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
 from airflow_hetero_gpu.ledger import admission
 from airflow_hetero_gpu.ledger.admission import ADMITTED, WAITING, ClusterCache
-from airflow_hetero_gpu.ledger.checks import check_job_id, check_lease
+from airflow_hetero_gpu.ledger.checks import check_job_id, check_lease, check_priority, check_team
 from airflow_hetero_gpu.ledger.errors import LedgerError, ReservationConflict
 from airflow_hetero_gpu.ledger.preemption import RELEASED, drop_reservations
 from airflow_hetero_gpu.ledger.records import Reservation, TaskIdentity
@@ -140,11 +140,9 @@ class QueueMixin:
         lease = check_lease(lease_seconds)
         if not isinstance(request, PlanRequest):
             raise LedgerError(f"enqueue job {job_id!r}: request: expected a PlanRequest, got {request!r}")
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise LedgerError(f"enqueue job {job_id!r}: priority: expected an integer, got {priority!r}")
+        priority = check_priority(priority, job_id)
         ident = TaskIdentity.coerce(identity)
-        if team is not None and (not isinstance(team, str) or not team.strip()):
-            raise LedgerError(f"enqueue job {job_id!r}: team: expected a non-empty team name, got {team!r}")
+        team = check_team(team)
         values: dict[str, Any] = {"request": request.to_json(), "priority": priority, "team": team, "preemptible": bool(preemptible),
                                   "lease_seconds": lease.total_seconds(), **(ident.to_json() if ident else {})}
         self._warm_admission()

@@ -21,7 +21,7 @@ from airflow_hetero_gpu.core.model import Decision, Gpu, GpuKey, PlanRequest, Pl
 from airflow_hetero_gpu.core.planner import plan as core_plan
 from airflow_hetero_gpu.core.planner import replacement as core_replacement
 from airflow_hetero_gpu.ledger import history
-from airflow_hetero_gpu.ledger.checks import check_job_id, check_key, check_lease, check_reasons, instance_column, instance_of
+from airflow_hetero_gpu.ledger.checks import check_job_id, check_priority, check_team, check_key, check_lease, check_reasons, instance_column, instance_of
 from airflow_hetero_gpu.ledger.drains import drained_map, end_past_deadline
 from airflow_hetero_gpu.ledger.errors import LedgerError, NoLiveReservation, ReservationConflict
 from airflow_hetero_gpu.ledger.preemption import LEASE_EXPIRED, RELEASED, drop_reservations
@@ -64,6 +64,8 @@ class ReservationsMixin:
         the default ``preemptible=False``).
         """
         job_id = check_job_id(job_id)
+        team = check_team(team)
+        priority = check_priority(priority, job_id)
         lease = check_lease(lease_seconds)
         ident = TaskIdentity.coerce(identity)
         with self._write(f"reserve job {job_id!r}") as (conn, now):

@@ -14,6 +14,7 @@ history, and each team's standing.
 
 from __future__ import annotations
 
+import logging
 import math
 from datetime import datetime
 from typing import Any
@@ -24,6 +25,10 @@ from sqlalchemy.engine import Connection
 from airflow_hetero_gpu.core.admission.quota import (
     DEFAULT_TEAM, QuotaBook, TeamQuota, Teams, decay, matches, share_value,
 )
+from airflow_hetero_gpu.core.admission.teams import (
+    DEFAULT_USAGE_HALF_LIFE_S, MAX_GPUS, MAX_WEIGHT, MIN_HALF_LIFE_S, MIN_WEIGHT, teams_from_mapping,
+)
+from airflow_hetero_gpu.durations import MAX_DURATION_S
 from airflow_hetero_gpu.core.admission.teampass import QuotaInput
 from airflow_hetero_gpu.ledger.schema import queue_entries as q_t
 from airflow_hetero_gpu.ledger.schema import reservation_gpus as gpu_t
@@ -32,6 +37,28 @@ from airflow_hetero_gpu.ledger.schema import team_samples, team_settings, team_u
 from airflow_hetero_gpu.ledger.schema import teams as teams_t
 
 HALF_LIFE_KEY = "usage_half_life_s"
+#: The most decayed borrowed GPU-seconds a team can have: every GPU of a fleet at the bound borrowed
+#: for ever, at the longest half-life (sum of the decayed series: borrowed × half-life / ln 2).
+MAX_DECAYED_GPU_S = MAX_GPUS * MAX_DURATION_S / math.log(2)
+
+log = logging.getLogger(__name__)
+
+
+def finite_usage(team: str, value: object, what: str = "decayed borrowed GPU-seconds") -> float:
+    """A team's fair-share history as the ledger may store it: a finite number in
+    [0, MAX_DECAYED_GPU_S]. Anything else (NaN or infinity left by an older release, a bad number
+    read back) is clamped, with a warning naming the team and the value: it never reaches the table,
+    where NaN is a NOT NULL failure on SQLite and a stored ``nan`` on PostgreSQL."""
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        number = math.nan
+    if math.isfinite(number) and 0.0 <= number <= MAX_DECAYED_GPU_S:
+        return number
+    clamped = MAX_DECAYED_GPU_S if number == math.inf or (math.isfinite(number) and number > 0) else 0.0
+    log.warning("team %s: %s %r is not a finite number in [0, %.0f]: stored as %.0f", team, what, value,
+                MAX_DECAYED_GPU_S, clamped)
+    return clamped
 
 
 def read_teams(conn: Connection) -> Teams | None:
@@ -42,9 +69,20 @@ def read_teams(conn: Connection) -> Teams | None:
     half = conn.execute(select(team_settings.c.value).where(team_settings.c.key == HALF_LIFE_KEY)).scalar()
     out = {}
     for name, spec in rows:
+        weight = _number(spec.get("weight", 1.0), 1.0)
         out[name] = TeamQuota(name, dict(spec.get("quota") or {}), dict(spec.get("borrowing_limit") or {}),
-                              dict(spec.get("lending_limit") or {}), float(spec.get("weight", 1.0)))
-    return Teams(out, float(half)) if half else Teams(out)
+                              dict(spec.get("lending_limit") or {}),
+                              weight if MIN_WEIGHT <= weight <= MAX_WEIGHT else 1.0)
+    half_s = _number(half, DEFAULT_USAGE_HALF_LIFE_S)  # checked by apply_teams; an older release did not
+    return Teams(out, half_s if MIN_HALF_LIFE_S <= half_s <= MAX_DURATION_S else DEFAULT_USAGE_HALF_LIFE_S)
+
+
+def _number(value: object, default: float) -> float:
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return default
+    return number if math.isfinite(number) else default
 
 
 def _held(conn: Connection, now: datetime) -> list[Any]:
@@ -58,8 +96,9 @@ def _history(conn: Connection, now: datetime, teams: Teams) -> dict[str, float]:
     for row in conn.execute(select(team_usage)):
         elapsed = (now - row.updated_at).total_seconds()
         h = teams.usage_half_life_s
-        gain = row.borrowed * h / math.log(2) * (1 - 0.5 ** (max(0.0, elapsed) / h))
-        out[row.team] = decay(row.decayed_borrowed_gpu_s, elapsed, h) + gain
+        gain = max(0, int(row.borrowed or 0)) * h / math.log(2) * (1 - 0.5 ** (max(0.0, elapsed) / h))
+        stored = finite_usage(row.team, row.decayed_borrowed_gpu_s)
+        out[row.team] = finite_usage(row.team, decay(stored, elapsed, h) + gain)
     return out
 
 
@@ -87,7 +126,7 @@ def record_usage(conn: Connection, now: datetime) -> None:
     old = {r.team: r for r in conn.execute(select(team_usage))}
     for team in sorted(set(in_use) | set(old) | set(teams.teams)):
         values = dict(in_use=in_use.get(team, 0), borrowed=borrowed.get(team, 0),
-                      decayed_borrowed_gpu_s=history.get(team, 0.0), updated_at=now)
+                      decayed_borrowed_gpu_s=finite_usage(team, history.get(team, 0.0)), updated_at=now)
         prev = old.get(team)
         if prev is None:
             conn.execute(insert(team_usage).values(team=team, **values))
@@ -103,8 +142,10 @@ class TeamsMixin:
 
     def apply_teams(self, teams: Teams, source: str = "teams") -> bool:
         """Replace every team's quota by ``teams`` in one transaction; True when something changed.
-        A pattern that matches no card type of the stored inventory is a TeamsError (nothing
-        is applied). Runs an admission pass."""
+        A pattern that matches no card type of the stored inventory, or a number out of the
+        bounds of docs/teams.md (``teams`` built in code, not read from a file), is a TeamsError
+        (nothing is applied). Runs an admission pass."""
+        teams = teams_from_mapping(teams.to_json(), source)  # the file's bounds, whoever built it
         self._warm_admission()
         with self._write("apply the teams") as (conn, now):
             cluster = self._queue_clusters.get(conn, now)

@@ -69,11 +69,18 @@ def validate(op: Any) -> None:
         raise fail(f"env: expected a mapping of names to strings, got {op.env!r}")
     if isinstance(op.max_restarts, bool) or not isinstance(op.max_restarts, int) or op.max_restarts < 0:
         raise fail(f"max_restarts: expected a non-negative integer, got {op.max_restarts!r}")
+    from airflow_hetero_gpu.durations import MAX_DURATION_S
+    from airflow_hetero_gpu.ledger.checks import MAX_PRIORITY
+
     for name, least in (("lease_seconds", 3.0), ("host_timeout", 2.0)):
         value = getattr(op, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= least:
             raise fail(f"{name}: expected a number of seconds >= {least:g}, got {value!r}")
+        if not value <= MAX_DURATION_S:
+            raise fail(f"{name}: expected at most {MAX_DURATION_S:.0f} seconds (365 days), got {value!r}")
     if isinstance(op.priority, bool) or not isinstance(op.priority, int):
         raise fail(f"priority: expected an integer (higher first), got {op.priority!r}")
+    if not -MAX_PRIORITY <= op.priority <= MAX_PRIORITY:
+        raise fail(f"priority: expected an integer from {-MAX_PRIORITY} to {MAX_PRIORITY}, got {op.priority}")
     if op.weights is not None and not isinstance(op.weights, Mapping):
         raise fail(f"weights: expected a mapping like {{'topology': 0.6}}, got {op.weights!r}")

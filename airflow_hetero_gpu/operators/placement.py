@@ -115,10 +115,27 @@ class Placement:
         from airflow_hetero_gpu.core.admission.quota import DEFAULT_TEAM, valid_team_name
         from airflow_hetero_gpu.settings import setting
 
-        team = self.op.team if self.op.team not in (None, "") else (setting("default_team") or DEFAULT_TEAM)
+        named = self.op.team if self.op.team not in (None, "") else setting("default_team")
+        team = named or DEFAULT_TEAM
         if not valid_team_name(team):
             raise self._fail(f"team: expected a team name (letters, digits, '_', '.', '@', '-'), got {team!r}")
+        if named and not getattr(self, "_team_checked", False):  # once per task: a typo'd team runs, warned
+            self._team_checked = True
+            line = self.unknown_team(team)
+            if line:
+                self.log.warning("job %s: %s", self.job_id, line)
         return team
+
+    def unknown_team(self, team: str) -> str | None:
+        """The warning for a team the applied teams file does not name (None: named, or no teams)."""
+        from airflow_hetero_gpu.core.admission.teams import unknown_team
+        from airflow_hetero_gpu.ledger import LedgerError
+
+        try:
+            teams = self.op.ledger.teams()
+        except LedgerError:  # the reservation that follows says what is wrong with the ledger
+            return None
+        return unknown_team(team, teams.teams if teams else ())
 
     def _config(self, cluster: Cluster):
         if not self.op.weights:

@@ -56,6 +56,8 @@ def check_args(op: Any) -> None:
     grace = op.preemption_grace
     if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not grace >= 0:
         raise op._fail(f"preemption_grace: expected a number of seconds >= 0, got {grace!r}")
+    if not grace <= 86400:  # a victim that may take longer than a day to stop holds its preemptor for ever
+        raise op._fail(f"preemption_grace: expected at most 86400 seconds (a day), got {grace!r}")
     if op.checkpoint_storage not in CHECKPOINT_STORAGE:
         raise op._fail(f"checkpoint_storage: expected 'shared' or 'host', got {op.checkpoint_storage!r}")
     if op.checkpoint_storage == "host" and not op.checkpoint_dir:

@@ -18,13 +18,21 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from airflow_hetero_gpu.core.cardtype import card_type_matches
+from airflow_hetero_gpu.core.names import TEAM, name_problem, valid_name
+from airflow_hetero_gpu.durations import MAX_DURATION_S
 from airflow_hetero_gpu.errors import HeteroGpuError
 
 DEFAULT_TEAM = "default"
 DEFAULT_USAGE_HALF_LIFE_S = 24 * 3600.0
+#: Bounds of every number of the file (docs/teams.md#bounds): GPUs of a quota or a limit are whole
+#: numbers 0..MAX_GPUS (a fleet of a million GPUs is far above any real one; the pass adds them in
+#: 64-bit integers); a weight lies in [MIN_WEIGHT, MAX_WEIGHT]; the half-life in
+#: [MIN_HALF_LIFE_S, MAX_DURATION_S] (1 s to 365 days).
+MAX_GPUS = 1_000_000
+MIN_WEIGHT, MAX_WEIGHT = 0.001, 1000.0
+MIN_HALF_LIFE_S = 1.0
 TEAM_KEYS = ("quota", "borrowing_limit", "lending_limit", "weight")
 FILE_KEYS = ("teams", "usage_half_life")
-_TEAM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 _UNITS = {None: 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -34,8 +42,25 @@ class TeamsError(HeteroGpuError):
 
 
 def valid_team_name(name: object) -> bool:
-    """A team name: letters, digits, ``_ . @ -``, at most 64, starting with a letter or digit."""
-    return isinstance(name, str) and _TEAM_NAME.match(name) is not None
+    """A team name: letters, digits, ``_ . @ -``, at most 64, starting with a letter or digit
+    (the one rule of :mod:`airflow_hetero_gpu.core.names`)."""
+    return valid_name(name, TEAM)
+
+
+def unknown_team(team: str, known: Iterable[str]) -> str | None:
+    """One line when teams are configured (``known`` not empty) and ``team`` is none of them, else
+    None. The one check of a job's team against the teams file: the operator logs it as a warning,
+    ``plan --reserve --team`` refuses with it (docs/teams.md#a-team-the-file-does-not-name)."""
+    names = sorted(set(known))
+    if not names or team in names:
+        return None
+    import difflib
+
+    close = difflib.get_close_matches(team, names, n=1)
+    shown = ", ".join(names[:20]) + (f", ... ({len(names) - 20} more)" if len(names) > 20 else "")
+    return (f"team {team!r} is not in the teams file (its teams: {shown})"
+            + (f"; did you mean {close[0]!r}?" if close else "")
+            + " A team the file does not name has quota 0: its jobs only borrow")
 
 
 def specificity(pattern: str) -> tuple:
@@ -116,8 +141,9 @@ def parse_duration(value: Any, where: str) -> float:
         if m is None:
             raise TeamsError(f"{where}: expected seconds or a duration like 24h, got {value!r}")
         seconds = float(m.group(1)) * _UNITS[m.group(2)]
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise TeamsError(f"{where}: expected a positive duration, got {value!r}")
+    if not math.isfinite(seconds) or not MIN_HALF_LIFE_S <= seconds <= MAX_DURATION_S:
+        raise TeamsError(f"{where}: expected a duration from {MIN_HALF_LIFE_S:g} s to 365 days "
+                         f"({MAX_DURATION_S:.0f} s), got {value!r}")
     return seconds
 
 
@@ -132,6 +158,10 @@ def _gpus_by_pattern(value: Any, where: str) -> dict[str, int]:
             raise TeamsError(f"{where}: {pattern!r}: expected a whole number of GPUs, got {n!r}")
         if n < 0:
             raise TeamsError(f"{where}: {pattern!r}: expected a number >= 0, got {n}")
+        if n > MAX_GPUS:
+            raise TeamsError(f"{where}: {pattern!r}: expected at most {MAX_GPUS} GPUs, got {n}")
+        if pattern.strip() in out:
+            raise TeamsError(f"{where}: pattern {pattern.strip()!r} given twice")
         out[pattern.strip()] = n
     return out
 
@@ -154,8 +184,8 @@ def teams_from_mapping(data: Any, source: str = "teams") -> Teams:
         raise TeamsError(f"{source}: teams: expected a mapping of team name to its quota, got {raw!r}")
     teams: dict[str, TeamQuota] = {}
     for name, spec in raw.items():
-        if not isinstance(name, str) or not _TEAM_NAME.match(name):
-            raise TeamsError(f"{source}: team {name!r}: expected a name of letters, digits, '_', '.', '@', '-'")
+        if not valid_name(name, TEAM):
+            raise TeamsError(f"{source}: {name_problem(name, TEAM)}")
         where = f"{source}: team {name}"
         if spec is None:
             spec = {}
@@ -174,23 +204,27 @@ def teams_from_mapping(data: Any, source: str = "teams") -> Teams:
                                      f"(give it a quota, 0 if need be)")
         weight = spec.get("weight", 1)
         if (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight)
-                or weight <= 0):
+                or not MIN_WEIGHT <= weight <= MAX_WEIGHT):
+            bounds = f"a number > 0, from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}"
             if isinstance(weight, (int, float)) and not isinstance(weight, bool) and weight < 0:
-                raise TeamsError(f"{where}: weight: expected a number > 0, got {weight!r} (negative)")
-            raise TeamsError(f"{where}: weight: expected a number > 0, got {weight!r}")
+                raise TeamsError(f"{where}: weight: expected {bounds}, got {weight!r} (negative)")
+            raise TeamsError(f"{where}: weight: expected {bounds}, got {weight!r}")
         teams[name] = TeamQuota(name, quota, limits["borrowing_limit"], limits["lending_limit"], float(weight))
     return Teams(teams, half_life)
 
 
-def teams_from_text(text: str, source: str = "teams") -> Teams:
-    """A teams file's YAML text (see :func:`teams_from_mapping`)."""
-    import yaml
+def teams_from_text(text: str | bytes, source: str = "teams") -> Teams:
+    """A teams file's YAML text (see :func:`teams_from_mapping`), read strictly
+    (:mod:`~airflow_hetero_gpu.core.yamlfile`: UTF-8, size and nesting bounded, no key twice)."""
+    from airflow_hetero_gpu.core.yamlfile import decode_utf8, load_strict_yaml
 
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        problem = getattr(err, "problem", None) or type(err).__name__
-        raise TeamsError(f"{source}: not valid YAML{where}: {problem}") from None
-    return teams_from_mapping(data, source)
+    if isinstance(text, bytes):
+        text = decode_utf8(text, source, TeamsError)
+    return teams_from_mapping(load_strict_yaml(text, source, TeamsError), source)
+
+
+def read_teams_file(path: str) -> Teams:
+    """The teams file at ``path`` (at most 1 MiB of UTF-8 YAML); one-line TeamsError otherwise."""
+    from airflow_hetero_gpu.core.yamlfile import read_bounded
+
+    return teams_from_text(read_bounded(path, TeamsError), path)
