@@ -34,13 +34,19 @@ OPTIONS = {
 
 
 def setting(name: str) -> str | None:
-    """The value of ``[hetero_gpu] <name>``, stripped; None when unset or empty."""
+    """The value of ``[hetero_gpu] <name>``, stripped; None when unset or empty. Through Airflow's
+    configuration where the process has loaded it (tasks, triggers, the page), else through
+    :func:`light_setting` (the environment variable, then airflow.cfg)."""
     if name not in OPTIONS and name != "refresh_seconds":
         raise KeyError(name)
-    try:
-        from airflow.configuration import conf
-    except ImportError:  # pragma: no cover - Airflow is a dependency
-        return None
+    import sys
+
+    if "airflow.configuration" not in sys.modules:
+        # a process that has not loaded Airflow (the command line, a benchmark) reads the same
+        # section without it: importing Airflow costs over a second and sets up its logging
+        return light_setting(name)[0]
+    from airflow.configuration import conf
+
     value = conf.get(SECTION, name, fallback=None)
     return value.strip() if isinstance(value, str) and value.strip() else None
 

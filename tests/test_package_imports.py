@@ -57,3 +57,20 @@ def test_the_command_line_builds_its_parser_without_the_heavy_libraries():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(r.stdout.strip().splitlines()[-1]) == []
+
+
+def test_a_write_that_runs_an_admission_pass_loads_no_airflow(tmp_path):
+    """A process that has not loaded Airflow (the command line's `plan --reserve`, `release`)
+    reads the `[hetero_gpu]` settings the pass needs from the environment and airflow.cfg: its
+    first pass imports no Airflow (over a second under the ledger's lock, and Airflow's logging
+    would write onto the command's output), and still honours the settings."""
+    code = ("import json, sys\nfrom airflow_hetero_gpu.ledger import Ledger\n"
+            "from airflow_hetero_gpu.core.model import PlanRequest\n"
+            f"led = Ledger.from_url('sqlite:///{tmp_path}/l.db')\n"
+            "led.enqueue('j1', PlanRequest(1))\n"
+            "print(json.dumps([led.preemption is None, 'airflow' in sys.modules]))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "AIRFLOW_HOME": str(tmp_path), "AIRFLOW__HETERO_GPU__PREEMPTION": "off"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "[true, false]"
