@@ -7,7 +7,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 PORT   ?= 8080
 
-.PHONY: venv system-demo system-test test demo demo-ui bench clean
+.PHONY: venv system-demo system-test test test-fast demo demo-ui bench clean
 
 $(STAMP): pyproject.toml
 	@scripts/bootstrap.sh venv $(PYTHON) $(VENV)
@@ -26,6 +26,11 @@ TEST_WORKERS ?= 2
 test: system-test $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not serial"
 	$(PY) -m pytest -q -m serial
+
+# the inner loop: every test but the slow ones (tests/slow_tests.txt, measured; 2.5 s or more)
+# and the serial ones, in two processes
+test-fast: system-test $(STAMP)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not slow and not serial"
 
 # the retraining DAG on an emulated five-host cluster (real sshd, or the embedded SSH server
 # where sshd cannot be installed; real torchrun on CPU)

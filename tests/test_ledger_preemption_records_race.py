@@ -9,6 +9,7 @@ import random
 import time
 import uuid
 
+import pytest
 from sqlalchemy import create_engine, func, select
 
 from airflow_hetero_gpu.core.admission import PreemptionRules
@@ -19,6 +20,8 @@ from airflow_hetero_gpu.ledger.url import parse_url
 from postgres_fixtures import ledger_db_url  # noqa: F401  (fixture)
 from test_ledger_queue import fill
 from worker_race import race
+
+pytestmark = pytest.mark.slow  # many worker processes: left out of make test-fast
 
 PROCS = 24
 JOBS = 3

@@ -44,6 +44,8 @@ from airflow_hetero_gpu.ledger.inventory import HostRecord
 from airflow_hetero_gpu.testing.captures import host_files
 from airflow_hetero_gpu.testing.demo import small_hosts
 
+pytestmark = pytest.mark.slow  # processes of the previous release: left out of make test-fast
+
 def say(**kw):
     print(json.dumps(kw), flush=True)
 
