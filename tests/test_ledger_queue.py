@@ -222,7 +222,7 @@ def test_hetero_gpu_queue_shows_positions_the_claim_and_reasons(ledger_db_url, c
         led.enqueue("big", PlanRequest(8, "A100*"), priority=2, lease_seconds=LONG)
         led.enqueue("late", PlanRequest(1), lease_seconds=LONG)
         claimed = set(led.queue_entry("big").claimed_gpus)
-    code, out, err = _cli(capsys, "queue", "--ledger", ledger_db_url)
+    code, out, err = _cli(capsys, "queue", "--ledger", ledger_db_url, "--wide")
     assert code == 0 and err == ""
     lines = out.splitlines()
     assert lines[0].split()[:7] == ["POS", "JOB", "STATE", "PRIO", "ASKS", "WAITED", "CLAIM"]

@@ -27,6 +27,8 @@ from airflow_hetero_gpu.ledger.url import parse_url
 from postgres_fixtures import ledger_db_url  # noqa: F401  (fixture)
 from test_ledger_queue import fill
 
+pytestmark = pytest.mark.slow  # processes of the previous release: left out of make test-fast
+
 #: The last release before schema step 11 (schema version 10).
 OLD_RELEASE = "f2f4a94f0bbd7603f768f06ea458fcf3624f6447"
 REPO = Path(__file__).resolve().parents[1]
@@ -43,8 +45,6 @@ from airflow_hetero_gpu.ledger import Ledger, migrations
 from airflow_hetero_gpu.ledger.inventory import HostRecord
 from airflow_hetero_gpu.testing.captures import host_files
 from airflow_hetero_gpu.testing.demo import small_hosts
-
-pytestmark = pytest.mark.slow  # processes of the previous release: left out of make test-fast
 
 def say(**kw):
     print(json.dumps(kw), flush=True)

@@ -396,7 +396,7 @@ def test_ago(seconds, text):
 
 def test_the_page_and_the_queue_print_durations_alike():
     from airflow_hetero_gpu import durations
-    from airflow_hetero_gpu.ledger import cli as ledger_cli
+    from airflow_hetero_gpu.cli import ledger as ledger_cli
 
     for seconds in (0, 59, 185, 3600 * 5 + 61, 86400 * 2 + 3600 * 4):
         assert labels.duration(seconds) == durations.duration(seconds) == ledger_cli.duration(seconds)

@@ -92,7 +92,7 @@ def test_the_team_within_its_quota_is_admitted_first(airflow_home, emulated_clus
         line = next(x for x in r.stdout.splitlines() if " prod-2 " in x)
         assert line.split()[:4] == ["1", "prod-2", "prod", "head"], r.stdout
         html = _page(url)  # the cluster page's Teams section: prod lends 4 and waits for 2
-        assert re.search(r"<td>prod</td><td>\*</td><td class=\"hg-n\">4</td><td class=\"hg-n\">0</td>\s*"
+        assert re.search(r"<td>prod</td><td class=\"hg-wrap\">\*</td><td class=\"hg-n\">4</td><td class=\"hg-n\">0</td>\s*"
                          r"<td class=\"hg-n\">0</td><td class=\"hg-n\">4</td><td class=\"hg-n\">2</td>", html), html
 
         with Ledger.from_url(url) as led:
