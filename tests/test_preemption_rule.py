@@ -90,9 +90,13 @@ def test_non_preemptible_job_is_skipped_for_a_preemptible_one_that_loses_more():
 
 
 def test_borrowers_go_before_in_quota_jobs_at_equal_lost_work_then_lower_priority():
-    running = [_run("hgx-a1:0-7", "in-quota", 0, checkpoint=NOW - 60),
-               _run("hgx-a2:0-7", "borrower", 2, checkpoint=NOW - 60, borrowed=True)]
-    assert _pass([_hi()], running).preemptions[0].victims == ("borrower",)
+    # prod (quota 16) runs in-quota; intern (quota 0) borrows: prod's job, within its quota, may
+    # stop either (its own lower-priority job, or a reclaim); at equal lost work the borrower goes
+    running = [_run("hgx-a1:0-7", "in-quota", 0, checkpoint=NOW - 60, team="prod"),
+               _run("hgx-a2:0-7", "borrower", 2, checkpoint=NOW - 60, team="intern")]
+    hi = QueueEntry("hi", PlanRequest(8, "A100*"), 5, NOW - 120, team="prod")
+    teams = {"prod": {"quota": {"A100*": 16}}, "intern": {"quota": {"*": 0}}}
+    assert _teams_pass([hi], running, teams).preemptions[0].victims == ("borrower",)
     running = [_run("hgx-a1:0-7", "p2", 2, checkpoint=NOW - 60), _run("hgx-a2:0-7", "p1", 1, checkpoint=NOW - 60)]
     assert _pass([_hi()], running).preemptions[0].victims == ("p1",)
 

@@ -22,7 +22,8 @@ from airflow_hetero_gpu.errors import HeteroGpuError
 
 DEFAULT_TEAM = "default"
 DEFAULT_USAGE_HALF_LIFE_S = 24 * 3600.0
-TEAM_KEYS = ("quota", "borrowing_limit", "lending_limit", "weight")
+TEAM_KEYS = ("quota", "borrowing_limit", "lending_limit", "weight", "max_jobs")
+MAX_JOBS_LIMIT = 100_000  # the largest max_jobs a team may set
 FILE_KEYS = ("teams", "usage_half_life")
 _TEAM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
@@ -60,6 +61,7 @@ class TeamQuota:
     borrowing_limit: Mapping[str, int] = field(default_factory=dict)
     lending_limit: Mapping[str, int] = field(default_factory=dict)
     weight: float = 1.0
+    max_jobs: int | None = None  # jobs of the team that may run at once (None: no cap)
 
     @property
     def patterns(self) -> tuple[str, ...]:
@@ -73,6 +75,8 @@ class TeamQuota:
             out["lending_limit"] = dict(self.lending_limit)
         if self.weight != 1.0:
             out["weight"] = self.weight
+        if self.max_jobs is not None:
+            out["max_jobs"] = self.max_jobs
         return out
 
 
@@ -136,6 +140,14 @@ def _gpus_by_pattern(value: Any, where: str) -> dict[str, int]:
     return out
 
 
+def _max_jobs(value: Any, where: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_JOBS_LIMIT:
+        raise TeamsError(f"{where}: max_jobs: expected a whole number from 1 to {MAX_JOBS_LIMIT}, got {value!r}")
+    return value
+
+
 def teams_from_mapping(data: Any, source: str = "teams") -> Teams:
     """Validate a teams file's content (``{teams: {name: {quota: ..., ...}}, usage_half_life: 24h}``).
     Every mistake is one :class:`TeamsError` naming the source, the team and the key."""
@@ -178,7 +190,8 @@ def teams_from_mapping(data: Any, source: str = "teams") -> Teams:
             if isinstance(weight, (int, float)) and not isinstance(weight, bool) and weight < 0:
                 raise TeamsError(f"{where}: weight: expected a number > 0, got {weight!r} (negative)")
             raise TeamsError(f"{where}: weight: expected a number > 0, got {weight!r}")
-        teams[name] = TeamQuota(name, quota, limits["borrowing_limit"], limits["lending_limit"], float(weight))
+        teams[name] = TeamQuota(name, quota, limits["borrowing_limit"], limits["lending_limit"], float(weight),
+                                _max_jobs(spec.get("max_jobs"), where))
     return Teams(teams, half_life)
 
 
