@@ -147,24 +147,13 @@ def reason(entry: QueueEntry, victim: RunningJob, reclaim: bool = False) -> str:
 
 def eligible(entry: QueueEntry, job: RunningJob, now: float, rules: PreemptionRules,
              aging_interval_s: float | None = None, *, reclaim: bool = False) -> bool:
-    """Whether ``job`` may be stopped for ``entry``: the priority rule (a lower-priority job of its
-    own team, or of the whole fleet without teams, that would rank behind it back in the queue),
-    or, with ``reclaim`` (``entry`` is within its team's quota), any job of another team that
-    runs on borrowed quota, whatever its priority and even if it said ``preemptible=False``."""
-    if job.preempting is not None:
-        return False
-    if now - job.started_at < rules.min_runtime_s:
-        return False
-    if reclaim and reclaims(entry, job):
-        return True
-    if not job.preemptible:
-        return False
-    if job.priority >= entry.priority:
-        return False
-    if rank_key(job, aging_interval_s) < rank_key(entry, aging_interval_s):
-        return False
-    team = team_of(entry)
-    return team is None or job.team is None or job.team == team
+    """Whether ``job`` may be stopped for ``entry``: :meth:`Candidates.eligible`, the one
+    predicate, asked about one job. The priority rule: a lower-priority job of its own team (or of
+    the whole fleet without teams) that ran ``min_runtime_s``, said it may be preempted, is not
+    already stopping, and would rank behind ``entry`` back in the queue; or, with ``reclaim``
+    (``entry`` is within its team's quota), any job of another team that runs on borrowed quota
+    now and ran ``min_runtime_s``, whatever its priority and even if it said ``preemptible=False``."""
+    return bool(Candidates([job], now, rules, aging_interval_s).eligible(entry, reclaim=reclaim)[0])
 
 
 def victim_key(now: float):
@@ -227,8 +216,8 @@ def choose(p, entry: QueueEntry, open_pools: np.ndarray, candidates: Sequence[Ru
 class Candidates:
     """The running jobs of one pass as arrays, in victim order, so that the jobs a waiting job may
     stop are found with numpy: a pass on a fleet of 10,000 GPUs asks about some 1,500 running jobs
-    for every waiting job that could preempt. :meth:`eligible` is :func:`eligible` for all of them
-    at once (``tests/test_preemption_rule.py`` checks the two agree)."""
+    for every waiting job that could preempt. :meth:`eligible` is the preemption predicate; the
+    order is :func:`victim_key`'s (``tests/test_preemption_rule.py`` checks the two orders agree)."""
 
     def __init__(self, running: Sequence[RunningJob], now: float, rules: PreemptionRules,
                  aging_interval_s: float | None) -> None:
@@ -262,7 +251,10 @@ class Candidates:
         self.taken = np.zeros(n, dtype=bool)
 
     def eligible(self, entry: QueueEntry, *, reclaim: bool = False) -> np.ndarray:
-        """Mask over :attr:`jobs`: those ``entry`` may stop (see :func:`eligible`), not yet taken."""
+        """Mask over :attr:`jobs`: those ``entry`` may stop, not yet taken: the one preemption
+        predicate (:func:`eligible` asks it about one job; :attr:`PassPreemption.bounds` and the
+        ledger's SQL prefilter are necessary conditions of it, checked against it by
+        tests/test_preemption_rule.py)."""
         base = self.open & ~self.taken
         team = team_of(entry)
         same_team = self.no_team | (self.team == team) if team is not None else np.ones_like(base)
@@ -309,8 +301,9 @@ class PassPreemption:
     @functools.cached_property
     def bounds(self) -> tuple[float, bool]:
         """The lowest priority of a running job that may be preempted at all, and whether any
-        runs on borrowed quota: a waiting job above neither has no candidate, and the pass need
-        not build :class:`Candidates` for it."""
+        runs on borrowed quota: a necessary condition of :meth:`Candidates.eligible` (a waiting
+        job whose priority is not above the first, with no borrower to reclaim, has no
+        candidate), so the pass need not build :class:`Candidates` for it."""
         free = [j for j in self._running if j.preempting is None]
         lowest = min((j.priority for j in free if j.preemptible), default=math.inf)
         return lowest, any(j.borrowed for j in free)
