@@ -297,3 +297,17 @@ def test_the_prefilters_are_necessary_conditions_of_the_one_predicate_on_generat
                 assert entry.priority > lowest or (reclaim and borrowers), (entry, reclaim)
             checked += len(accepted)
     assert checked > 100 and len(kept) < len(running)  # both sides are common: the checks are not vacuous
+
+
+def test_a_preemptor_waits_on_the_gpus_its_victims_free_not_on_a_holder_that_never_yields():
+    """hi preempted a (hgx-a1) in an earlier pass; while a stops, hgx-a2 has fewer GPUs held, by a
+    reservation that can never be preempted (``plan --reserve``): hi's claim stays on a's GPUs and
+    its reason names them and a, not the reservation."""
+    running = [_run("hgx-a1:0-7", "a", 1, preempting="hi"), _run("hgx-a2:0-3", "reserved", 0, preemptible=False)]
+    hi = QueueEntry("hi", PlanRequest(8, "A100*"), 5, NOW - 120, tuple(_keys("hgx-a1:0-7")))
+    result = _pass([hi], running)
+    w = result.get("hi")
+    assert w.state == "head" and set(w.claim.gpus) == set(_keys("hgx-a1:0-7"))
+    assert set(w.claim.held_by.values()) == {"a"}
+    assert "hgx-a1 GPU 0-7" in w.reason and "held by a" in w.reason and "reserved" not in w.reason
+    assert w.reason.endswith("preempting a for it") and result.preemptions == []

@@ -40,6 +40,7 @@ import numpy as np
 from airflow_hetero_gpu.core.admission.defaults import (  # noqa: F401 - re-exported
     DEFAULT_MIN_RUNTIME_S, DEFAULT_PREEMPTION_DELAY_S, DEFAULT_PREEMPTION_GRACE_S,
 )
+from airflow_hetero_gpu.core.admission.claims import keep_claim, record_claim
 from airflow_hetero_gpu.core.admission.model import QueueEntry
 from airflow_hetero_gpu.core.admission.order import rank_key
 from airflow_hetero_gpu.core.model import GpuKey
@@ -310,11 +311,12 @@ class PassPreemption:
 
     def claim(self, p, entry: QueueEntry, shape, *, reclaim: bool = False):
         """A new preemption for ``entry`` and its claim on the GPUs it frees, or None (the caller
-        then claims as usual). A preemptor whose victims still stop keeps its usual claim.
+        then claims as usual). A preemptor whose victims still stop keeps its claim where it is
+        (the GPUs they free), not moved to GPUs of other holders.
         ``reclaim``: the job is within its team's quota, so jobs of other teams on borrowed quota
         are candidates too."""
-        if entry.job_id in self.stopping:
-            return None
+        if entry.job_id in self.stopping:  # it waits on the GPUs its victims free: its claim stays there
+            return keep_claim(p, entry, shape)
         if not self.teams and entry.team is not None:
             entry = dataclasses.replace(entry, team=None)
         open_pools = shape.ok & ~p.headed
@@ -329,10 +331,8 @@ class PassPreemption:
         if pre is None:
             return None
         cands.take(pre.victims)
-        from airflow_hetero_gpu.core.admission.claims import _record
-
         self.decided.append(pre)
-        return _record(p, entry, p.positions(pre.gpus), kept=False)
+        return record_claim(p, entry, p.positions(pre.gpus), kept=False)
 
     def annotate(self, result):
         """The preemptors' reasons say whom they preempt."""
