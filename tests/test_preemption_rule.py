@@ -280,7 +280,7 @@ def test_the_prefilters_are_necessary_conditions_of_the_one_predicate_on_generat
         conn.execute(sa.insert(rows), [{"job_id": j.job_id, "priority": j.priority or None,  # NULL is 0
                                         "preemptible": j.preemptible} for j in running])
     cands = Candidates(running, NOW, RULES, 3600.0)
-    bounds = PassPreemption(running, RULES, NOW, 3600.0).bounds
+    bounds = PassPreemption(running, RULES, NOW, 3600.0, borrowing=lambda j: j.borrowed).bounds
     checked = 0
     with engine.connect() as conn:
         for n in range(80):

@@ -33,7 +33,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -126,14 +126,15 @@ def team_of(entry: QueueEntry) -> str | None:
     return getattr(entry, "team", None)
 
 
-def reclaims(entry: QueueEntry, job: RunningJob) -> bool:
-    """Whether stopping ``job`` for ``entry`` is a reclaim: ``job`` runs on borrowed quota and
-    belongs to another team than ``entry`` (which the caller knows to be within its quota)."""
+def reclaims(entry: QueueEntry, job: RunningJob, borrowed: bool | None = None) -> bool:
+    """Whether stopping ``job`` for ``entry`` is a reclaim: ``job`` runs on borrowed quota
+    (``borrowed``, as the pass computed it; None: the job's own ``borrowed``) and belongs to
+    another team than ``entry`` (which the caller knows to be within its quota)."""
     team = team_of(entry)
-    return job.borrowed and team is not None and job.team != team
+    return (job.borrowed if borrowed is None else borrowed) and team is not None and job.team != team
 
 
-def reason(entry: QueueEntry, victim: RunningJob, reclaim: bool = False) -> str:
+def reason(entry: QueueEntry, victim: RunningJob, reclaim: bool = False, borrowed: bool | None = None) -> str:
     """``priority 5 > 1`` (``team prod, ...`` with teams; ``; reclaim of prod's quota`` when
     the victim runs on quota lent to it)."""
     sign = ">" if entry.priority > victim.priority else ("=" if entry.priority == victim.priority else "<")
@@ -141,7 +142,7 @@ def reason(entry: QueueEntry, victim: RunningJob, reclaim: bool = False) -> str:
     team = team_of(entry)
     if team is not None:
         text = f"team {team}, {text}"
-    if reclaim and reclaims(entry, victim):
+    if reclaim and reclaims(entry, victim, borrowed):
         text += f"; reclaim of {team}'s quota"
     return text
 
@@ -172,7 +173,7 @@ def in_progress(running: Iterable[RunningJob]) -> dict[str, list[str]]:
 
 
 def choose(p, entry: QueueEntry, open_pools: np.ndarray, candidates: Sequence[RunningJob], now: float,
-           reclaim: bool = False) -> Preemption | None:
+           reclaim: bool = False, borrowers: set[str] | None = None) -> Preemption | None:
     """The victims that let ``entry`` start, or None (see the module docstring).
 
     ``p`` is the pass's :class:`~airflow_hetero_gpu.core.admission.passstate.PassState`,
@@ -210,7 +211,8 @@ def choose(p, entry: QueueEntry, open_pools: np.ndarray, candidates: Sequence[Ru
             return None  # it fits without stopping anyone: not a preemption (cannot happen after try_start)
         return Preemption(entry.job_id, entry.priority, team_of(entry), tuple(j.job_id for j in victims),
                           tuple(sorted(used)), {j.job_id: round(j.lost_gpu_s(now), 3) for j in victims},
-                          {j.job_id: reason(entry, j, reclaim) for j in victims})
+                          {j.job_id: reason(entry, j, reclaim, None if borrowers is None else j.job_id in borrowers)
+                           for j in victims})
     return None
 
 
@@ -221,14 +223,15 @@ class Candidates:
     order is :func:`victim_key`'s (``tests/test_preemption_rule.py`` checks the two orders agree)."""
 
     def __init__(self, running: Sequence[RunningJob], now: float, rules: PreemptionRules,
-                 aging_interval_s: float | None) -> None:
+                 aging_interval_s: float | None, borrowed: Sequence[bool] | None = None) -> None:
+        """``borrowed``: per job, whether it runs on borrowed quota now (None: its own ``borrowed``)."""
         n = len(running)
         nan = math.nan
         started = np.array([j.started_at for j in running], dtype=np.float64)
         ckpt = np.array([nan if j.checkpoint_at is None else j.checkpoint_at for j in running], dtype=np.float64)
         since = np.where(np.isnan(ckpt), started, np.fmax(started, ckpt))
         lost = np.maximum(0.0, now - since) * np.array([len(j.gpus) for j in running], dtype=np.float64)
-        borrowed = np.array([j.borrowed for j in running], dtype=bool)
+        borrowed = np.array([j.borrowed for j in running] if borrowed is None else list(borrowed), dtype=bool)
         priority = np.array([j.priority for j in running], dtype=np.int64)
         idle = np.array([j.preempting is None for j in running], dtype=bool)
         preemptible = np.array([j.preemptible for j in running], dtype=bool)
@@ -282,10 +285,14 @@ class PassPreemption:
     """Preemption during one admission pass: what the pass decided and who still stops for whom."""
 
     def __init__(self, running: Sequence[RunningJob], rules: PreemptionRules, now: float,
-                 aging_interval_s: float | None = None, *, teams: bool = True) -> None:
+                 aging_interval_s: float | None = None, *, teams: bool = True,
+                 borrowing: Callable[[RunningJob], bool] | None = None) -> None:
         # ``teams`` False (no team configured): the whole fleet is one team, whatever team names
-        # the jobs carry (the operator always sends one), and reasons name none
+        # the jobs carry (the operator always sends one), and reasons name none. ``borrowing``:
+        # whether a running job's team holds above its quota now (the pass computes it; None: no
+        # job borrows), whatever the job's own ``borrowed`` says
         self.teams = teams
+        self._borrowing = borrowing or (lambda job: False)
         self._running = running
         self.aging = aging_interval_s
         self.rules = rules
@@ -297,7 +304,16 @@ class PassPreemption:
     def candidates(self) -> Candidates:
         """The running jobs as arrays in victim order, built at the first waiting job that could
         preempt (a pass where nobody can does not pay for it)."""
-        return Candidates(self._running, self.now, self.rules, self.aging)
+        return Candidates(self._running, self.now, self.rules, self.aging, self.borrowed)
+
+    @functools.cached_property
+    def borrowed(self) -> list[bool]:
+        """Per running job, whether it runs on borrowed quota now (as the pass computes it)."""
+        return [bool(self._borrowing(job)) for job in self._running]
+
+    @functools.cached_property
+    def borrowers(self) -> set[str]:
+        return {job.job_id for job, flag in zip(self._running, self.borrowed) if flag}
 
     @functools.cached_property
     def bounds(self) -> tuple[float, bool]:
@@ -307,7 +323,7 @@ class PassPreemption:
         candidate), so the pass need not build :class:`Candidates` for it."""
         free = [j for j in self._running if j.preempting is None]
         lowest = min((j.priority for j in free if j.preemptible), default=math.inf)
-        return lowest, any(j.borrowed for j in free)
+        return lowest, any(flag for job, flag in zip(self._running, self.borrowed) if job.preempting is None)
 
     def claim(self, p, entry: QueueEntry, shape, *, reclaim: bool = False):
         """A new preemption for ``entry`` and its claim on the GPUs it frees, or None (the caller
@@ -327,7 +343,7 @@ class PassPreemption:
             return None  # no running job has a lower priority, and none is reclaimable
         cands = self.candidates
         chosen = [cands.jobs[i] for i in np.flatnonzero(cands.eligible(entry, reclaim=reclaim)).tolist()]
-        pre = choose(p, entry, open_pools, chosen, self.now, reclaim)
+        pre = choose(p, entry, open_pools, chosen, self.now, reclaim, self.borrowers)
         if pre is None:
             return None
         cands.take(pre.victims)

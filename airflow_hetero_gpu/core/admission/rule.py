@@ -153,16 +153,17 @@ class Admission:
         teams = quotas is not None and bool(quotas.teams)
         rules: list[Rule] = []
         ordering: Ordering = QueueOrder()
-        running = [dataclasses.replace(j, borrowed=False) if j.borrowed else j for j in running]
+        borrowing = None
         if teams:
             cap = max_jobs_rule(quotas.teams, quotas.team_of)
             rules += [cap] if cap is not None else []
             quota = TeamQuotaRule(self, p, quotas, reserved, explain=explain)
             rules.append(quota)
             ordering = FairShareOrder(quotas.team, quota.book.fair_share)
-            running = quota.with_borrowing(running) if preemption is not None else running
+            borrowing = quota.borrows
         if preemption is not None and running:
-            rules.append(PreemptionRule(PassPreemption(running, preemption, now, self.aging, teams=teams)))
+            rules.append(PreemptionRule(PassPreemption(running, preemption, now, self.aging, teams=teams,
+                                                        borrowing=borrowing)))
         return ordering, rules
 
 

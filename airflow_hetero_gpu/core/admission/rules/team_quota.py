@@ -15,10 +15,9 @@ type, not per pool.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Mapping
 
 import numpy as np
 
@@ -66,20 +65,20 @@ class TeamQuotaRule(Rule):
         # (team, card type) where the team holds more than its quota now, before this pass starts
         # anyone: the one meaning of "borrowed" (quota.team_use), read by the reclaim rule
         self.over = {(t, c) for t in {t for (t, _) in usage} for c, n in self.book.borrowed_by_card(t).items() if n}
+        self.over_teams = {t for (t, _) in self.over}
         self._rooms: dict[tuple[str, int], np.ndarray] = {}  # see _room()
         self.waiting_gpus: list[tuple[str, str, int]] = []  # (team, card type, GPUs) for the standing
 
-    def with_borrowing(self, running: Sequence[RunningJob]) -> list[RunningJob]:
-        """``running`` with each job's ``borrowed`` computed from the current holdings: it runs on
-        borrowed quota when its team holds more than its quota on the job's card type now (a team
-        back within its quota has no reclaimable job, whatever its jobs borrowed when they started)."""
-        out = []
-        for job in running:
-            pos = self.cluster.position.get(job.gpus[0]) if job.gpus else None
-            card = self.pool_card[int(self.cluster.pool_of[pos])] if pos is not None else None
-            flag = (job.team or self.default_team, card) in self.over
-            out.append(job if job.borrowed == flag else dataclasses.replace(job, borrowed=flag))
-        return out
+    def borrows(self, job: RunningJob) -> bool:
+        """Whether ``job`` runs on borrowed quota now: its team holds more than its quota on the
+        job's card type (a team back within its quota has no reclaimable job, whatever its jobs
+        borrowed when they started)."""
+        if not self.over or (job.team or self.default_team) not in self.over_teams:
+            return False
+        pos = self.cluster.position.get(job.gpus[0]) if job.gpus else None
+        if pos is None:
+            return False
+        return (job.team or self.default_team, self.pool_card[int(self.cluster.pool_of[pos])]) in self.over
 
     def _room(self, team: str) -> np.ndarray:
         """The team's unused quota per card type (of :attr:`cards`), until its accounts change."""
