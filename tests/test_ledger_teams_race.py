@@ -108,7 +108,7 @@ def _capped_worker(url: str, idx: int, barrier, out) -> None:
             barrier.wait(WAIT_S)
             for rnd in range(2):
                 job = f"i{idx}-r{rnd}"
-                entry = led.enqueue(job, PlanRequest(1), team="intern", lease_seconds=60)
+                entry = led.enqueue(job, PlanRequest(1), team="intern", lease_seconds=600)
                 while not entry.admitted:
                     time.sleep(0.1)
                     entry = led.renew_queue_entry(job)
