@@ -286,12 +286,14 @@ class PassPreemption:
 
     def __init__(self, running: Sequence[RunningJob], rules: PreemptionRules, now: float,
                  aging_interval_s: float | None = None, *, teams: bool = True,
-                 borrowing: Callable[[RunningJob], bool] | None = None) -> None:
+                 borrowing: Callable[[RunningJob], bool] | None = None, some_borrow: bool | None = None) -> None:
         # ``teams`` False (no team configured): the whole fleet is one team, whatever team names
         # the jobs carry (the operator always sends one), and reasons name none. ``borrowing``:
         # whether a running job's team holds above its quota now (the pass computes it; None: no
-        # job borrows), whatever the job's own ``borrowed`` says
+        # job borrows), whatever the job's own ``borrowed`` says; ``some_borrow``: whether any team
+        # borrows now (None: ask ``borrowing`` of every job), for :attr:`bounds`
         self.teams = teams
+        self._some_borrow = some_borrow
         self._borrowing = borrowing or (lambda job: False)
         self._running = running
         self.aging = aging_interval_s
@@ -323,6 +325,8 @@ class PassPreemption:
         candidate), so the pass need not build :class:`Candidates` for it."""
         free = [j for j in self._running if j.preempting is None]
         lowest = min((j.priority for j in free if j.preemptible), default=math.inf)
+        if self._some_borrow is not None:  # no team above its quota: no job borrows (a superset is enough)
+            return lowest, self._some_borrow
         return lowest, any(flag for job, flag in zip(self._running, self.borrowed) if job.preempting is None)
 
     def claim(self, p, entry: QueueEntry, shape, *, reclaim: bool = False):

@@ -153,17 +153,17 @@ class Admission:
         teams = quotas is not None and bool(quotas.teams)
         rules: list[Rule] = []
         ordering: Ordering = QueueOrder()
-        borrowing = None
+        borrowing, some_borrow = None, False
         if teams:
             cap = max_jobs_rule(quotas.teams, quotas.team_of)
             rules += [cap] if cap is not None else []
             quota = TeamQuotaRule(self, p, quotas, reserved, explain=explain)
             rules.append(quota)
             ordering = FairShareOrder(quotas.team, quota.book.fair_share)
-            borrowing = quota.borrows
+            borrowing, some_borrow = quota.borrows, bool(quota.over)
         if preemption is not None and running:
             rules.append(PreemptionRule(PassPreemption(running, preemption, now, self.aging, teams=teams,
-                                                        borrowing=borrowing)))
+                                                        borrowing=borrowing, some_borrow=some_borrow)))
         return ordering, rules
 
 
