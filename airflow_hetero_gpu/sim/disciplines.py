@@ -98,8 +98,9 @@ class AdmissionQueue:
     """The product's queue: one admission pass per event instant, claims kept between passes.
 
     With ``teams`` (docs/teams.md) the pass applies their quotas; the queue keeps what the ledger
-    keeps: the team of every running job, how many of its GPUs are borrowed, and each team's
-    borrowed GPU-seconds decayed by the half-life (the fair-share history). With preemption on
+    keeps: the team and card type of every running job, and each team's borrowed GPU-seconds
+    decayed by the half-life (the fair-share history), where what a team borrows is computed
+    from what its jobs hold now (:func:`~airflow_hetero_gpu.core.admission.quota.team_use`). With preemption on
     (the run's ``preempt``, docs/preemption.md) every pass sees the running jobs and the victims it
     decides are signalled through the run.
     """
