@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_hetero_gpu.core.admission import (
-    Admission, QueueEntry, QuotaInput, Teams, TeamsError, teams_from_mapping,
+    Admission, QueueEntry, QuotaInput, TeamQuota, Teams, TeamsError, teams_from_mapping,
 )
 from airflow_hetero_gpu.core.admission.quota import QuotaBook, decay, share_value, specificity
 from airflow_hetero_gpu.core.model import PlanRequest
@@ -172,3 +172,25 @@ def test_the_worked_example_of_docs_teams_md(history, admitted, blocked):
         assert result.get("r-4").reason == (
             "head of the queue, blocked by quota: team research: 8/8 of its quota in use, may borrow without limit; "
             "borrowable now 2 (prod lends 2 of its idle 4 (2 already lent, lending limit 4)); needs 4")
+
+
+@pytest.mark.parametrize("odd", [
+    {"quota": {"*": 10 ** 20}},
+    {"quota": {"*": 2}, "weight": 1e-320},
+    {"quota": {"*": 10 ** 20}, "borrowing_limit": {"*": 10 ** 20}, "lending_limit": {"*": 10 ** 20}},
+], ids=["quota-1e20", "weight-1e-320", "limits-1e20"])
+@pytest.mark.parametrize("half_life", [24 * 3600.0, 1.7e308])
+def test_one_teams_absurd_numbers_never_fail_the_pass_for_the_others(odd, half_life):
+    """Numbers fed straight to the pass (the teams file bounds them; the pass must not rely on it):
+    the odd team's job and the other teams' jobs are still decided, and prod's starts."""
+    teams = Teams({name: TeamQuota(name, spec["quota"], spec.get("borrowing_limit", {}), spec.get("lending_limit", {}),
+                                   spec.get("weight", 1.0))
+                   for name, spec in {"odd": odd, "prod": {"quota": {"A100*": 8}}}.items()}, half_life)
+    quotas = QuotaInput(teams, {"r-run1": "odd"}, {"odd": 1e300, "prod": 5.0})
+    held = _reserved({"r-run1": "hgx-a2:0-3"})
+    queue = [_e("o-2", "odd", 2, "RTX*", at=1), _e("p-8", "prod", 8, "A100*", at=2), _e("o-16", "odd", 16, at=3)]
+    result = Admission(_cluster()).run(queue, now=100.0, reserved=held, quotas=quotas)
+    assert sorted(result.get("p-8").gpus) == _keys("hgx-a1:0-7")
+    assert result.get("o-2").gpus  # RTX GPUs are free: the odd team's own job starts too
+    assert result.get("o-16").state in ("waiting", "impossible", "head")
+    assert {r.team for r in result.teams} >= {"odd", "prod"}

@@ -174,6 +174,7 @@ def _cli_story(led, tmp_path, capsys, ledger_db_url):  # noqa: F811
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.startswith("intern"))
     assert line.split()[:7] == ["intern", "*", "0", "4", "4", "0", "1"]
+    assert next(x for x in out.splitlines() if x.startswith("TEAM")).split()[-1] == "JOBS" and line.split()[-1] == "4"  # its 4 running jobs, no cap
     assert main(["teams", "--ledger", ledger_db_url, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert {r["team"] for r in data["rows"]} == {"intern", "prod", "research"}
@@ -352,3 +353,80 @@ def test_teams_apply_help_has_the_format_and_an_example_that_applies(capsys):
     example = out.split("Example (teams.yaml):\n", 1)[1].split("\n\n", 1)[0]
     teams = teams_from_mapping(__import__("yaml").safe_load(textwrap.dedent(example)), "help")
     assert sorted(teams.teams) == ["intern", "prod", "research"] and teams.usage_half_life_s == 86400
+
+
+# --- "borrowed" is computed from what each team holds now (docs/teams.md, "Borrowed") -------------
+RESEARCH_PROD = """\
+teams:
+  research: {quota: {"*": 8}}
+  prod:     {quota: {"*": 8}}
+  intern:   {quota: {"*": 0}}
+"""
+
+
+def _research_borrows_then_returns(led, clock=None):
+    """research (quota 8 of 16) runs r-a (8) and r-b (4, borrowing prod's idle quota); r-a ends."""
+    led.apply_teams(_teams(RESEARCH_PROD))
+    for job, gpus in (("r-a", 8), ("r-b", 4)):
+        entry = led.enqueue(job, PlanRequest(gpus), team="research", lease_seconds=600)
+        assert entry.admitted
+        led.take_admission(job)
+        if clock is not None:
+            clock.tick(1)
+    assert led.get("r-b").borrowed == 4  # it borrowed when it started
+    led.release("r-a")
+
+
+def test_a_team_back_within_its_quota_accrues_no_history(tmp_path, capsys, ledger_db_url):  # noqa: F811
+    import time
+
+    with Ledger.from_url(ledger_db_url) as led:  # the wall clock, as the CLI reads it
+        fill(led)
+        _research_borrows_then_returns(led)
+        seen = []
+        for _ in range(2):
+            capsys.readouterr()
+            assert main(["teams", "--ledger", ledger_db_url, "--json"]) == 0
+            data = json.loads(capsys.readouterr().out)
+            seen.append(data["teams"]["research"])
+            rows = {(r["team"], r["pattern"]): r for r in data["rows"]}
+            assert (rows[("research", "*")]["in_use"], rows[("research", "*")]["borrowed"]) == (4, 0)
+            time.sleep(1.5)  # at 4 borrowed GPUs the history would grow by 6 GPU-seconds
+        assert seen[1]["decayed_borrowed_gpu_s"] <= seen[0]["decayed_borrowed_gpu_s"]
+        assert seen[1]["fair_share"] <= seen[0]["fair_share"]
+        samples = [s for s in led.team_samples() if s["team"] == "research"]
+        assert samples[-1]["in_use"] == 4 and samples[-1]["borrowed"] == 0
+
+
+def test_a_job_of_a_team_back_within_its_quota_is_no_reclaim_candidate(led, clock):
+    from airflow_hetero_gpu.core.admission import PreemptionRules
+
+    led.preemption = PreemptionRules(min_runtime_s=0, delay_s=0)
+    _research_borrows_then_returns(led, clock)
+    for job, team in (("r-c", "research"), ("i-1", "intern")):  # research at its quota; intern borrows 4
+        entry = led.enqueue(job, PlanRequest(4), team=team, lease_seconds=600)
+        assert entry.admitted, entry.reason
+        led.take_admission(job)
+    clock.tick(60)
+    led.note_checkpoint("r-b")  # r-b would lose the least work: the first victim, were it a candidate
+    p = led.enqueue("p-8", PlanRequest(8), team="prod", lease_seconds=600)  # within prod's quota, 4 GPUs free
+    assert not p.admitted
+    [record] = led.preemptions()
+    assert record["victim"] == "i-1" and record["preemptor"] == "p-8"  # the borrower now, not r-b
+    assert "reclaim of prod's quota" in record["reason"]
+    assert led.get("r-b").preempting is None
+
+
+def test_max_jobs_caps_a_teams_running_jobs_in_the_queue_and_direct_reservations(led, clock):
+    led.apply_teams(_teams('teams:\n  intern: {quota: {"*": 16}, max_jobs: 2}\n  prod: {quota: {"*": 0}}\n'))
+    for job in ("i-1", "i-2"):
+        assert _take(led, job, PlanRequest(1), "intern", clock).admitted
+    third = led.enqueue("i-3", PlanRequest(1), team="intern")
+    assert not third.admitted and third.standing == "waiting" and third.claim is None
+    assert third.reason == "head of the queue, waits: team intern runs its 2 of max_jobs 2"
+    with pytest.raises(QuotaRefused, match="not reserved: team intern runs its 2 of max_jobs 2"):
+        led.reserve("i-direct", FreshInventory(led.inventory(), float("inf")).cluster(), PlanRequest(1), team="intern")
+    standing = led.team_standing()
+    assert (standing["teams"]["intern"]["jobs"], standing["teams"]["intern"]["max_jobs"]) == (2, 2)
+    led.release("i-1")  # one ends: the waiting one starts in the same write
+    assert led.queue_entry("i-3").admitted

@@ -93,3 +93,59 @@ def test_concurrent_operations_keep_every_team_within_quota_plus_borrowing_limit
     # The samples do see a team above its quota (the checks above are not vacuous): c's borrowing
     # before the race, while a and b raced for the other 20 GPUs (their quotas + a's 4 borrowed).
     assert peak["c"] >= 12
+
+
+CAP = 3
+CAP_PROCS = 16
+
+
+def _capped_worker(url: str, idx: int, barrier, out) -> None:
+    """Team intern (max_jobs 3): each process enqueues jobs one after another; after each start it
+    counts intern's live reservations in one read (a consistent snapshot of the ledger)."""
+    rng = random.Random(idx)
+    try:
+        with Ledger.from_url(url) as led:
+            barrier.wait(WAIT_S)
+            for rnd in range(2):
+                job = f"i{idx}-r{rnd}"
+                entry = led.enqueue(job, PlanRequest(1), team="intern", lease_seconds=600)
+                while not entry.admitted:
+                    time.sleep(0.1)
+                    entry = led.renew_queue_entry(job)
+                res = led.take_admission(job)
+                took = time.monotonic()
+                running = sum(1 for r in led.live_reservations() if r.team == "intern")
+                time.sleep(rng.uniform(0.0, 0.1))
+                freed_at = time.monotonic()
+                out.send(("ran", idx, job, ([tuple(k) for k in res.keys], took, freed_at, running, led.release(job))))
+        out.send(("done", idx, None, None))
+    except BaseException as err:  # noqa: BLE001 - reported to the parent
+        out.send(("error", idx, None, repr(err)))
+
+
+def test_sixteen_processes_never_run_more_than_max_jobs(ledger_db_url):  # noqa: F811
+    with Ledger.from_url(ledger_db_url) as led:
+        fill(led, hosts=4, gpus=8)  # 32 GPUs: GPUs never stop anyone, only max_jobs does
+        led.apply_teams(teams_from_mapping({"teams": {"intern": {"quota": {"*": 32}, "max_jobs": CAP}}}))
+    runs: dict[str, tuple] = {}
+    errors = []
+    for what, idx, job, data in race(_capped_worker, ledger_db_url, CAP_PROCS, WAIT_S):
+        if what == "ran":
+            runs[job] = data
+        elif what == "error":
+            errors.append(f"worker {idx}: {data}")
+    assert errors == [] and len(runs) == CAP_PROCS * 2
+    assert all(freed for *_, freed in runs.values())
+    snapshots = [running for _, _, _, running, _ in runs.values()]
+    assert max(snapshots) <= CAP, f"intern ran {max(snapshots)} jobs at once, above its max_jobs {CAP}"
+    # the holders' own intervals (each within the job's real holding) never overlap more than CAP
+    events = sorted([(took, 1) for _, took, _, _, _ in runs.values()] + [(freed, -1) for _, _, freed, _, _ in runs.values()],
+                    key=lambda e: (e[0], e[1]))
+    level = peak = 0
+    for _, step in events:
+        level += step
+        peak = max(peak, level)
+    assert peak <= CAP
+    assert max(snapshots) == CAP  # the cap was reached: the check above is not vacuous
+    with Ledger.open_existing(ledger_db_url) as led:
+        assert led.queue() == [] and led.live_reservations() == []

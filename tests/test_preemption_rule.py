@@ -5,6 +5,7 @@ Cluster (as tests/test_admission.py): hgx-a1 and hgx-a2, 8 × A100 each (NV12); 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from airflow_hetero_gpu.core.admission import Admission, PreemptionRules, QueueEntry, RunningJob
@@ -64,23 +65,36 @@ def test_a_four_gpu_preemptor_stops_only_what_it_needs():
     assert _pass([_hi(gpus=4)], running).preemptions[0].victims == ("big",)
 
 
-@pytest.mark.parametrize("why, running, entry", [
-    ("equal priority", [_run("hgx-a1:0-7", "a", 5), _run("hgx-a2:0-7", "b", 5)], _hi()),
-    ("ran less than min_runtime", [_run("hgx-a1:0-7", "a", 1, started=NOW - 599),
-                                   _run("hgx-a2:0-7", "b", 1, started=NOW - 10)], _hi()),
-    ("preemptible=False", [_run("hgx-a1:0-7", "a", 1, preemptible=False),
-                           _run("hgx-a2:0-7", "b", 1, preemptible=False)], _hi()),
-    ("waited less than the delay", [_run("hgx-a1:0-7", "a", 1), _run("hgx-a2:0-7", "b", 1)], _hi(at=NOW - 59)),
+# each row: why nothing is preempted, and the same pass with only that cause removed (which must
+# preempt: the row's reason is what stops it, not something else)
+NO_PREEMPTION = [
+    ("equal priority",
+     lambda fix: [_run("hgx-a1:0-7", "a", 1 if fix else 5), _run("hgx-a2:0-7", "b", 5)], lambda fix: _hi()),
+    ("ran less than min_runtime",
+     lambda fix: [_run("hgx-a1:0-7", "a", 1, started=NOW - (600 if fix else 599)),
+                  _run("hgx-a2:0-7", "b", 1, started=NOW - 10)], lambda fix: _hi()),
+    ("preemptible=False",
+     lambda fix: [_run("hgx-a1:0-7", "a", 1, preemptible=fix), _run("hgx-a2:0-7", "b", 1, preemptible=False)],
+     lambda fix: _hi()),
+    ("waited less than the delay",
+     lambda fix: [_run("hgx-a1:0-7", "a", 1), _run("hgx-a2:0-7", "b", 1)], lambda fix: _hi(at=NOW - (60 if fix else 59))),
     ("would not fit afterwards: 16 GPUs but one victim is not preemptible",
-     [_run("hgx-a1:0-7", "a", 1), _run("hgx-a2:0-7", "b", 1, preemptible=False)], _hi(gpus=16)),
-    ("already being stopped for another job", [_run("hgx-a1:0-7", "a", 1, preempting="x"),
-                                               _run("hgx-a2:0-7", "b", 1, preempting="x")], _hi()),
-])
+     lambda fix: [_run("hgx-a1:0-7", "a", 1), _run("hgx-a2:0-7", "b", 1, preemptible=fix)], lambda fix: _hi(gpus=16)),
+    ("already being stopped for another job",
+     lambda fix: [_run("hgx-a1:0-7", "a", 1, preempting=None if fix else "x"),
+                  _run("hgx-a2:0-7", "b", 1, preempting="x")], lambda fix: _hi()),
+]
+
+
+@pytest.mark.parametrize("why, running, entry", NO_PREEMPTION, ids=[row[0] for row in NO_PREEMPTION])
 def test_no_preemption(why, running, entry):
-    result = _pass([entry], running)
+    result = _pass([entry(False)], running(False))
     assert result.preemptions == [], why
-    if why == "preemptible=False":
-        assert "preempting" not in result.get("hi").reason
+    hi = result.get("hi")
+    assert hi.state == "head" and "preempting" not in hi.reason and "held by" in hi.reason
+    fixed = _pass([entry(True)], running(True))  # only the row's cause removed: it preempts
+    assert [p.preemptor for p in fixed.preemptions] == ["hi"], why
+    assert "preempting " in fixed.get("hi").reason
 
 
 def test_non_preemptible_job_is_skipped_for_a_preemptible_one_that_loses_more():
@@ -90,9 +104,13 @@ def test_non_preemptible_job_is_skipped_for_a_preemptible_one_that_loses_more():
 
 
 def test_borrowers_go_before_in_quota_jobs_at_equal_lost_work_then_lower_priority():
-    running = [_run("hgx-a1:0-7", "in-quota", 0, checkpoint=NOW - 60),
-               _run("hgx-a2:0-7", "borrower", 2, checkpoint=NOW - 60, borrowed=True)]
-    assert _pass([_hi()], running).preemptions[0].victims == ("borrower",)
+    # prod (quota 16) runs in-quota; intern (quota 0) borrows: prod's job, within its quota, may
+    # stop either (its own lower-priority job, or a reclaim); at equal lost work the borrower goes
+    running = [_run("hgx-a1:0-7", "in-quota", 0, checkpoint=NOW - 60, team="prod"),
+               _run("hgx-a2:0-7", "borrower", 2, checkpoint=NOW - 60, team="intern")]
+    hi = QueueEntry("hi", PlanRequest(8, "A100*"), 5, NOW - 120, team="prod")
+    teams = {"prod": {"quota": {"A100*": 16}}, "intern": {"quota": {"*": 0}}}
+    assert _teams_pass([hi], running, teams).preemptions[0].victims == ("borrower",)
     running = [_run("hgx-a1:0-7", "p2", 2, checkpoint=NOW - 60), _run("hgx-a2:0-7", "p1", 1, checkpoint=NOW - 60)]
     assert _pass([_hi()], running).preemptions[0].victims == ("p1",)
 
@@ -218,7 +236,7 @@ def test_the_pass_finds_candidates_with_numpy_exactly_as_the_rule_says_one_job_a
     cands = Candidates(running, NOW, RULES, aging)
     assert [j.job_id for j in cands.jobs] == [j.job_id for j in sorted(running, key=victim_key(NOW))]
     checked = 0
-    for n in range(60):
+    for n in range(12):
         entry = QueueEntry(f"w{n}", PlanRequest(1), rng.choice([0, 1, 2, 5, 9]),
                            rng.choice([NOW - 7200, NOW - 600, rng.uniform(0, NOW), 0.0]), team=rng.choice(teams))
         for reclaim in (False, True):
@@ -226,4 +244,70 @@ def test_the_pass_finds_candidates_with_numpy_exactly_as_the_rule_says_one_job_a
             want = [eligible(entry, j, NOW, RULES, aging, reclaim=reclaim) for j in cands.jobs]
             assert mask.tolist() == want, (entry, reclaim)
             checked += sum(want)
-    assert checked > 100  # the random jobs make both answers common
+    assert checked > 20  # the random jobs make both answers common
+
+
+def _random_jobs(rng, n=300):
+    teams = [None, "prod", "research"]
+    out = []
+    for i in range(n):
+        started = rng.choice([NOW - 5000, NOW - 700, NOW - 100, rng.uniform(0, NOW)])
+        out.append(RunningJob(
+            f"r{i:03d}", tuple(GpuKey("h", g) for g in range(rng.choice([1, 2, 8]))), rng.choice([0, 1, 2, 5]),
+            started, None, rng.choice(teams), rng.random() < 0.7, rng.random() < 0.3,
+            rng.choice([None, None, None, "other"]), rng.choice([None, started - 300, 0.0, NOW - 3600])))
+    return out
+
+
+def test_the_prefilters_are_necessary_conditions_of_the_one_predicate_on_generated_rows():
+    """The ledger's SQL prefilter (``may_be_preempted``, on rows of a real SQLite table) and the
+    pass's ``bounds`` never rule out a job that the predicate (``Candidates.eligible``) accepts."""
+    import random
+
+    import sqlalchemy as sa
+
+    from airflow_hetero_gpu.core.admission.preemption import Candidates, PassPreemption
+    from airflow_hetero_gpu.ledger.preemption import may_be_preempted
+
+    rng = random.Random(11)
+    running = _random_jobs(rng)
+    meta = sa.MetaData()
+    rows = sa.Table("rows", meta, sa.Column("job_id", sa.String, primary_key=True),
+                    sa.Column("priority", sa.Integer, nullable=True), sa.Column("preemptible", sa.Boolean))
+    engine = sa.create_engine("sqlite://")
+    meta.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(sa.insert(rows), [{"job_id": j.job_id, "priority": j.priority or None,  # NULL is 0
+                                        "preemptible": j.preemptible} for j in running])
+    cands = Candidates(running, NOW, RULES, 3600.0)
+    bounds = PassPreemption(running, RULES, NOW, 3600.0, borrowing=lambda j: j.borrowed).bounds
+    checked = 0
+    with engine.connect() as conn:
+        for n in range(80):
+            entry = QueueEntry(f"w{n}", PlanRequest(1), rng.choice([0, 1, 2, 5, 9]),
+                               rng.choice([NOW - 7200, NOW - 600, 0.0]), team=rng.choice([None, "prod", "research"]))
+            below = entry.priority + rng.choice([0, 0, 3])  # the highest waiting priority: entry's or above
+            kept = {r for (r,) in conn.execute(sa.select(rows.c.job_id).where(may_be_preempted(rows.c, below)))}
+            accepted = {cands.jobs[i].job_id for i in np.flatnonzero(cands.eligible(entry)).tolist()}
+            assert accepted <= kept, (entry, sorted(accepted - kept))
+            for reclaim in (False, True):
+                if not cands.eligible(entry, reclaim=reclaim).any():
+                    continue
+                lowest, borrowers = bounds  # the pass skips the entry when neither lets anything through
+                assert entry.priority > lowest or (reclaim and borrowers), (entry, reclaim)
+            checked += len(accepted)
+    assert checked > 100 and len(kept) < len(running)  # both sides are common: the checks are not vacuous
+
+
+def test_a_preemptor_waits_on_the_gpus_its_victims_free_not_on_a_holder_that_never_yields():
+    """hi preempted a (hgx-a1) in an earlier pass; while a stops, hgx-a2 has fewer GPUs held, by a
+    reservation that can never be preempted (``plan --reserve``): hi's claim stays on a's GPUs and
+    its reason names them and a, not the reservation."""
+    running = [_run("hgx-a1:0-7", "a", 1, preempting="hi"), _run("hgx-a2:0-3", "reserved", 0, preemptible=False)]
+    hi = QueueEntry("hi", PlanRequest(8, "A100*"), 5, NOW - 120, tuple(_keys("hgx-a1:0-7")))
+    result = _pass([hi], running)
+    w = result.get("hi")
+    assert w.state == "head" and set(w.claim.gpus) == set(_keys("hgx-a1:0-7"))
+    assert set(w.claim.held_by.values()) == {"a"}
+    assert "hgx-a1 GPU 0-7" in w.reason and "held by a" in w.reason and "reserved" not in w.reason
+    assert w.reason.endswith("preempting a for it") and result.preemptions == []

@@ -69,3 +69,22 @@ def test_a_bad_teams_file_is_one_line(tmp_path, capsys, text, message):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and str(bad) in err
+
+
+def test_max_jobs_is_replayed_at_most_n_of_the_teams_jobs_run_at_once(tmp_path, capsys):
+    """intern (max_jobs 2) submits six 1-GPU jobs of 100 s at once on 32 free GPUs: two run at a
+    time (starts 0, 0, 100, 100, 200, 200); prod, without a cap, runs its three at once."""
+    (tmp_path / "teams.yaml").write_text('teams:\n  intern: {quota: {"*": 16}, max_jobs: 2}\n'
+                                         '  prod: {quota: {"*": 16}}\n')
+    (tmp_path / "jobs.csv").write_text("job_id,arrival_s,duration_s,gpus,team\n"
+                                       + "".join(f"i{n},0,100,1,intern\n" for n in range(6))
+                                       + "".join(f"p{n},0,100,1,prod\n" for n in range(3)))
+    out = tmp_path / "out.csv"
+    assert main(["simulate", "--trace", str(tmp_path / "jobs.csv"), "--nodes", str(DATA / "nodes.csv"),
+                 "--time-scale", "1", "--comm-cost", "0", "--policies", "seed", "--workers", "1", "--json",
+                 "--teams", str(tmp_path / "teams.yaml"), "--jobs-out", str(out)]) == 0
+    capsys.readouterr()
+    with out.open() as f:
+        starts = {r["job_id"]: float(r["start_s"]) for r in csv.DictReader(f)}
+    assert sorted(starts[f"i{n}"] for n in range(6)) == [0, 0, 100, 100, 200, 200]
+    assert [starts[f"p{n}"] for n in range(3)] == [0, 0, 0]

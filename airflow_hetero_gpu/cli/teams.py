@@ -59,6 +59,12 @@ def _n(v) -> str:
     return "-" if v is None else str(v)
 
 
+def _jobs(team: dict) -> str:
+    """``3`` running jobs, ``4/4`` with its max_jobs."""
+    jobs = team.get("jobs", 0)
+    return str(jobs) if team.get("max_jobs") is None else f"{jobs}/{team['max_jobs']}"
+
+
 def cmd_teams(args: argparse.Namespace) -> int:
     from airflow_hetero_gpu.ledger.store import Ledger
 
@@ -75,10 +81,11 @@ def cmd_teams(args: argparse.Namespace) -> int:
     shares = standing["teams"]
     rows = [(r["team"], r["pattern"] or "(no quota)", r["quota"], r["in_use"], r["borrowed"], r["lent"], r["waiting"],
              "unlimited" if r["borrowing_limit"] is None else r["borrowing_limit"],
-             "all" if r["lending_limit"] is None else r["lending_limit"], shares[r["team"]]["fair_share"])
+             "all" if r["lending_limit"] is None else r["lending_limit"], shares[r["team"]]["fair_share"],
+             _jobs(shares[r["team"]]))
             for r in standing["rows"]]
     print(table(["TEAM", "CARDS", "QUOTA", "IN USE", "BORROWED", "LENT", "WAITING", "MAY BORROW", "LENDS",
-                 "FAIR SHARE"], rows))
+                 "FAIR SHARE", "JOBS"], rows))
     return EXIT_OK
 
 

@@ -25,7 +25,6 @@ the parent's to handle (the workers ignore SIGINT and are stopped by the parent)
 from __future__ import annotations
 
 import logging
-import math
 import os
 import pickle
 import subprocess

@@ -136,11 +136,11 @@ def entry_of(row: Any) -> QueueEntry:
 def run_pass(ledger: Any, conn: Connection, now: datetime) -> AdmissionResult | None:
     """One admission pass over the waiting entries (see the module docstring). None when nobody
     waits or the pass could not run (the reason is then on every waiting entry)."""
-    from airflow_hetero_gpu.ledger.teams import record_usage
+    from airflow_hetero_gpu.ledger.teams import pool_cards, record_usage
 
     rows = waiting_rows(conn)
     if not rows:
-        record_usage(conn, now)
+        record_usage(conn, now, pool_cards(ledger._queue_clusters.get(conn, now)))
         return None
     ledger._expire_reservations(conn, now)  # nothing expired may block a GPU or a job id
     reserved = ledger._reserved_map(conn, now)
@@ -151,7 +151,7 @@ def run_pass(ledger: Any, conn: Connection, now: datetime) -> AdmissionResult | 
             reason="admitted: the job holds a reservation of its own", admission=None))
     rows = [r for r in rows if r.job_id not in held]
     if not rows:
-        record_usage(conn, now)
+        record_usage(conn, now, pool_cards(ledger._queue_clusters.get(conn, now)))
         return None
     began = time.perf_counter()
     result = _admit(ledger, conn, now, rows, reserved)
@@ -163,7 +163,7 @@ def run_pass(ledger: Any, conn: Connection, now: datetime) -> AdmissionResult | 
 
 def _admit(ledger: Any, conn: Connection, now: datetime, rows: list[Any], reserved: Any) -> AdmissionResult | None:
     """The pass proper over the waiting ``rows``: the rule, then its admissions and standings written."""
-    from airflow_hetero_gpu.ledger.teams import quota_input, record_usage
+    from airflow_hetero_gpu.ledger.teams import borrowing_now, pool_cards, quota_input, record_usage
 
     try:
         cluster = ledger._queue_clusters.get(conn, now)
@@ -173,9 +173,12 @@ def _admit(ledger: Any, conn: Connection, now: datetime, rows: list[Any], reserv
         adm = Admission(cluster, evicted=ledger._evicted_map(conn), aging_interval_s=ledger.queue_aging_interval_s,
                         drained=drained_map(conn))
         rules = ledger.preemption
-        running = ledger._running_jobs(conn, now, max(int(r.priority) for r in rows)) if rules is not None else ()
+        quotas = quota_input(conn, now)
+        cards = pool_cards(cluster)
+        running = () if rules is None else ledger._running_jobs(
+            conn, now, max(int(r.priority) for r in rows), reclaim=quotas is not None and borrowing_now(conn, now, cards))
         result = adm.run([entry_of(r) for r in rows], now=now.timestamp(), reserved=reserved,
-                         quotas=quota_input(conn, now), running=running, preemption=rules)
+                         quotas=quotas, running=running, preemption=rules)
     except HeteroGpuError as err:  # a stored file that no longer parses: the queue waits, the write goes on
         _note_all(conn, now, rows, f"admission could not run: {err}")
         return None
@@ -205,7 +208,7 @@ def _admit(ledger: Any, conn: Connection, now: datetime, rows: list[Any], reserv
         conn.execute(_STANDING, [{"b_job": w.job_id, "b_now": now, "b_position": w.position, "b_standing": w.state,
                                   "b_reason": w.reason, "b_claim": w.claim.to_json() if w.claim else None}
                                  for w in result.waiting])
-    record_usage(conn, now)
+    record_usage(conn, now, cards)
     return result
 
 

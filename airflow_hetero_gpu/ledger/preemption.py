@@ -15,7 +15,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any, Sequence
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import and_, delete, func, insert, select, update
 from sqlalchemy.engine import Connection
 
 from airflow_hetero_gpu.core.admission import PreemptionRules, RunningJob
@@ -79,6 +79,15 @@ def _own_record(conn: Connection, job_id: str, mark: dict[str, Any]) -> Any:
     return pre_t.c.id == (newest if newest is not None else -1)
 
 
+def may_be_preempted(cols, below: int):
+    """The SQL prefilter of :func:`~airflow_hetero_gpu.core.admission.preemption.eligible` by
+    priority: a reservation that a waiting job of priority ``below`` or lower may preempt is
+    preemptible and of a lower priority (tests/test_preemption_rule.py checks it against the
+    predicate on generated rows). Reclaims are not prefiltered here: they depend on what each team
+    holds now."""
+    return and_(cols.preemptible.is_(True), func.coalesce(cols.priority, 0) < int(below))
+
+
 class PreemptionMixin:
     """Preemption's rows: the marks on victims, their ending, the record."""
 
@@ -99,17 +108,15 @@ class PreemptionMixin:
         self._preemption = rules
 
     # --- inside the admission pass -------------------------------------------------------------
-    def _running_jobs(self, conn: Connection, now: datetime, below: int) -> list[RunningJob]:
+    def _running_jobs(self, conn: Connection, now: datetime, below: int, *, reclaim: bool = False) -> list[RunningJob]:
         """The running jobs for the pass's preemption rule; none (one indexed read) when no
-        preemptible job runs at a priority below ``below``, the highest waiting priority, and no
-        job runs on borrowed quota (a reclaim's candidates)."""
-        from sqlalchemy import and_, or_
-
-        candidate = or_(and_(res_t.c.preemptible.is_(True), func.coalesce(res_t.c.priority, 0) < int(below)),
-                        func.coalesce(res_t.c.borrowed, 0) > 0)  # a borrower is always reclaimable
-        some = select(res_t.c.job_id).where(candidate, res_t.c.expires_at > now).limit(1)
-        if conn.execute(some).first() is None:
-            return []
+        preemptible job runs at a priority below ``below``, the highest waiting priority, unless
+        ``reclaim`` (some team holds above its quota now: its jobs are a reclaim's candidates;
+        the pass works out which)."""
+        if not reclaim:
+            some = select(res_t.c.job_id).where(may_be_preempted(res_t.c, below), res_t.c.expires_at > now).limit(1)
+            if conn.execute(some).first() is None:
+                return []
         out = []
         for res in self._load(conn, now):
             row = res.preemption or {}
@@ -118,7 +125,7 @@ class PreemptionMixin:
             enqueued = row.get("enqueued_at")
             out.append(RunningJob(res.job_id, tuple(res.keys), int(row.get("priority") or 0), start,
                                   ckpt.timestamp() if ckpt else None, res.team, bool(row.get("preemptible")),
-                                  bool(res.borrowed), (row.get("preempting") or {}).get("by"),
+                                  False, (row.get("preempting") or {}).get("by"),  # the pass computes borrowing
                                   enqueued.timestamp() if enqueued else None))
         return out
 

@@ -26,7 +26,7 @@ from airflow_hetero_gpu.ledger import admission
 from airflow_hetero_gpu.ledger.admission import ADMITTED, WAITING, ClusterCache
 from airflow_hetero_gpu.ledger.checks import check_job_id, check_lease, check_priority, check_team
 from airflow_hetero_gpu.ledger.errors import LedgerError, ReservationConflict
-from airflow_hetero_gpu.ledger.preemption import RELEASED, drop_reservations
+from airflow_hetero_gpu.ledger.preemption import RELEASED, drop_reservations, may_be_preempted
 from airflow_hetero_gpu.ledger.records import Reservation, TaskIdentity
 from airflow_hetero_gpu.ledger.schema import queue_entries as q_t
 from airflow_hetero_gpu.ledger.schema import reservations as res_t
@@ -251,13 +251,11 @@ class QueueMixin:
         """A waiting entry's renewal runs a pass once it waited the preemption delay and some
         running job could be its victim (passes otherwise run only when GPUs free up, which a
         full fleet of long jobs does not do); one indexed read decides."""
-        from sqlalchemy import func
-
         rules = getattr(self, "preemption", None)
         if rules is None or row.state != WAITING or (now - row.enqueued_at).total_seconds() < rules.delay_s:
             return False
         victim = select(res_t.c.job_id).where(
-            res_t.c.preemptible.is_(True), func.coalesce(res_t.c.priority, 0) < int(row.priority),
+            may_be_preempted(res_t.c, int(row.priority)),
             res_t.c.created_at <= now - timedelta(seconds=rules.min_runtime_s),
             res_t.c.expires_at > now).limit(1)
         return conn.execute(victim).first() is not None

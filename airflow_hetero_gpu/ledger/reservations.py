@@ -353,6 +353,7 @@ def _quota_check(conn: Connection, now: datetime, cluster: Cluster, reserved: Ma
     """How many GPUs of a direct reservation's decision are borrowed (None: no teams configured);
     :class:`QuotaRefused` when its team's quota does not allow it now."""
     from airflow_hetero_gpu.core.admission.quota import QuotaBook
+    from airflow_hetero_gpu.core.admission.rules.max_jobs import max_jobs_rule
     from airflow_hetero_gpu.ledger.errors import QuotaRefused
     from airflow_hetero_gpu.ledger.teams import quota_input
 
@@ -371,6 +372,10 @@ def _quota_check(conn: Connection, now: datetime, cluster: Cluster, reserved: Ma
         k = (quotas.team_of.get(job, quotas.default_team), cluster.pools[int(cluster.pool_of[pos])].card_type)
         usage[k] = usage.get(k, 0) + 1
     name = team or quotas.default_team
+    rule = max_jobs_rule(quotas.teams, quotas.team_of)
+    why = rule.refusal(name) if rule is not None else None
+    if why is not None:
+        raise QuotaRefused(f"not reserved: {why.text}")
     book = QuotaBook(quotas.teams, fleet, usage, quotas.history)
     decision = result.decision
     check = book.check(name, card_of.get(decision.pool, decision.pool), len(decision.gpus))

@@ -17,21 +17,20 @@ from __future__ import annotations
 import logging
 import math
 from datetime import datetime
-from typing import Any
+from typing import Any, Mapping
 
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.engine import Connection
 
 from airflow_hetero_gpu.core.admission.quota import (
-    DEFAULT_TEAM, QuotaBook, TeamQuota, Teams, decay, matches, share_value,
+    DEFAULT_TEAM, QuotaBook, TeamQuota, Teams, decay, matches, share_value, team_use,
 )
 from airflow_hetero_gpu.core.admission.teams import (
-    DEFAULT_USAGE_HALF_LIFE_S, MAX_GPUS, MAX_WEIGHT, MIN_HALF_LIFE_S, MIN_WEIGHT, teams_from_mapping,
+    DEFAULT_USAGE_HALF_LIFE_S, MAX_GPUS, MAX_JOBS_LIMIT, MAX_WEIGHT, MIN_HALF_LIFE_S, MIN_WEIGHT, teams_from_mapping,
 )
 from airflow_hetero_gpu.durations import MAX_DURATION_S
-from airflow_hetero_gpu.core.admission.teampass import QuotaInput
+from airflow_hetero_gpu.core.admission.rules.team_quota import QuotaInput
 from airflow_hetero_gpu.ledger.schema import queue_entries as q_t
-from airflow_hetero_gpu.ledger.schema import reservation_gpus as gpu_t
 from airflow_hetero_gpu.ledger.schema import reservations as res_t
 from airflow_hetero_gpu.ledger.schema import team_samples, team_settings, team_usage
 from airflow_hetero_gpu.ledger.schema import teams as teams_t
@@ -72,9 +71,17 @@ def read_teams(conn: Connection) -> Teams | None:
         weight = _number(spec.get("weight", 1.0), 1.0)
         out[name] = TeamQuota(name, dict(spec.get("quota") or {}), dict(spec.get("borrowing_limit") or {}),
                               dict(spec.get("lending_limit") or {}),
-                              weight if MIN_WEIGHT <= weight <= MAX_WEIGHT else 1.0)
+                              weight if MIN_WEIGHT <= weight <= MAX_WEIGHT else 1.0,
+                              _max_jobs(spec.get("max_jobs")))
     half_s = _number(half, DEFAULT_USAGE_HALF_LIFE_S)  # checked by apply_teams; an older release did not
     return Teams(out, half_s if MIN_HALF_LIFE_S <= half_s <= MAX_DURATION_S else DEFAULT_USAGE_HALF_LIFE_S)
+
+
+def _max_jobs(value: object) -> int | None:
+    """A stored max_jobs, checked again (an older release or a hand edit may have left another value)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_JOBS_LIMIT:
+        return None
+    return value
 
 
 def _number(value: object, default: float) -> float:
@@ -86,9 +93,25 @@ def _number(value: object, default: float) -> float:
 
 
 def _held(conn: Connection, now: datetime) -> list[Any]:
-    """Live reservations: job, team, borrowed, GPUs."""
-    return list(conn.execute(select(res_t.c.job_id, res_t.c.team, res_t.c.borrowed, res_t.c.gpu_count)
+    """Live reservations: job, team, pool, GPUs."""
+    return list(conn.execute(select(res_t.c.job_id, res_t.c.team, res_t.c.pool, res_t.c.gpu_count)
                              .where(res_t.c.expires_at > now)))
+
+
+def holdings(conn: Connection, now: datetime, pool_cards: Mapping[str, str] | None = None) -> dict[tuple[str, str], int]:
+    """(team, card type) -> GPUs its live reservations hold now (a reservation is in one pool;
+    ``pool_cards``: pool id -> card type, from the stored inventory; without it the pool id)."""
+    out: dict[tuple[str, str], int] = {}
+    for r in _held(conn, now):
+        key = (r.team or DEFAULT_TEAM, (pool_cards or {}).get(r.pool, r.pool or ""))
+        out[key] = out.get(key, 0) + int(r.gpu_count)
+    return out
+
+
+def borrowing_now(conn: Connection, now: datetime, pool_cards: Mapping[str, str] | None = None) -> bool:
+    """Whether some team holds more than its quota now (then some running job is reclaimable)."""
+    teams = read_teams(conn)
+    return teams is not None and any(u.borrowed for u in team_use(teams, holdings(conn, now, pool_cards)).values())
 
 
 def _history(conn: Connection, now: datetime, teams: Teams) -> dict[str, float]:
@@ -111,18 +134,17 @@ def quota_input(conn: Connection, now: datetime) -> QuotaInput | None:
     return QuotaInput(teams, team_of, _history(conn, now, teams))
 
 
-def record_usage(conn: Connection, now: datetime) -> None:
-    """Bring ``team_usage`` up to now and sample each team whose GPUs in use changed."""
+def record_usage(conn: Connection, now: datetime, pool_cards: Mapping[str, str] | None = None) -> None:
+    """Bring ``team_usage`` up to now and sample each team whose GPUs in use changed. What a team
+    borrows is computed from its holdings now (:func:`~airflow_hetero_gpu.core.admission.quota.team_use`),
+    so a team back within its quota accrues no history from here on."""
     teams = read_teams(conn)
     if teams is None:
         return
     history = _history(conn, now, teams)
-    in_use: dict[str, int] = {}
-    borrowed: dict[str, int] = {}
-    for r in _held(conn, now):
-        team = r.team or DEFAULT_TEAM
-        in_use[team] = in_use.get(team, 0) + int(r.gpu_count)
-        borrowed[team] = borrowed.get(team, 0) + int(r.borrowed or 0)
+    use = team_use(teams, holdings(conn, now, pool_cards))
+    in_use = {t: u.in_use for t, u in use.items()}
+    borrowed = {t: u.borrowed for t, u in use.items()}
     old = {r.team: r for r in conn.execute(select(team_usage))}
     for team in sorted(set(in_use) | set(old) | set(teams.teams)):
         values = dict(in_use=in_use.get(team, 0), borrowed=borrowed.get(team, 0),
@@ -181,13 +203,10 @@ class TeamsMixin:
             if cluster is not None:
                 for pool in cluster.pools:
                     fleet[pool.card_type] = fleet.get(pool.card_type, 0) + len(pool.positions)
-            usage: dict[tuple[str, str], int] = {}
-            stmt = (select(res_t.c.job_id, res_t.c.team, res_t.c.pool, gpu_t.c.host, gpu_t.c.gpu_index)
-                    .join(gpu_t, gpu_t.c.job_id == res_t.c.job_id).where(res_t.c.expires_at > now))
-            for row in conn.execute(stmt):
-                card = _card_of(cluster, row.host, row.gpu_index) or row.pool
-                key = (row.team or DEFAULT_TEAM, card)
-                usage[key] = usage.get(key, 0) + 1
+            usage = holdings(conn, now, pool_cards(cluster))
+            jobs: dict[str, int] = {}
+            for r in _held(conn, now):
+                jobs[r.team or DEFAULT_TEAM] = jobs.get(r.team or DEFAULT_TEAM, 0) + 1
             history = _history(conn, now, teams)
             waiting = []
             for row in conn.execute(select(q_t.c.team, q_t.c.request).where(q_t.c.state == "waiting",
@@ -201,7 +220,8 @@ class TeamsMixin:
         names = sorted({r.team for r in rows})
         per_team = {n: {"fair_share": round(share_value(book.borrowed(n), history.get(n, 0.0), teams.get(n).weight,
                                                         teams.usage_half_life_s), 4),
-                        "weight": teams.get(n).weight, "decayed_borrowed_gpu_s": round(history.get(n, 0.0), 1)}
+                        "weight": teams.get(n).weight, "decayed_borrowed_gpu_s": round(history.get(n, 0.0), 1),
+                        "jobs": jobs.get(n, 0), "max_jobs": teams.get(n).max_jobs}
                     for n in names}
         return {"now": now.isoformat(), "usage_half_life_s": teams.usage_half_life_s,
                 "rows": [r.to_json() for r in rows], "teams": per_team}
@@ -216,12 +236,6 @@ class TeamsMixin:
                     for r in conn.execute(stmt)]
 
 
-def _card_of(cluster, host: str, index: int) -> str | None:
-    if cluster is None:
-        return None
-    from airflow_hetero_gpu.core.model import GpuKey
-
-    pos = cluster.position.get(GpuKey(host, index))
-    if pos is None:
-        return None
-    return cluster.pools[int(cluster.pool_of[pos])].card_type
+def pool_cards(cluster) -> dict[str, str]:
+    """Pool id -> card type of the stored inventory's cluster (empty without one)."""
+    return {pool.id: pool.card_type for pool in cluster.pools} if cluster is not None else {}

@@ -18,7 +18,7 @@ from typing import Mapping, Protocol, Sequence
 import numpy as np
 
 from airflow_hetero_gpu.core.admission import Admission, Placement, QueueEntry, QuotaInput, Teams, rank_key
-from airflow_hetero_gpu.core.admission.quota import DEFAULT_TEAM, decay
+from airflow_hetero_gpu.core.admission.quota import DEFAULT_TEAM, decay, team_use
 from airflow_hetero_gpu.core.cluster import Cluster
 from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
 from airflow_hetero_gpu.sim import QUEUES
@@ -98,8 +98,9 @@ class AdmissionQueue:
     """The product's queue: one admission pass per event instant, claims kept between passes.
 
     With ``teams`` (docs/teams.md) the pass applies their quotas; the queue keeps what the ledger
-    keeps: the team of every running job, how many of its GPUs are borrowed, and each team's
-    borrowed GPU-seconds decayed by the half-life (the fair-share history). With preemption on
+    keeps: the team and card type of every running job, and each team's borrowed GPU-seconds
+    decayed by the half-life (the fair-share history), where what a team borrows is computed
+    from what its jobs hold now (:func:`~airflow_hetero_gpu.core.admission.quota.team_use`). With preemption on
     (the run's ``preempt``, docs/preemption.md) every pass sees the running jobs and the victims it
     decides are signalled through the run.
     """
@@ -109,7 +110,8 @@ class AdmissionQueue:
         self.aging = aging_interval_s
         self.teams = teams if teams else None
         self.team_of: dict[str, str] = {}  # running job -> team
-        self.borrowed: dict[str, tuple[str, int]] = {}  # running job -> (team, GPUs borrowed)
+        self.card_of: dict[str, str] = {}  # running job -> the card type it runs on
+        self.pool_card = {pool.id: pool.card_type for pool in run.cluster.pools}
         self.history: dict[str, float] = {}  # team -> decayed borrowed GPU-seconds
         self.last = 0.0
         settings = getattr(run, "preempt", None)
@@ -149,11 +151,11 @@ class AdmissionQueue:
         return tuple(view.key(p) for p in view.holding[job_id])
 
     def _running(self, now: float) -> list:
-        """The running jobs for the pass's preemption rule, with the team each started under and
-        whether it borrowed (teams off: no team, so any lower-priority job is a candidate)."""
+        """The running jobs for the pass's preemption rule, with the team each started under
+        (teams off: no team, so any lower-priority job is a candidate); the pass works out which
+        of them run on borrowed quota now."""
         run = self.run
-        return [dataclasses.replace(r, team=self.team_of.get(r.job_id) if self.teams else None,
-                                    borrowed=r.job_id in self.borrowed)
+        return [dataclasses.replace(r, team=self.team_of.get(r.job_id) if self.teams else None)
                 for r in run.preempt.running(run.jobs, self._holding, now)]
 
     def _at(self, entry: QueueEntry) -> int:
@@ -161,19 +163,25 @@ class AdmissionQueue:
 
     def _age(self, now: float) -> None:
         """Bring the decayed borrowed GPU-seconds up to ``now`` (b GPUs borrowed over dt add
-        b * h / ln 2 * (1 - 2^(-dt/h)), the integral of the decayed usage)."""
+        b * h / ln 2 * (1 - 2^(-dt/h)), the integral of the decayed usage); b is what each team
+        holds above its quota (:func:`~airflow_hetero_gpu.core.admission.quota.team_use`, from the
+        jobs still holding GPUs), as the ledger counts it."""
         dt = now - self.last
         if dt <= 0 or self.teams is None:
             return
+        holding = self.run.view.holding
+        self.team_of = {j: t for j, t in self.team_of.items() if j in holding}
         h = self.teams.usage_half_life_s
         for team in list(self.history):
             self.history[team] = decay(self.history[team], dt, h)
         gain = h / math.log(2) * (1 - 0.5 ** (dt / h))
-        for job, (team, n) in self.borrowed.items():
-            if job in self.run.view.holding:
-                self.history[team] = self.history.get(team, 0.0) + n * gain
-        self.borrowed = {j: v for j, v in self.borrowed.items() if j in self.run.view.holding}
-        self.team_of = {j: t for j, t in self.team_of.items() if j in self.run.view.holding}
+        usage: dict[tuple[str, str], int] = {}
+        for job, team in self.team_of.items():
+            key = (team, self.card_of[job])
+            usage[key] = usage.get(key, 0) + len(holding[job])
+        for team, use in team_use(self.teams, usage).items():
+            if use.borrowed:
+                self.history[team] = self.history.get(team, 0.0) + use.borrowed * gain
         self.last = now
 
     def serve(self, now: float) -> None:
@@ -199,8 +207,8 @@ class AdmissionQueue:
             run.start(i, a.gpus, now, run.one_host_seen.pop(i, False))
             if a.team is not None:
                 self.team_of[a.job_id] = a.team
-                if a.borrowed:
-                    self.borrowed[a.job_id] = (a.team, a.borrowed)
+                self.card_of[a.job_id] = self.pool_card.get(a.pool, a.pool)
+                if a.borrowed:  # how many it borrowed when it started (the report's; not the truth after)
                     run.records[i].borrowed = a.borrowed
             at = self._at(by_id.pop(a.job_id))
             del self.entries[at], self.keys[at]

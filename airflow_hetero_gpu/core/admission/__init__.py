@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from airflow_hetero_gpu.core.admission.teams import (
         DEFAULT_TEAM, DEFAULT_USAGE_HALF_LIFE_S, TeamQuota, Teams, TeamsError, teams_from_mapping, teams_from_text,
     )
-    from airflow_hetero_gpu.core.admission.teampass import QuotaInput
+    from airflow_hetero_gpu.core.admission.rules.team_quota import QuotaInput
     from airflow_hetero_gpu.core.admission.preemption import (
         DEFAULT_MIN_RUNTIME_S, DEFAULT_PREEMPTION_DELAY_S, DEFAULT_PREEMPTION_GRACE_S, Preemption, PreemptionRules,
         RunningJob,
@@ -44,7 +44,7 @@ _WHERE = {
     **dict.fromkeys(("BucketStanding", "QuotaBook"), "quota"),
     **dict.fromkeys(("DEFAULT_TEAM", "DEFAULT_USAGE_HALF_LIFE_S", "TeamQuota", "Teams", "TeamsError",
                      "teams_from_mapping", "teams_from_text"), "teams"),
-    "QuotaInput": "teampass",
+    "QuotaInput": "rules.team_quota",
     **dict.fromkeys(("DEFAULT_MIN_RUNTIME_S", "DEFAULT_PREEMPTION_DELAY_S", "DEFAULT_PREEMPTION_GRACE_S", "Preemption",
                      "PreemptionRules", "RunningJob"), "preemption"),
 }

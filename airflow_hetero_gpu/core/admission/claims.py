@@ -33,15 +33,26 @@ def claim_for(p: PassState, entry: QueueEntry, shape: Shape) -> Claim | None:
         return None
     old = _valid(p, entry, open_pools) if entry.claim else None
     if old is not None and not _should_move(p, entry, old, open_pools):
-        return _record(p, entry, old, kept=True)
+        return record_claim(p, entry, old, kept=True)
     target = None if shape.target_failed else _target(p, entry, shape, open_pools)
     if target is None:
         shape.target_failed = True
-        return _record(p, entry, old, kept=True) if old is not None else None
+        return record_claim(p, entry, old, kept=True) if old is not None else None
     new = p.positions(target.gpus)
     if old is not None and int(p.held[new].sum()) >= int(p.held[old].sum()):
-        return _record(p, entry, old, kept=True)
-    return _record(p, entry, new, kept=False)
+        return record_claim(p, entry, old, kept=True)
+    return record_claim(p, entry, new, kept=False)
+
+
+def keep_claim(p: PassState, entry: QueueEntry, shape: Shape) -> Claim | None:
+    """The previous pass's claim of ``entry``, kept as it is while valid (never moved), or None: a
+    preemptor whose victims still stop waits on the GPUs they free, not on a host where fewer GPUs
+    are held by jobs that may never end (docs/preemption.md)."""
+    open_pools = shape.ok & ~p.headed
+    if not entry.claim or not open_pools.any():
+        return None
+    old = _valid(p, entry, open_pools)
+    return record_claim(p, entry, old, kept=True) if old is not None else None
 
 
 def _valid(p: PassState, entry: QueueEntry, open_pools: np.ndarray) -> np.ndarray | None:
@@ -118,7 +129,7 @@ def _narrow(p: PassState, entry: QueueEntry, placement: Placement, closed: np.nd
     return placement
 
 
-def _record(p: PassState, entry: QueueEntry, pos: np.ndarray, *, kept: bool) -> Claim:
+def record_claim(p: PassState, entry: QueueEntry, pos: np.ndarray, *, kept: bool) -> Claim:
     c = p.cluster
     pos = np.sort(pos)
     keys = tuple(c.gpus[q].key for q in pos.tolist())

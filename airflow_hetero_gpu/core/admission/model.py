@@ -8,6 +8,7 @@ JSON form for a database column or ``hetero-gpu queue --json``.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -18,6 +19,17 @@ from airflow_hetero_gpu.core.model import Decision, GpuKey, PlanRequest
 from airflow_hetero_gpu.errors import RequestError
 
 STATES = ("head", "waiting", "impossible")
+
+
+class ReasonKind(enum.Enum):
+    """What kind of reason a waiting entry has; the text says the rest."""
+
+    QUEUE = "queue"  # it waits its turn behind the heads, or for GPUs to free up
+    HEAD = "head"  # it heads a pool with a claim
+    IMPOSSIBLE = "impossible"  # no pool of the cluster as it is can hold it
+    QUOTA = "quota"  # its team's quota (and what others lend) stops it
+    MAX_JOBS = "max_jobs"  # its team runs as many jobs as its max_jobs
+    NOTE = "note"  # a rule's remark added after the reason (team within quota, borrowing)
 
 
 def describe_gpus(keys) -> str:
@@ -185,9 +197,11 @@ class Waiting:
     effective_priority: float
     claim: Claim | None = None
     behind: tuple[str, ...] = ()
+    kind: ReasonKind = ReasonKind.QUEUE  # what kind of reason (the rule that stopped it, or its state)
 
     def to_json(self) -> dict:
         return {"job_id": self.job_id, "position": self.position, "state": self.state, "reason": self.reason,
+                "kind": self.kind.value,
                 "effective_priority": self.effective_priority, "behind": list(self.behind),
                 "claim": self.claim.to_json() if self.claim else None}
 

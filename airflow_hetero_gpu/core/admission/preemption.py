@@ -33,13 +33,14 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from airflow_hetero_gpu.core.admission.defaults import (  # noqa: F401 - re-exported
     DEFAULT_MIN_RUNTIME_S, DEFAULT_PREEMPTION_DELAY_S, DEFAULT_PREEMPTION_GRACE_S,
 )
+from airflow_hetero_gpu.core.admission.claims import keep_claim, record_claim
 from airflow_hetero_gpu.core.admission.model import QueueEntry
 from airflow_hetero_gpu.core.admission.order import rank_key
 from airflow_hetero_gpu.core.model import GpuKey
@@ -125,14 +126,15 @@ def team_of(entry: QueueEntry) -> str | None:
     return getattr(entry, "team", None)
 
 
-def reclaims(entry: QueueEntry, job: RunningJob) -> bool:
-    """Whether stopping ``job`` for ``entry`` is a reclaim: ``job`` runs on borrowed quota and
-    belongs to another team than ``entry`` (which the caller knows to be within its quota)."""
+def reclaims(entry: QueueEntry, job: RunningJob, borrowed: bool | None = None) -> bool:
+    """Whether stopping ``job`` for ``entry`` is a reclaim: ``job`` runs on borrowed quota
+    (``borrowed``, as the pass computed it; None: the job's own ``borrowed``) and belongs to
+    another team than ``entry`` (which the caller knows to be within its quota)."""
     team = team_of(entry)
-    return job.borrowed and team is not None and job.team != team
+    return (job.borrowed if borrowed is None else borrowed) and team is not None and job.team != team
 
 
-def reason(entry: QueueEntry, victim: RunningJob, reclaim: bool = False) -> str:
+def reason(entry: QueueEntry, victim: RunningJob, reclaim: bool = False, borrowed: bool | None = None) -> str:
     """``priority 5 > 1`` (``team prod, ...`` with teams; ``; reclaim of prod's quota`` when
     the victim runs on quota lent to it)."""
     sign = ">" if entry.priority > victim.priority else ("=" if entry.priority == victim.priority else "<")
@@ -140,31 +142,20 @@ def reason(entry: QueueEntry, victim: RunningJob, reclaim: bool = False) -> str:
     team = team_of(entry)
     if team is not None:
         text = f"team {team}, {text}"
-    if reclaim and reclaims(entry, victim):
+    if reclaim and reclaims(entry, victim, borrowed):
         text += f"; reclaim of {team}'s quota"
     return text
 
 
 def eligible(entry: QueueEntry, job: RunningJob, now: float, rules: PreemptionRules,
              aging_interval_s: float | None = None, *, reclaim: bool = False) -> bool:
-    """Whether ``job`` may be stopped for ``entry``: the priority rule (a lower-priority job of its
-    own team, or of the whole fleet without teams, that would rank behind it back in the queue),
-    or, with ``reclaim`` (``entry`` is within its team's quota), any job of another team that
-    runs on borrowed quota, whatever its priority and even if it said ``preemptible=False``."""
-    if job.preempting is not None:
-        return False
-    if now - job.started_at < rules.min_runtime_s:
-        return False
-    if reclaim and reclaims(entry, job):
-        return True
-    if not job.preemptible:
-        return False
-    if job.priority >= entry.priority:
-        return False
-    if rank_key(job, aging_interval_s) < rank_key(entry, aging_interval_s):
-        return False
-    team = team_of(entry)
-    return team is None or job.team is None or job.team == team
+    """Whether ``job`` may be stopped for ``entry``: :meth:`Candidates.eligible`, the one
+    predicate, asked about one job. The priority rule: a lower-priority job of its own team (or of
+    the whole fleet without teams) that ran ``min_runtime_s``, said it may be preempted, is not
+    already stopping, and would rank behind ``entry`` back in the queue; or, with ``reclaim``
+    (``entry`` is within its team's quota), any job of another team that runs on borrowed quota
+    now and ran ``min_runtime_s``, whatever its priority and even if it said ``preemptible=False``."""
+    return bool(Candidates([job], now, rules, aging_interval_s).eligible(entry, reclaim=reclaim)[0])
 
 
 def victim_key(now: float):
@@ -182,7 +173,7 @@ def in_progress(running: Iterable[RunningJob]) -> dict[str, list[str]]:
 
 
 def choose(p, entry: QueueEntry, open_pools: np.ndarray, candidates: Sequence[RunningJob], now: float,
-           reclaim: bool = False) -> Preemption | None:
+           reclaim: bool = False, borrowers: set[str] | None = None) -> Preemption | None:
     """The victims that let ``entry`` start, or None (see the module docstring).
 
     ``p`` is the pass's :class:`~airflow_hetero_gpu.core.admission.passstate.PassState`,
@@ -220,25 +211,27 @@ def choose(p, entry: QueueEntry, open_pools: np.ndarray, candidates: Sequence[Ru
             return None  # it fits without stopping anyone: not a preemption (cannot happen after try_start)
         return Preemption(entry.job_id, entry.priority, team_of(entry), tuple(j.job_id for j in victims),
                           tuple(sorted(used)), {j.job_id: round(j.lost_gpu_s(now), 3) for j in victims},
-                          {j.job_id: reason(entry, j, reclaim) for j in victims})
+                          {j.job_id: reason(entry, j, reclaim, None if borrowers is None else j.job_id in borrowers)
+                           for j in victims})
     return None
 
 
 class Candidates:
     """The running jobs of one pass as arrays, in victim order, so that the jobs a waiting job may
     stop are found with numpy: a pass on a fleet of 10,000 GPUs asks about some 1,500 running jobs
-    for every waiting job that could preempt. :meth:`eligible` is :func:`eligible` for all of them
-    at once (``tests/test_preemption_rule.py`` checks the two agree)."""
+    for every waiting job that could preempt. :meth:`eligible` is the preemption predicate; the
+    order is :func:`victim_key`'s (``tests/test_preemption_rule.py`` checks the two orders agree)."""
 
     def __init__(self, running: Sequence[RunningJob], now: float, rules: PreemptionRules,
-                 aging_interval_s: float | None) -> None:
+                 aging_interval_s: float | None, borrowed: Sequence[bool] | None = None) -> None:
+        """``borrowed``: per job, whether it runs on borrowed quota now (None: its own ``borrowed``)."""
         n = len(running)
         nan = math.nan
         started = np.array([j.started_at for j in running], dtype=np.float64)
         ckpt = np.array([nan if j.checkpoint_at is None else j.checkpoint_at for j in running], dtype=np.float64)
         since = np.where(np.isnan(ckpt), started, np.fmax(started, ckpt))
         lost = np.maximum(0.0, now - since) * np.array([len(j.gpus) for j in running], dtype=np.float64)
-        borrowed = np.array([j.borrowed for j in running], dtype=bool)
+        borrowed = np.array([j.borrowed for j in running] if borrowed is None else list(borrowed), dtype=bool)
         priority = np.array([j.priority for j in running], dtype=np.int64)
         idle = np.array([j.preempting is None for j in running], dtype=bool)
         preemptible = np.array([j.preemptible for j in running], dtype=bool)
@@ -262,7 +255,10 @@ class Candidates:
         self.taken = np.zeros(n, dtype=bool)
 
     def eligible(self, entry: QueueEntry, *, reclaim: bool = False) -> np.ndarray:
-        """Mask over :attr:`jobs`: those ``entry`` may stop (see :func:`eligible`), not yet taken."""
+        """Mask over :attr:`jobs`: those ``entry`` may stop, not yet taken: the one preemption
+        predicate (:func:`eligible` asks it about one job; :attr:`PassPreemption.bounds` and the
+        ledger's SQL prefilter are necessary conditions of it, checked against it by
+        tests/test_preemption_rule.py)."""
         base = self.open & ~self.taken
         team = team_of(entry)
         same_team = self.no_team | (self.team == team) if team is not None else np.ones_like(base)
@@ -289,10 +285,16 @@ class PassPreemption:
     """Preemption during one admission pass: what the pass decided and who still stops for whom."""
 
     def __init__(self, running: Sequence[RunningJob], rules: PreemptionRules, now: float,
-                 aging_interval_s: float | None = None, *, teams: bool = True) -> None:
+                 aging_interval_s: float | None = None, *, teams: bool = True,
+                 borrowing: Callable[[RunningJob], bool] | None = None, some_borrow: bool | None = None) -> None:
         # ``teams`` False (no team configured): the whole fleet is one team, whatever team names
-        # the jobs carry (the operator always sends one), and reasons name none
+        # the jobs carry (the operator always sends one), and reasons name none. ``borrowing``:
+        # whether a running job's team holds above its quota now (the pass computes it; None: no
+        # job borrows), whatever the job's own ``borrowed`` says; ``some_borrow``: whether any team
+        # borrows now (None: ask ``borrowing`` of every job), for :attr:`bounds`
         self.teams = teams
+        self._some_borrow = some_borrow
+        self._borrowing = borrowing or (lambda job: False)
         self._running = running
         self.aging = aging_interval_s
         self.rules = rules
@@ -304,24 +306,37 @@ class PassPreemption:
     def candidates(self) -> Candidates:
         """The running jobs as arrays in victim order, built at the first waiting job that could
         preempt (a pass where nobody can does not pay for it)."""
-        return Candidates(self._running, self.now, self.rules, self.aging)
+        return Candidates(self._running, self.now, self.rules, self.aging, self.borrowed)
+
+    @functools.cached_property
+    def borrowed(self) -> list[bool]:
+        """Per running job, whether it runs on borrowed quota now (as the pass computes it)."""
+        return [bool(self._borrowing(job)) for job in self._running]
+
+    @functools.cached_property
+    def borrowers(self) -> set[str]:
+        return {job.job_id for job, flag in zip(self._running, self.borrowed) if flag}
 
     @functools.cached_property
     def bounds(self) -> tuple[float, bool]:
         """The lowest priority of a running job that may be preempted at all, and whether any
-        runs on borrowed quota: a waiting job above neither has no candidate, and the pass need
-        not build :class:`Candidates` for it."""
+        runs on borrowed quota: a necessary condition of :meth:`Candidates.eligible` (a waiting
+        job whose priority is not above the first, with no borrower to reclaim, has no
+        candidate), so the pass need not build :class:`Candidates` for it."""
         free = [j for j in self._running if j.preempting is None]
         lowest = min((j.priority for j in free if j.preemptible), default=math.inf)
-        return lowest, any(j.borrowed for j in free)
+        if self._some_borrow is not None:  # no team above its quota: no job borrows (a superset is enough)
+            return lowest, self._some_borrow
+        return lowest, any(flag for job, flag in zip(self._running, self.borrowed) if job.preempting is None)
 
     def claim(self, p, entry: QueueEntry, shape, *, reclaim: bool = False):
         """A new preemption for ``entry`` and its claim on the GPUs it frees, or None (the caller
-        then claims as usual). A preemptor whose victims still stop keeps its usual claim.
+        then claims as usual). A preemptor whose victims still stop keeps its claim where it is
+        (the GPUs they free), not moved to GPUs of other holders.
         ``reclaim``: the job is within its team's quota, so jobs of other teams on borrowed quota
         are candidates too."""
-        if entry.job_id in self.stopping:
-            return None
+        if entry.job_id in self.stopping:  # it waits on the GPUs its victims free: its claim stays there
+            return keep_claim(p, entry, shape)
         if not self.teams and entry.team is not None:
             entry = dataclasses.replace(entry, team=None)
         open_pools = shape.ok & ~p.headed
@@ -332,14 +347,12 @@ class PassPreemption:
             return None  # no running job has a lower priority, and none is reclaimable
         cands = self.candidates
         chosen = [cands.jobs[i] for i in np.flatnonzero(cands.eligible(entry, reclaim=reclaim)).tolist()]
-        pre = choose(p, entry, open_pools, chosen, self.now, reclaim)
+        pre = choose(p, entry, open_pools, chosen, self.now, reclaim, self.borrowers)
         if pre is None:
             return None
         cands.take(pre.victims)
-        from airflow_hetero_gpu.core.admission.claims import _record
-
         self.decided.append(pre)
-        return _record(p, entry, p.positions(pre.gpus), kept=False)
+        return record_claim(p, entry, p.positions(pre.gpus), kept=False)
 
     def annotate(self, result):
         """The preemptors' reasons say whom they preempt."""

@@ -190,6 +190,10 @@ class QuotaBook:
     def borrowed(self, team: str) -> int:
         return sum(self._fill(team)[1].values())
 
+    def borrowed_by_card(self, team: str) -> dict[str, int]:
+        """GPUs ``team`` holds above its quota, per card type (pending quota counts as held)."""
+        return dict(self._fill(team)[1])
+
     def fair_share(self, team: str) -> float:
         tq = self.teams.get(team)
         return share_value(self.borrowed(team), self.history.get(team, 0.0), tq.weight,
@@ -374,6 +378,29 @@ class QuotaBook:
         return rows
 
 
+@dataclass(frozen=True)
+class TeamUse:
+    """A team's GPUs in use now and how many of them are borrowed (above its quota), per card type."""
+
+    in_use: int
+    borrowed: int
+    borrowed_by_card: Mapping[str, int]
+
+
+def team_use(teams: Teams, usage: Mapping[tuple[str, str], int]) -> dict[str, TeamUse]:
+    """Each team's use and borrowing, computed from what its jobs hold now (``usage``: (team, card
+    type) -> GPUs held), the way Kueue does it: a team borrows what it holds above its quota now,
+    whichever of its jobs started first. The one meaning of "borrowed": the standing, the fair-share
+    history, the reclaim candidates and the page all read it (docs/teams.md). A team back within its
+    quota borrows nothing, whatever it borrowed when its jobs started."""
+    book = QuotaBook(teams, {}, usage)
+    out = {}
+    for team in sorted({t for (t, _) in usage} | set(teams.teams)):
+        by_card = book.borrowed_by_card(team)
+        out[team] = TeamUse(sum(n for (t, _), n in usage.items() if t == team), sum(by_card.values()), by_card)
+    return out
+
+
 def card_counts(card_types: Iterable[str]) -> dict[str, int]:
     out: dict[str, int] = {}
     for c in card_types:
@@ -382,5 +409,5 @@ def card_counts(card_types: Iterable[str]) -> dict[str, int]:
 
 
 __all__ = ["DEFAULT_TEAM", "DEFAULT_USAGE_HALF_LIFE_S", "TeamsError", "TeamQuota", "Teams", "QuotaBook",
-           "QuotaCheck", "BucketStanding", "teams_from_mapping", "decay", "share_value", "specificity",
+           "QuotaCheck", "BucketStanding", "TeamUse", "team_use", "teams_from_mapping", "decay", "share_value", "specificity",
            "matches", "card_counts", "parse_duration", "teams_from_text", "valid_team_name"]

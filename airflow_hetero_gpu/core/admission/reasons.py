@@ -30,6 +30,14 @@ def impossible(request: PlanRequest, rejected: Mapping[str, str]) -> str:
     return f"can never start on this cluster as it is (a mistake in the request, or hosts lost): {body}"
 
 
+def refused(position: int, kind, why: str) -> str:
+    """A job a rule stops: ``3rd in the queue, blocked by quota: team intern: ...``, ``2nd in the
+    queue, waits: team intern runs its 4 of max_jobs 4``."""
+    if kind.value == "quota":
+        return f"{_where(position)}, blocked by quota: {why}"
+    return f"{_where(position)}, waits: {why}"
+
+
 def head(position: int, claim: Claim) -> str:
     lead = "head of the queue" if position == 1 else f"{ordinal(position)} in the queue, first for its pool"
     return f"{lead}: {claim.describe()}"

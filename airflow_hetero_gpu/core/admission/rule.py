@@ -29,16 +29,18 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from airflow_hetero_gpu.core import filters
-from airflow_hetero_gpu.core.admission import reasons
-from airflow_hetero_gpu.core.admission.claims import claim_for
-from airflow_hetero_gpu.core.admission.model import Admitted, AdmissionResult, QueueEntry, Waiting
-from airflow_hetero_gpu.core.admission.order import (
-    DEFAULT_AGING_INTERVAL_S, check_aging, effective_priority, ordered,
-)
-from airflow_hetero_gpu.core.admission.passstate import PassState, Shape
-from airflow_hetero_gpu.core.admission.preemption import PassPreemption, PreemptionRules, RunningJob
+from airflow_hetero_gpu.core.admission.model import AdmissionResult, QueueEntry
+from airflow_hetero_gpu.core.admission.order import DEFAULT_AGING_INTERVAL_S, check_aging, ordered
+from airflow_hetero_gpu.core.admission.passstate import PassState
 from airflow_hetero_gpu.core.admission.placer import Placer, PlannerPlacer
-from airflow_hetero_gpu.core.admission.teampass import QuotaInput, TeamWalk, quota_reason
+from airflow_hetero_gpu.core.admission.preemption import PassPreemption, PreemptionRules, RunningJob
+from airflow_hetero_gpu.core.admission.rules.base import Ordering, Rule
+from airflow_hetero_gpu.core.admission.rules.fair_share import FairShareOrder
+from airflow_hetero_gpu.core.admission.rules.max_jobs import max_jobs_rule
+from airflow_hetero_gpu.core.admission.rules.preemption import PreemptionRule
+from airflow_hetero_gpu.core.admission.rules.queue_order import QueueOrder
+from airflow_hetero_gpu.core.admission.rules.team_quota import QuotaInput, TeamQuotaRule
+from airflow_hetero_gpu.core.admission.walk import walk_queue
 from airflow_hetero_gpu.core.cluster import Cluster
 from airflow_hetero_gpu.core.config import ClusterConfig
 from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
@@ -141,109 +143,28 @@ class Admission:
             raise RequestError(f"now: expected seconds, got {now!r}")
         entries = list(queue) if in_order else ordered(queue, self.aging)
         p = PassState(self, reserved, reserved_mask)
+        ordering, rules = self._rules(p, now, reserved, explain, quotas, running, preemption)
+        return walk_queue(self, p, ordering, rules, entries, now, explain=explain)
+
+    def _rules(self, p: PassState, now: float, reserved, explain: bool, quotas: QuotaInput | None,
+               running: Sequence[RunningJob], preemption: PreemptionRules | None) -> tuple[Ordering, list[Rule]]:
+        """The pass's ordering and rules: only those that apply (no teams: no quota, fair-share or
+        max_jobs rule; preemption off: no preemption rule)."""
         teams = quotas is not None and bool(quotas.teams)
-        pre = (PassPreemption(running, preemption, now, self.aging, teams=teams)
-               if preemption is not None and running else None)
+        rules: list[Rule] = []
+        ordering: Ordering = QueueOrder()
+        borrowing, some_borrow = None, False
         if teams:
-            result = self._run_teams(now, entries, p, reserved, quotas, explain, pre)
-            return pre.annotate(result) if pre else result
-        shapes: dict[int, Shape] = {}  # id(request) -> what this pass learnt about it
-        by_value: dict[PlanRequest, Shape] = {}
-        admitted: list[Admitted] = []
-        waiting: list[tuple] = []  # (position, entry, state, claim, shape, heads it waits behind)
-        position = 0  # among the jobs that keep waiting
-        # without reasons the walk may stop once nothing behind can start or claim: every request
-        # still to come is known dead and no entry still to come holds a claim
-        unseen = set() if explain else {id(e.request) for e in entries}
-        claims_left = 0 if explain else sum(1 for e in entries if e.claim)
-        live: set[int] = set()  # ids of the shapes seen that are not dead (impossible ones stay)
-        for rank, entry in enumerate(entries, 1):
-            shape = shapes.get(id(entry.request))
-            if shape is None:
-                shape = by_value.get(entry.request)
-                if shape is None:
-                    shape = by_value[entry.request] = Shape(entry.request, *self.accepts(entry.request))
-                shapes[id(entry.request)] = shape
-                if not explain:
-                    unseen.discard(id(entry.request))
-                    if not shape.dead:
-                        live.add(id(shape))
-            if not explain:
-                if entry.claim:
-                    claims_left -= 1
-                elif not unseen and not live and not claims_left:
-                    break
-            if shape.dead and not entry.claim:
-                position += 1
-                if explain:
-                    waiting.append((position, entry, "waiting", None, shape, p.heads_for(shape.ok)))
-                continue
-            if not shape.ok.any():
-                position += 1
-                waiting.append((position, entry, "impossible", None, shape, []))
-                continue
-            placement = p.try_start(entry, shape)
-            if placement is not None:
-                p.admit(entry.job_id, placement.gpus)
-                pool = placement.pool or self.cluster.pool_of_gpu(placement.gpus[0]).id
-                decision = placement.result.decision if placement.result is not None else None
-                admitted.append(Admitted(entry.job_id, rank, tuple(placement.gpus), pool, decision))
-                continue
-            position += 1
-            claim = (pre.claim(p, entry, shape) if pre else None) or claim_for(p, entry, shape)
-            if claim is not None:
-                waiting.append((position, entry, "head", claim, shape, []))
-                continue
-            shape.dead = True  # for good in this pass: held and claimed GPUs only grow
-            live.discard(id(shape))
-            if explain:
-                waiting.append((position, entry, "waiting", None, shape, p.heads_for(shape.ok)))
-        result = self._result(now, entries, admitted, waiting, p, explain)
-        return pre.annotate(result) if pre else result
-
-    def _run_teams(self, now: float, entries, p: PassState, reserved, quotas: QuotaInput,
-                   explain: bool, pre: PassPreemption | None = None) -> AdmissionResult:
-        """The pass with quotas (:mod:`~airflow_hetero_gpu.core.admission.teampass`)."""
-        by_value: dict[PlanRequest, Shape] = {}
-
-        def shape_of(entry: QueueEntry) -> Shape:
-            shape = by_value.get(entry.request)
-            if shape is None:
-                shape = by_value[entry.request] = Shape(entry.request, *self.accepts(entry.request))
-            return shape
-
-        walk = TeamWalk(self, p, quotas, reserved, explain, pre)
-        walk.walk(entries, shape_of)
-        result = self._result(now, entries, walk.admitted, walk.waiting, p, explain)
-        if explain:  # the simulator (explain=False) does not read the standing
-            result.teams = walk.book.standing(walk.waiting_gpus)
-        return result
-
-    def _result(self, now: float, entries, admitted, waiting, p: PassState, explain: bool) -> AdmissionResult:
-        out: list[Waiting] = []
-        pool_ids = [pool.id for pool in self.cluster.pools]
-        ahead = np.zeros(len(pool_ids), dtype=np.int64)  # waiting jobs so far that accept each pool
-        for position, entry, state, claim, shape, heads, *note in waiting:
-            kind, extra = note[0] if note else ("note", "")
-            text = ""
-            if explain and kind == "quota":
-                text = quota_reason(position, extra)
-            elif explain:
-                if state == "impossible":
-                    text = reasons.impossible(entry.request, shape.rejected)
-                elif state == "head":
-                    text = reasons.head(position, claim)
-                else:
-                    single = pool_ids[int(np.flatnonzero(shape.ok)[0])] if int(shape.ok.sum()) == 1 else None
-                    pool_pos = int(ahead[shape.ok].max()) + 1 if single else None
-                    text = reasons.waiting(position, heads, single, pool_pos, shape.why_not, shape.no_target)
-                if extra:
-                    text += f"; {extra}"
-            if explain and state != "impossible":
-                ahead[shape.ok] += 1
-            out.append(Waiting(entry.job_id, position, state, text, effective_priority(entry, now, self.aging),
-                               claim, tuple(h.job_id for h in heads)))
-        return AdmissionResult(now, admitted, out, entries)
+            cap = max_jobs_rule(quotas.teams, quotas.team_of)
+            rules += [cap] if cap is not None else []
+            quota = TeamQuotaRule(self, p, quotas, reserved, explain=explain)
+            rules.append(quota)
+            ordering = FairShareOrder(quotas.team, quota.book.fair_share)
+            borrowing, some_borrow = quota.borrows, bool(quota.over)
+        if preemption is not None and running:
+            rules.append(PreemptionRule(PassPreemption(running, preemption, now, self.aging, teams=teams,
+                                                        borrowing=borrowing, some_borrow=some_borrow)))
+        return ordering, rules
 
 
 def admit(cluster: Cluster, queue: Sequence[QueueEntry], *, now: float,

@@ -27,11 +27,12 @@ DEFAULT_USAGE_HALF_LIFE_S = 24 * 3600.0
 #: Bounds of every number of the file (docs/teams.md#bounds): GPUs of a quota or a limit are whole
 #: numbers 0..MAX_GPUS (a fleet of a million GPUs is far above any real one; the pass adds them in
 #: 64-bit integers); a weight lies in [MIN_WEIGHT, MAX_WEIGHT]; the half-life in
-#: [MIN_HALF_LIFE_S, MAX_DURATION_S] (1 s to 365 days).
+#: [MIN_HALF_LIFE_S, MAX_DURATION_S] (1 s to 365 days); max_jobs in 1..MAX_JOBS_LIMIT.
 MAX_GPUS = 1_000_000
 MIN_WEIGHT, MAX_WEIGHT = 0.001, 1000.0
 MIN_HALF_LIFE_S = 1.0
-TEAM_KEYS = ("quota", "borrowing_limit", "lending_limit", "weight")
+MAX_JOBS_LIMIT = 100_000
+TEAM_KEYS = ("quota", "borrowing_limit", "lending_limit", "weight", "max_jobs")
 FILE_KEYS = ("teams", "usage_half_life")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 _UNITS = {None: 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -85,6 +86,7 @@ class TeamQuota:
     borrowing_limit: Mapping[str, int] = field(default_factory=dict)
     lending_limit: Mapping[str, int] = field(default_factory=dict)
     weight: float = 1.0
+    max_jobs: int | None = None  # jobs of the team that may run at once (None: no cap)
 
     @property
     def patterns(self) -> tuple[str, ...]:
@@ -98,6 +100,8 @@ class TeamQuota:
             out["lending_limit"] = dict(self.lending_limit)
         if self.weight != 1.0:
             out["weight"] = self.weight
+        if self.max_jobs is not None:
+            out["max_jobs"] = self.max_jobs
         return out
 
 
@@ -166,6 +170,14 @@ def _gpus_by_pattern(value: Any, where: str) -> dict[str, int]:
     return out
 
 
+def _max_jobs(value: Any, where: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_JOBS_LIMIT:
+        raise TeamsError(f"{where}: max_jobs: expected a whole number from 1 to {MAX_JOBS_LIMIT}, got {value!r}")
+    return value
+
+
 def teams_from_mapping(data: Any, source: str = "teams") -> Teams:
     """Validate a teams file's content (``{teams: {name: {quota: ..., ...}}, usage_half_life: 24h}``).
     Every mistake is one :class:`TeamsError` naming the source, the team and the key."""
@@ -209,7 +221,8 @@ def teams_from_mapping(data: Any, source: str = "teams") -> Teams:
             if isinstance(weight, (int, float)) and not isinstance(weight, bool) and weight < 0:
                 raise TeamsError(f"{where}: weight: expected {bounds}, got {weight!r} (negative)")
             raise TeamsError(f"{where}: weight: expected {bounds}, got {weight!r}")
-        teams[name] = TeamQuota(name, quota, limits["borrowing_limit"], limits["lending_limit"], float(weight))
+        teams[name] = TeamQuota(name, quota, limits["borrowing_limit"], limits["lending_limit"], float(weight),
+                                _max_jobs(spec.get("max_jobs"), where))
     return Teams(teams, half_life)
 
 

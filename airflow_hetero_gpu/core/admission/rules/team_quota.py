@@ -1,0 +1,151 @@
+"""The team-quota rule (docs/teams.md): which pools a team's job may use now, within its quota or
+by borrowing idle quota that others lend (:class:`~airflow_hetero_gpu.core.admission.quota.QuotaBook`
+keeps the accounts).
+
+* **Within quota** (stage 1 of :mod:`.fair_share`): only pools of card types where its team's
+  unused quota holds the whole job; none: the job is deferred to the borrowers' stage. One that
+  cannot start keeps its quota (nobody borrows it) and becomes a head or waits as usual.
+* **Borrowing** (stage 2): only pools where quota lets it borrow (idle lendable quota of other
+  teams, up to its borrowing limit); none: it waits with the quota's standing as its reason and
+  claims nothing.
+
+No team goes above quota + borrowing limit. Quota is a matter of card type: one question per card
+type, not per pool.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+
+from airflow_hetero_gpu.core.admission.model import QueueEntry, ReasonKind
+from airflow_hetero_gpu.core.admission.preemption import RunningJob
+from airflow_hetero_gpu.core.admission.quota import DEFAULT_TEAM, QuotaBook, Teams
+from airflow_hetero_gpu.core.admission.records import Item, Reason, Stage, Verdict
+from airflow_hetero_gpu.core.admission.rules.base import Rule
+from airflow_hetero_gpu.core.model import GpuKey
+
+#: unused quota above this counts as this much (a quota of 10**20 GPUs must not overflow numpy)
+ROOM_CAP = 2 ** 62
+
+
+@dataclass(frozen=True)
+class QuotaInput:
+    """What a pass with teams needs besides the queue: the applied teams, the team of every job
+    holding GPUs (absent: the default team) and each team's decayed borrowed GPU-seconds."""
+
+    teams: Teams
+    team_of: Mapping[str, str] = field(default_factory=dict)
+    history: Mapping[str, float] = field(default_factory=dict)
+    default_team: str = DEFAULT_TEAM
+
+    def team(self, entry: QueueEntry) -> str:
+        return entry.team or self.default_team
+
+
+class TeamQuotaRule(Rule):
+    """The quota rule of one pass; ``adm`` is the Admission, ``p`` the pass state."""
+
+    def __init__(self, adm, p, quotas: QuotaInput, reserved: Mapping[GpuKey, str] | None, *, explain: bool) -> None:
+        c = adm.cluster
+        self.cluster, self.p = c, p
+        self.pool_card = [pool.card_type for pool in c.pools]
+        self.cards = cards = sorted(set(self.pool_card))
+        self.pool_code = np.array([cards.index(t) for t in self.pool_card], dtype=np.int64)
+        gpu_code = self.pool_code[c.pool_of] if len(c.gpus) else np.zeros(0, dtype=np.int64)
+        healthy = np.bincount(gpu_code[adm.healthy], minlength=len(cards))
+        usage = holdings(p, quotas, reserved or {}, cards, gpu_code)
+        self.book = QuotaBook(quotas.teams, {t: int(n) for t, n in zip(cards, healthy.tolist()) if n}, usage,
+                              quotas.history, reasons=explain)
+        self.explain = explain
+        self.default_team = quotas.default_team
+        # (team, card type) where the team holds more than its quota now, before this pass starts
+        # anyone: the one meaning of "borrowed" (quota.team_use), read by the reclaim rule
+        self.over = {(t, c) for t in {t for (t, _) in usage} for c, n in self.book.borrowed_by_card(t).items() if n}
+        self.over_teams = {t for (t, _) in self.over}
+        self._rooms: dict[tuple[str, int], np.ndarray] = {}  # see _room()
+        self.waiting_gpus: list[tuple[str, str, int]] = []  # (team, card type, GPUs) for the standing
+
+    def borrows(self, job: RunningJob) -> bool:
+        """Whether ``job`` runs on borrowed quota now: its team holds more than its quota on the
+        job's card type (a team back within its quota has no reclaimable job, whatever its jobs
+        borrowed when they started)."""
+        if not self.over or (job.team or self.default_team) not in self.over_teams:
+            return False
+        pos = self.cluster.position.get(job.gpus[0]) if job.gpus else None
+        if pos is None:
+            return False
+        return (job.team or self.default_team, self.pool_card[int(self.cluster.pool_of[pos])]) in self.over
+
+    def _room(self, team: str) -> np.ndarray:
+        """The team's unused quota per card type (of :attr:`cards`), until its accounts change."""
+        key = (team, self.book.team_version(team))
+        hit = self._rooms.get(key)
+        if hit is None:
+            rooms = [min(max(self.book.room(team, c), -ROOM_CAP), ROOM_CAP) for c in self.cards]
+            hit = self._rooms[key] = np.array(rooms, dtype=np.int64)
+        return hit
+
+    def verdict(self, walk, item: Item, shape) -> Verdict:
+        gpus = item.entry.request.gpus
+        if item.stage is not Stage.BORROWING:
+            pools = shape.ok & (self._room(item.team)[self.pool_code] >= gpus)
+            return Verdict(pools) if pools.any() else Verdict(pools, refusal=Reason(ReasonKind.QUOTA), defer=True)
+        codes = list(dict.fromkeys(self.pool_code[shape.ok].tolist()))  # in pool order: the first refusal says why
+        allowed = np.zeros(len(self.cards), dtype=bool)
+        borrowed = np.zeros(len(self.cards), dtype=object)
+        why = ""
+        for code in codes:
+            chk = self.book.check(item.team, self.cards[code], gpus)
+            allowed[code], borrowed[code] = chk.allowed, chk.borrow
+            if not chk.allowed and not why:
+                why = chk.why
+        ok = shape.ok & allowed[self.pool_code]
+        if not ok.any():
+            return Verdict(ok, refusal=Reason(ReasonKind.QUOTA, why))
+        return Verdict(ok, {i: int(borrowed[self.pool_code[i]]) for i in np.flatnonzero(ok).tolist()})
+
+    def card(self, shape, claim) -> str:
+        if claim is not None:
+            return self.pool_card[int(self.cluster.pool_of[self.p.positions(claim.gpus[:1])[0]])]
+        return self.pool_card[int(np.flatnonzero(shape.ok)[0])]
+
+    def started(self, walk, item: Item, admitted, pool: int) -> None:
+        self.book.take(item.team, self.pool_card[pool], item.entry.request.gpus)
+
+    def held(self, walk, item: Item, shape, claim, refused: bool) -> None:
+        card = self.card(shape, claim)
+        self.waiting_gpus.append((item.team, card, item.entry.request.gpus))
+        if item.stage is Stage.WITHIN_QUOTA and not refused:
+            self.book.keep(item.team, card, item.entry.request.gpus)
+
+    def note(self, walk, item: Item) -> Reason:
+        if item.stage is Stage.WITHIN_QUOTA:
+            return Reason(ReasonKind.NOTE, f"team {item.team}: within its quota (kept for it while it waits)")
+        return Reason(ReasonKind.NOTE, f"team {item.team}: borrows above its quota")
+
+    def finish(self, walk, result):
+        if self.explain:  # the simulator (explain=False) does not read the standing
+            result.teams = self.book.standing(self.waiting_gpus)
+        return result
+
+
+def holdings(p, quotas: QuotaInput, reserved: Mapping[GpuKey, str], cards: list[str],
+             gpu_code: np.ndarray) -> dict[tuple[str, str], int]:
+    """(team, card type) -> GPUs its live reservations hold (counted with numpy: a fleet of
+    10,000 GPUs has about as many reservations, every pass)."""
+    if not reserved:
+        return {}
+    names = list(dict.fromkeys([quotas.default_team, *quotas.team_of.values()]))
+    index = {t: i for i, t in enumerate(names)}
+    job_code = {job: index[t] for job, t in quotas.team_of.items()}
+    codes = np.fromiter(map(job_code.get, reserved.values(), itertools.repeat(0)), dtype=np.int64,
+                        count=len(reserved))
+    pos = p.reserved_positions()
+    found = pos >= 0
+    found[found] = p.held[pos[found]]  # with a reserved_mask, only the GPUs it marks held
+    counts = np.bincount(codes[found] * len(cards) + gpu_code[pos[found]], minlength=len(names) * len(cards))
+    return {(names[i // len(cards)], cards[i % len(cards)]): int(counts[i]) for i in np.flatnonzero(counts).tolist()}
