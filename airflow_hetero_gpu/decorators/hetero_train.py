@@ -64,6 +64,9 @@ class HeteroTrainDecoratedOperator(DecoratedOperator, HeteroTrainOperator):
                             f"{', '.join(given)} argument")
         if inspect.iscoroutinefunction(inspect.unwrap(python_callable)):
             raise TypeError(f"@task.hetero_train: {python_callable.__name__!r} is async; give a plain def function")
+        # the function's return value travels in lines marked with a nonce of the try that
+        # launched it: a retry could not read a reattached job's, so the function runs as before
+        kwargs.setdefault("durable", False)
         super().__init__(python_callable=python_callable, op_args=op_args, op_kwargs=op_kwargs,
                          script=f"@task.hetero_train function {python_callable.__name__}", **kwargs)
         self._payload: bytes | None = None

@@ -25,11 +25,14 @@ class LeaseKeeper:
     """
 
     def __init__(self, ledger: Callable[[], Any], job_id: str, lease_seconds: float, *, log: Any,
-                 kill: Callable[[], None], lease_from: float | None = None, checkpoints: Any = None):
+                 kill: Callable[[], None], lease_from: float | None = None, checkpoints: Any = None,
+                 renew_every: float | None = None):
         self._ledger = ledger
         self.job_id = job_id
         self.lease = float(lease_seconds)
-        self.renew_every = max(1.0, self.lease / 3)
+        # a durable job renews at least every half unattended_timeout (``renew_every``), so the
+        # lease left at any heartbeat covers the dead-man switch's timeout and grace
+        self.renew_every = max(1.0, min(self.lease / 3, renew_every or self.lease))
         self.log = log
         self._kill = kill
         self.lease_from = time.monotonic() if lease_from is None else lease_from
