@@ -118,7 +118,9 @@ def test_the_dead_man_switch_stops_a_job_nobody_watches(two_hosts, tmp_path):
     took = time.monotonic() - dropped
     assert took <= 3 + 1 + 2 * 1 + 5, took
     assert trap.exists()  # the preemption signal came first
-    ended = statuses(two_hosts, job_id, launch)
+    # the supervisor notes the end at its next look (a second)
+    ended = wait_for(lambda: (st := statuses(two_hosts, job_id, launch)) and
+                     all(s.state != "running" for s in st.values()) and st, 10, "the supervisors' exit files")
     assert {(s.state, s.exit_code, s.deadman) for s in ended.values()} == {("failed", 7, True)}, ended
     # a reattach now finds the end and reports it
     again = attach_job(job_id, targets_of(two_hosts), factory_of(two_hosts), sup, keepalive_interval=0.5)

@@ -133,10 +133,11 @@ class HeteroTrainDecoratedOperator(DecoratedOperator, HeteroTrainOperator):
         if self._output is not None:  # a launch (or a restart on a new GPU set) begins
             self._output.new_run()
 
-    def _place_and_run(self, context: Context, waiting_since: float | None = None, admitted: bool = False) -> Any:
+    def _place_and_run(self, context: Context, waiting_since: float | None = None, admitted: bool = False,
+                       resume: bool = False) -> Any:
         self._prepare(context)
         try:
-            facts = super()._place_and_run(context, waiting_since, admitted)
+            facts = super()._place_and_run(context, waiting_since, admitted, resume)
         except AirflowException:
             assert self._output is not None
             message = self._output.failure_message(self.python_callable.__name__, self._job_id(context))

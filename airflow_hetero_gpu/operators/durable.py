@@ -134,8 +134,9 @@ class DurableJob:
             raise AirflowFailException(
                 f"task_state_store entry {HANDLE_KEY!r} has handle format version {version!r} (job "
                 f"{handle.get('job_id') if isinstance(handle, dict) else '?'!r}); this provider reads version "
-                f"{HANDLE_VERSION} of job {self.job_id!r}: nothing was launched or reserved; stop that job by hand "
-                f"(hetero-gpu orphans --kill) and clear the task to start afresh")
+                f"{HANDLE_VERSION} of job {self.job_id!r}: nothing was launched or reserved; stop that job on its "
+                f"hosts (its process groups are in ~/.hetero-gpu/run/<job id>/<host>.pgid) and delete the entry "
+                f"to start afresh")
         return handle
 
     def save(self, handle: dict) -> None:
