@@ -482,27 +482,9 @@ class HeteroTrainOperator(BaseOperator):
     def _release(self, job_id: str, patience: float = 30.0) -> None:
         """Release the job's GPUs, retrying for ``patience`` s while the ledger is unreachable
         (its lease frees them anyway when even that fails)."""
-        deadline = time.monotonic() + patience
-        pause = 1.0
-        while True:
-            try:
-                if self.ledger.release(job_id):
-                    self.log.info("job %s: reservation released", job_id)
-                else:
-                    self.log.info("job %s: no reservation left to release (its lease had expired)", job_id)
-                return
-            except LedgerError as err:
-                if time.monotonic() + pause > deadline:
-                    self.log.error("job %s: releasing the reservation failed (%s); its lease will free the GPUs",
-                                   job_id, err)
-                    return
-                self.log.warning("job %s: releasing the reservation failed (%s); trying again in %.0f s",
-                                 job_id, err, pause)
-            except Exception:  # never hide the task's own outcome behind a release problem
-                self.log.exception("job %s: releasing the reservation failed; its lease will free the GPUs", job_id)
-                return
-            time.sleep(pause)
-            pause = min(pause * 2, 8.0)
+        from airflow_hetero_gpu.operators.lease import release
+
+        release(lambda: self.ledger, job_id, self.log, patience)
 
     def on_kill(self) -> None:
         if self._waiting_job is not None:  # killed while waiting in the queue: leave it now
