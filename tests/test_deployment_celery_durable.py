@@ -31,7 +31,7 @@ pytest.importorskip("airflow.providers.celery", reason="could not import apache-
 pytest.importorskip("httpx", reason="could not import httpx")
 
 from airflow_hetero_gpu.testing.celery_deployment import CeleryDeployment  # noqa: E402
-from test_deployment_celery import LEDGER_CONN_ID, Sampler, _check_command, services  # noqa: E402,F401
+from test_deployment_celery import LEDGER_CONN_ID, Sampler, _check_command  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -52,6 +52,46 @@ def _attempts(airflow, run_id: str) -> dict[str, str]:
             key = path.stem.split("=", 1)[1]
             out[key] = out.get(key, "") + path.read_text(errors="replace")
     return out
+
+
+def _hosts() -> list:
+    """Four hosts of two GPUs named apart from other tests' ``node01``…: every emulated host is
+    this machine, and another test's orphan sweep of its own ``node01`` reads every process's
+    ``HETERO_GPU_HOST`` here (seen: it stopped this test's trainings on node01 and node02)."""
+    from airflow_hetero_gpu.testing.demo import A100_80, HGX_A100_BUS, make_gpus, small_hosts
+    from airflow_hetero_gpu.testing.state import HostSpec
+
+    topo = small_hosts(1)[0].topology
+    return [HostSpec(f"durable{n:02d}", make_gpus(f"durable{n:02d}", A100_80, HGX_A100_BUS[:2]), dict(topo))
+            for n in range(1, 5)]
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory):
+    """PostgreSQL (Airflow's metadata, the ledger), Redis (the broker), the emulated fleet."""
+    from airflow_hetero_gpu.testing import EmulatedCluster, sshd_available
+    from airflow_hetero_gpu.testing.postgres import PostgresServer, PostgresUnavailable
+    from airflow_hetero_gpu.testing.redis_server import RedisServer, RedisUnavailable
+
+    if not sshd_available():
+        pytest.skip("OpenSSH server not installed (no sshd/ssh-keygen): apt-get install openssh-server")
+    root = tmp_path_factory.mktemp("celery-durable")
+    try:
+        pg = PostgresServer().start()
+    except PostgresUnavailable as err:
+        pytest.skip(str(err))
+    try:
+        redis = RedisServer(root / "redis").start()
+    except RedisUnavailable as err:
+        pg.stop()
+        pytest.skip(str(err))
+    try:
+        with EmulatedCluster(root / "cluster", _hosts()) as cluster:
+            yield {"root": root, "pg": pg, "redis": redis, "cluster": cluster,
+                   "metadata_url": pg.create_database("airflow"), "ledger_url": pg.create_database("ledger")}
+    finally:
+        redis.stop()
+        pg.stop()
 
 
 @pytest.fixture(scope="module")
