@@ -140,8 +140,9 @@ def test_a_killed_supervisor_is_a_failure_not_a_hang(two_hosts):
     job = supervised_job(two_hosts, job_id, ["sh", "-c", "sleep 600"], lines, sup)
     job.start()
     wait_for(lambda: len(marked_pids(job_id)) >= 2, 30, "the job")
-    home = Path.home() / ".hetero-gpu" / "run" / job_id
-    os.kill(int((home / "node02.sup").read_text()), signal.SIGKILL)
+    sup = Path.home() / ".hetero-gpu" / "run" / job_id / "node02.sup"
+    wait_for(lambda: sup.exists() and sup.read_text().strip(), 30, "the supervisor's pid file")
+    os.kill(int(sup.read_text()), signal.SIGKILL)
     result = job.wait(timeout=60)
     assert result.failure is not None and result.failure.host == "node02"
     assert result.failure.exit_code == SUPERVISOR_LOST_EXIT

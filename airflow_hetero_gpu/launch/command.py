@@ -393,12 +393,10 @@ def build_script(spec: LaunchSpec, shares: Sequence[HostShare], rank: int, rdzv_
     # reports how the session ended.
     pid_file = f'"$run_dir"/{q(shares[rank].host + ".pgid")}'
     argv = " ".join(_word(a) for a in program_argv(spec, shares, rank, rdzv_port))
-    if supervision is not None:
-        from airflow_hetero_gpu.launch import supervisor
-
+    if supervision is not None:  # the job detached under the host's supervisor (launch/supervisor.py)
         marked = ("env " + " ".join(f"{n}={q(v)}" for n, v in markers) + f" {LAUNCH_ENV}={q(supervision.launch)} "
-                  + supervisor.leader(pid_file) + " " + argv)
-        return "\n".join(lines + supervisor.supervised_lines(spec.job_id, shares[rank].host, supervision, marked)) + "\n"
+                  + supervision.leader(pid_file) + " " + argv)
+        return "\n".join(lines + supervision.script_lines(spec.job_id, shares[rank].host, marked)) + "\n"
     # From here on this shell's own stderr is /dev/null: when the job is killed, sh reports
     # "Terminated" there, and into a closed SSH channel that would be a SIGPIPE that ends this
     # shell before it removes the pid file. The job gets the real stderr back through fd 3.

@@ -62,6 +62,12 @@ class Supervision:
         if self.launch and not all(c.isalnum() or c in "._-" for c in self.launch):
             raise ValueError(f"invalid launch token {self.launch!r}")
 
+    def leader(self, pid_file: str) -> str:
+        return leader(pid_file)
+
+    def script_lines(self, job_id: str, host: str, marked_argv: str) -> list[str]:
+        return supervised_lines(job_id, host, self, marked_argv)
+
 
 # $1 file prefix, $2 default seconds, $3 signal, $4 grace in 0.1 s ticks, $5 job, $6 host,
 # $7 launch, $8 the sweep script; the rest: the job's argv (env markers sh -c leader ...).
