@@ -112,3 +112,22 @@ def test_the_handle_is_stored_with_its_version_and_forgotten():
     assert job.read() == handle
     job.forget()
     assert job.read() is None
+
+
+def test_a_retry_that_cannot_reach_a_host_of_the_job_launches_nothing_and_releases_nothing(tmp_path, monkeypatch):
+    """The handle names a host the retry cannot ask: the job may still run there, so its GPUs stay
+    held (the task's retries try again later), and nothing is launched."""
+    from airflow.sdk.exceptions import AirflowException
+
+    from airflow_hetero_gpu.launch.supervisor import HostStatus
+
+    op = HeteroTrainOperator(**BASE)
+    store = Store({"version": HANDLE_VERSION, "job_id": "j", "launch": "tok", "hosts": ["node01", "node02"]})
+    job = DurableJob(op, _context(store), "j")
+    monkeypatch.setattr(job, "host_status", lambda handle: {
+        "node01": HostStatus("node01", "running"), "node02": HostStatus("node02", "unknown", detail="cannot connect")})
+    monkeypatch.setattr(job, "_abandon", lambda handle: pytest.fail("abandoned a job that may still run"))
+    with pytest.raises(AirflowException, match=r"cannot tell whether the earlier try's job still runs \(node01: "
+                                               r"running; node02: unknown \(cannot connect\)\); nothing was launched"):
+        job.resume()
+    assert store.values[HANDLE_KEY]["launch"] == "tok"   # kept for the next try

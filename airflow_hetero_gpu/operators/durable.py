@@ -199,6 +199,10 @@ class DurableJob:
         status = self.host_status(handle)
         states = {s.state for s in status.values()}
         said = "; ".join(f"{h}: {s.state}{' (' + s.detail + ')' if s.detail else ''}" for h, s in status.items())
+        if "unknown" in states:  # a host we cannot ask may still run it: its GPUs must stay held
+            raise AirflowException(f"job {self.job_id}: cannot tell whether the earlier try's job still runs ({said}); "
+                                   "nothing was launched or released; its lease holds the GPUs until its hosts' "
+                                   "dead-man switch has stopped it")
         if states <= {"running", "succeeded"} and "running" in states and self._take_lease():
             _stats_incr("resumable_job.reconnect_success", self.tags)
             log.info("job %s: still running on %s (launch %s): reattaching, nothing launched or reserved; "
