@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -54,9 +55,14 @@ def airflow(fleet):
     retry_cfg = {"wait_for_capacity": False, "deferrable": False, "lease_seconds": 9,
                  "script_args": ["--epochs", "30", "--hold-after-epoch", "2",
                                  "--hold-file", str(root / "retry-released")]}
+    # durable: the first try holds after epoch 3 until the test has seen the retry reattach
+    durable_cfg = {"wait_for_capacity": False, "deferrable": False, "durable": True, "unattended_timeout": 60,
+                   "preemption_grace": 5, "lease_seconds": 90, "host_timeout": 8,
+                   "script_args": ["--epochs", "8", "--hold-after-epoch", "3",
+                                   "--hold-file", str(root / "durable-released")]}
     with AirflowDeployment(root / "airflow", DAGS, {
         **conns, "HG_TEST_CONFIG": json.dumps(cfg), "HG_TEST_COMMAND_CONFIG": json.dumps(command_cfg),
-        "HG_TEST_RETRY_CONFIG": json.dumps(retry_cfg),
+        "HG_TEST_RETRY_CONFIG": json.dumps(retry_cfg), "HG_TEST_DURABLE_CONFIG": json.dumps(durable_cfg),
     }) as deployment:
         deployment.cfg = cfg
         yield deployment
@@ -141,6 +147,55 @@ def test_task_process_sigkilled_then_airflow_retries_it(airflow, fleet):
               / "attempt=2.log").read_text()
     assert f"job {job_id}: reservation released" in second and len(losses(second)) == 30
     assert _live(cfg["ledger_url"]) == [] and leftovers(job_id) == ""
+
+
+def test_task_process_sigkilled_then_the_retry_reattaches_to_the_running_job(airflow, fleet):
+    """Durable: the process running the training task is SIGKILLed mid-training. The job keeps
+    running on the hosts (the same processes), Airflow's retry reads the job's handle from the
+    task state store and reattaches (no second launch, no new reservation, no resume from a
+    checkpoint: the epochs go on where they were), relays the output from where the first try
+    stopped, and ends success with nothing left on the hosts or in the ledger."""
+    from airflow_hetero_gpu.launch.command import JOB_ENV
+    from airflow_hetero_gpu.testing import procs
+
+    cfg = airflow.cfg
+    run_id = airflow.trigger("hg_durable_test")
+    job_id = default_job_id("hg_durable_test", "train", run_id)
+    logs = lambda: _attempt_logs(airflow, "hg_durable_test", run_id, "train")  # noqa: E731
+    airflow.wait_for(lambda: "holding after epoch 3" in airflow.task_log("hg_durable_test", run_id, "train"),
+                     timeout=300, what="first try holding after epoch 3")
+    time.sleep(4)  # two heartbeats: the hosts know how far the output was relayed
+    (held,) = [r for r in _live(cfg["ledger_url"]) if r.job_id == job_id]
+    before = set(procs.with_env(JOB_ENV, job_id))
+    assert before
+    os.kill(_task_process(airflow), signal.SIGKILL)
+    airflow.wait_for(lambda: "reattaching" in logs().get("2", ""), timeout=240, what="the retry reattaching")
+    assert before <= set(procs.with_env(JOB_ENV, job_id)), "the job's processes changed"   # the same processes
+    (Path(cfg["workdir"]) / "durable-released").touch()
+    state = airflow.wait_for_state("hg_durable_test", run_id, None, {"success", "failed"}, timeout=300)
+    first, second = logs().get("1", ""), logs().get("2", "")
+    assert state == "success", second[-6000:] + first[-3000:]
+    assert first.count(f"job {job_id}: starting on") == 1 and "starting on" not in second, second[-4000:]
+    assert f"job {job_id}: reattached on" in second
+    epochs = lambda text: [int(e) for e in re.findall(r"epoch (\d+) loss", text)]  # noqa: E731
+    assert epochs(first) == [1, 2, 3] and epochs(second) == [4, 5, 6, 7, 8], (epochs(first), epochs(second))
+    assert "resumed" not in second and "leftover process" not in second
+    assert f"job {job_id}: reservation released" in second
+    with Ledger.from_url(cfg["ledger_url"]) as ledger:
+        assert ledger.live_reservations() == [] and ledger.get(job_id) is None
+    assert held.gpus and leftovers(job_id) == ""
+    assert not (Path.home() / ".hetero-gpu" / "run" / job_id).exists()
+
+
+def _attempt_logs(airflow, dag_id: str, run_id: str, task_id: str) -> dict[str, str]:
+    """Each try's task log file, by try number (as text), from every log home."""
+    out: dict[str, str] = {}
+    for home in airflow.log_homes().values():
+        root = home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
+        for path in sorted(root.rglob("attempt=*.log")):
+            key = path.stem.split("=", 1)[1]
+            out[key] = out.get(key, "") + path.read_text(errors="replace")
+    return out
 
 
 def _live(url: str) -> list:

@@ -7,7 +7,6 @@ host, and the task's outcome and log say what happened."""
 from __future__ import annotations
 
 import re
-import shutil
 import signal
 import threading
 import time
@@ -241,47 +240,57 @@ def test_task_sigkilled_mid_training_then_the_next_try(airflow_home, two_hosts, 
     assert _live(url) == [] and leftovers(job_id) == ""
 
 
-def test_task_sigkilled_with_its_watchdogs_gone_the_next_try_sweeps_the_orphans(airflow_home, two_hosts,
-                                                                                  tmp_path):
-    """As above, but the hosts' watchdogs die too (their shells are SIGKILLed first), so the
-    training processes run on as orphans after the lease frees the GPUs: the next try (same job
-    id) finds them on every host by their markers, stops them, then trains."""
-    job_id = f"orphans-{uuid.uuid4().hex[:8]}"
+def test_task_sigkilled_for_good_the_dead_man_switch_stops_the_job_before_its_lease_frees_the_gpus(
+        airflow_home, two_hosts, tmp_path):
+    """Durable: the task's process is SIGKILLed and nothing watches the job again. The job runs on
+    detached; once nobody has touched its heartbeat for the switch's time (unattended_timeout 6 s
+    at most) each host's supervisor sends it SIGTERM (it saves its checkpoint), then SIGKILL after
+    the grace (3 s). Sampled every 0.2 s: while any process of the job runs, its reservation is
+    live (no GPU of it can be handed out); the lease frees the GPUs only after. The next try (same
+    job id) finds nothing left, reserves and trains from the checkpoint."""
+    job_id = f"deadman-{uuid.uuid4().hex[:8]}"
     url = new_ledger(tmp_path / 'ledger.db')
-    on_line, training = _when(r"\] training: world size")
-    # a job that prints nothing more once it trains (one that prints dies of the closed stdout)
-    proc, pump, lines, out, cfg = start_dag(airflow_home, two_hosts, tmp_path, "orph", on_line, gpu_count=4,
-                                            ledger_url=url, lease_seconds=9, job_id=job_id,
-                                            script_args=[*LONG_TRAINING, "--log-every", "1000000"])
+    ckpt = tmp_path / "ckpt"
+    unattended, grace = 6, 3
+    on_line, training = _when(r"epoch 3 loss")
+    durable = {"durable": True, "unattended_timeout": unattended, "preemption_grace": grace, "host_timeout": 8,
+               "lease_seconds": unattended + grace + 15, "checkpoint_dir": str(ckpt)}
+    proc, pump, lines, out, cfg = start_dag(airflow_home, two_hosts, tmp_path, "deadman", on_line, gpu_count=4,
+                                            ledger_url=url, job_id=job_id, script_args=LONG_TRAINING, **durable)
     try:
         assert training.wait(240), "".join(lines)[-4000:]
-        _kill_launch_shells(job_id)
+        assert procs.with_env(JOB_ENV, job_id)
     finally:
         _kill_dags_test(proc, pump)
-    assert _wait_for(lambda: _live(url) == [], 60), _live(url)  # the lease freed the GPUs
-    assert leftovers(job_id) != ""          # but the job's processes still run: orphans
+    killed = time.monotonic()
+    samples = []  # (seconds after the kill, job processes running, reservation live)
+    while time.monotonic() - killed < 120:
+        running = bool(procs.with_env(JOB_ENV, job_id))
+        live = bool(_live(url))
+        samples.append((time.monotonic() - killed, running, live))
+        if not running and not live:
+            break
+        time.sleep(0.2)
+    stopped_at = next(t for t, running, _ in samples if not running)
+    freed_at = next(t for t, _, live in samples if not live)
+    assert all(live for _, running, live in samples if running), samples   # never a running job without its lease
+    # the switch (<= unattended after the last heartbeat), its look (1 s), the grace, the SIGKILL wait
+    assert stopped_at <= unattended + 1 + grace + KILL_WAIT_S + 3, samples
+    assert freed_at >= stopped_at
+    run_dir = Path.home() / ".hetero-gpu" / "run" / job_id
+    for host in ("node01", "node02"):
+        assert (run_dir / f"{host}.deadman").exists()
+    host_out = "".join((run_dir / f"{h}.out").read_text() for h in ("node01", "node02"))
+    assert "SIGTERM received" in host_out, host_out[-3000:]   # the signal came first: it checkpointed
 
     on_line, _ = _when(r"^$")
-    # the next try needs no short lease (only the killed try's had to run out): a long one keeps
-    # a loaded machine's late renewal from ending it
-    proc, pump, lines, out, cfg = start_dag(airflow_home, two_hosts, tmp_path, "orph-next", on_line, gpu_count=4,
-                                            ledger_url=url, lease_seconds=120, job_id=job_id,
-                                            script_args=["--epochs", "3"])
+    proc, pump, lines, out, cfg = start_dag(airflow_home, two_hosts, tmp_path, "deadman-next", on_line, gpu_count=4,
+                                            ledger_url=url, job_id=job_id, script_args=["--epochs", "5"],
+                                            **{**durable, "lease_seconds": 120})
     finish(proc, pump)
     log = "".join(lines)
     assert proc.returncode == 0, log[-5000:]
-    for host in ("node01", "node02"):
-        assert re.search(rf"stopped \d+ leftover process\(es\) of job {job_id} on {host}", log), log[-5000:]
+    assert "leftover process" not in log          # the switch had stopped everything
+    assert re.search(r"rank \d resumed", log), log[-5000:]   # from the checkpoint the SIGTERM saved
     assert _live(url) == [] and leftovers(job_id) == ""
-    shutil.rmtree(Path.home() / ".hetero-gpu" / "run" / job_id, ignore_errors=True)
-
-
-def _kill_launch_shells(job_id: str) -> None:
-    """SIGKILL the job's launch shells and watchdogs on every host: the processes that name the
-    job on their command line but do not carry its marker in their environment."""
-    marked = set(procs.with_env(JOB_ENV, job_id))
-    shells = [pid for pid in procs.all_pids() if pid not in marked
-              and b"hetero-gpu-watchdog" in (cmdline := procs.command_line(pid)) and job_id.encode() in cmdline]
-    assert len(shells) >= 2, "no launch shells found"
-    for pid in shells:
-        procs.signal_quietly(pid, signal.SIGKILL)
+    assert not run_dir.exists()

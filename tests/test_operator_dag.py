@@ -59,7 +59,13 @@ def test_shell_metacharacters_stay_literal(airflow_home, two_hosts, tmp_path):
     assert f"; touch {target}" in log  # it arrived as one literal argument
 
 
-def test_killing_the_task_stops_every_process_and_releases(airflow_home, two_hosts, tmp_path):
+DURABLE = {"durable": True, "unattended_timeout": 30, "preemption_grace": 5, "lease_seconds": 60}
+
+
+@pytest.mark.parametrize("durable", [{}, DURABLE], ids=["plain", "durable"])
+def test_killing_the_task_stops_every_process_and_releases(airflow_home, two_hosts, tmp_path, durable):
+    """on_kill (the task cleared or marked failed in the UI) stops the job on every host and
+    releases, whether the job runs beside its SSH sessions or detached under supervisors."""
     import signal
     import threading
 
@@ -67,7 +73,7 @@ def test_killing_the_task_stops_every_process_and_releases(airflow_home, two_hos
     proc, pump, lines, out, cfg = start_dag(
         airflow_home, two_hosts, tmp_path, "kill",
         lambda line: training.set() if re.search(r"epoch 2 loss", line) else None,
-        gpu_count=4, script_args=["--epochs", "100000", "--sleep", "0.2"])
+        gpu_count=4, script_args=["--epochs", "100000", "--sleep", "0.2"], **durable)
     try:
         assert training.wait(240), "".join(lines)[-4000:]
         with Ledger.from_url(cfg["ledger_url"]) as ledger:
@@ -87,7 +93,8 @@ def test_killing_the_task_stops_every_process_and_releases(airflow_home, two_hos
         assert ledger.live_reservations() == []
 
 
-def test_an_evicted_gpu_is_replaced_and_the_job_resumes(airflow_home, two_hosts, tmp_path):
+@pytest.mark.parametrize("durable", [{}, DURABLE], ids=["plain", "durable"])
+def test_an_evicted_gpu_is_replaced_and_the_job_resumes(airflow_home, two_hosts, tmp_path, durable):
     """A GPU of the running job is evicted (as the health sensor does): the operator swaps it for
     a healthy GPU of the pool in the ledger (SPEC §8), restarts the workers on the new set, and
     they resume from the checkpoint.
@@ -114,7 +121,7 @@ def test_an_evicted_gpu_is_replaced_and_the_job_resumes(airflow_home, two_hosts,
     proc, pump, lines, out, cfg = start_dag(
         airflow_home, two_hosts, tmp_path, "evict", on_line, gpu_count=2, ledger_url=ledger_url,
         script_args=["--epochs", "8", "--hold-after-epoch", "3", "--hold-file", str(release)],
-        checkpoint_dir=str(tmp_path / "ckpt"))
+        checkpoint_dir=str(tmp_path / "ckpt"), **durable)
     finish(proc, pump, timeout=600)
     log = "".join(lines)
     (tmp_path / "dag-run.log").write_text(log)

@@ -29,6 +29,7 @@ def url(tmp_path):
 def _waiting(url: str, **kwargs) -> tuple[HeteroTrainOperator, QueueWait]:
     op = HeteroTrainOperator(task_id="t", gpu_count=8, script="train.py", ssh_conn_ids=["node01", "node02"],
                              ledger_url=url, wait_for_capacity=True, **kwargs)
+    op._validate()  # as execute() does first: the lease is resolved there
     wait = QueueWait(Placement(op, {}, "gang", PlanRequest(8)))
     entry = op.ledger.enqueue("gang", PlanRequest(8), priority=op.priority, lease_seconds=op.lease_seconds)
     op._waiting_job, op._placement = "gang", wait.placement

@@ -17,6 +17,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from airflow_hetero_gpu.core.model import PlanRequest
 from airflow_hetero_gpu.ledger import Ledger
 from airflow_hetero_gpu.testing.airflow_env import airflow_env, migrate
@@ -64,8 +66,13 @@ class Log:
         assert self.events[what].wait(WAIT_S), f"no {what!r} line:\n" + "".join(lines)[-6000:]
 
 
+@pytest.mark.parametrize("durable", [{"lease_seconds": 15},
+                                     {"durable": True, "unattended_timeout": 30, "lease_seconds": 30 + 60 + 15}],
+                         ids=["plain", "durable"])
 def test_a_low_priority_job_is_preempted_checkpoints_and_resumes_on_other_hosts(
-        airflow_home, emulated_cluster, tmp_path, tmp_path_factory):  # noqa: F811
+        airflow_home, emulated_cluster, tmp_path, tmp_path_factory, durable):  # noqa: F811
+    """Durable or not: the victim is signalled, checkpoints, goes back to the queue and resumes
+    (a durable victim's relaunch is a new launch with a new handle)."""
     cluster = emulated_cluster(small_hosts(4, gpus=2))
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     r = _cli("collect", "--hosts", cluster.hosts_arg(), "--identity-file", str(cluster.identity_file),
@@ -79,7 +86,7 @@ def test_a_low_priority_job_is_preempted_checkpoints_and_resumes_on_other_hosts(
     lo, pump_lo, lines_lo, out_lo, _ = start_dag(
         airflow_home, cluster, tmp_path, "lo", lo_log, gpu_count=4, job_id="lo", ledger_url=url, priority=1,
         script_args=["--epochs", "6", "--hold-after-epoch", "3", "--hold-file", str(never)],
-        checkpoint_dir=ckpt, checkpoint_storage="host", preemption_grace=60, lease_seconds=15,
+        checkpoint_dir=ckpt, checkpoint_storage="host", preemption_grace=60, **durable,
         wait_for_capacity=True, capacity_poll_interval=1, capacity_timeout=900, airflow_extra=FAST)
     hi = pump_hi = None
     lines_hi: list[str] = []

@@ -64,6 +64,9 @@ class HeteroTrainDecoratedOperator(DecoratedOperator, HeteroTrainOperator):
                             f"{', '.join(given)} argument")
         if inspect.iscoroutinefunction(inspect.unwrap(python_callable)):
             raise TypeError(f"@task.hetero_train: {python_callable.__name__!r} is async; give a plain def function")
+        # the function's return value travels in lines marked with a nonce of the try that
+        # launched it: a retry could not read a reattached job's, so the function runs as before
+        kwargs.setdefault("durable", False)
         super().__init__(python_callable=python_callable, op_args=op_args, op_kwargs=op_kwargs,
                          script=f"@task.hetero_train function {python_callable.__name__}", **kwargs)
         self._payload: bytes | None = None
@@ -130,10 +133,11 @@ class HeteroTrainDecoratedOperator(DecoratedOperator, HeteroTrainOperator):
         if self._output is not None:  # a launch (or a restart on a new GPU set) begins
             self._output.new_run()
 
-    def _place_and_run(self, context: Context, waiting_since: float | None = None, admitted: bool = False) -> Any:
+    def _place_and_run(self, context: Context, waiting_since: float | None = None, admitted: bool = False,
+                       resume: bool = False) -> Any:
         self._prepare(context)
         try:
-            facts = super()._place_and_run(context, waiting_since, admitted)
+            facts = super()._place_and_run(context, waiting_since, admitted, resume)
         except AirflowException:
             assert self._output is not None
             message = self._output.failure_message(self.python_callable.__name__, self._job_id(context))

@@ -46,6 +46,7 @@ class Worker:
     rank: int
     command: str
     stdin: bytes = b""
+    relayed: tuple[int, int] = (0, 0)  # bytes of stdout/stderr an earlier watcher relayed (reattach)
 
     @property
     def host(self) -> str:
@@ -73,6 +74,9 @@ class HostRun:
         self.done = threading.Event()
         self.threads: list[threading.Thread] = []
         self.last_alive = time.monotonic()  # the host's last answer to a keepalive
+        self.relayed = list(worker.relayed)  # bytes of the job's stdout/stderr handed to on_line
+        #: ``heartbeat(run, transport)``, called after each keepalive answer (supervised jobs)
+        self.heartbeat: Callable[["HostRun", Any], None] | None = None
         self.lost = False                   # silent for too long: given up on
         self._end_lock = threading.Lock()
 
@@ -120,6 +124,7 @@ class HostRun:
     def _read(self, stream: str, handle: Any) -> None:
         # The PGID line is the program's first, but a login shell's rc files may print before it.
         look_for_pgid = stream == "stdout"
+        index = STREAMS.index(stream)
         try:
             while True:
                 raw = handle.readline(self.max_line_bytes)
@@ -139,6 +144,7 @@ class HostRun:
                     self.on_line(self.worker.host, self.worker.rank, stream, line)
                 except Exception:  # a broken callback must not stop the reading
                     log.exception("on_line callback failed for %s", self.worker.host)
+                self.relayed[index] += len(raw)
         except Exception as exc:  # the connection dropped mid-read
             self.error = self.error or f"output stream lost: {exc or type(exc).__name__}"
 

@@ -38,7 +38,10 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Mapping, Sequence, Union
+
+if TYPE_CHECKING:
+    from airflow_hetero_gpu.launch.supervisor import Supervision
 
 #: Environment variables the command exports on every host; the orphan sweep matches on them.
 JOB_ENV = "HETERO_GPU_JOB_ID"
@@ -104,7 +107,7 @@ wait_gone() {
 find_job | sed 's/^/found /'
 if [ "$mode" = signal ]; then signal_job "$sig"; exit 0; fi
 [ "$mode" = kill ] || exit 0
-if [ "$ticks" -gt 0 ]; then signal_job TERM; wait_gone "$ticks"; fi
+if [ "$ticks" -gt 0 ]; then signal_job "$sig"; wait_gone "$ticks"; fi
 signal_job KILL
 wait_gone __KILL_TICKS__
 find_job | sed 's/^/left /'
@@ -359,8 +362,11 @@ def host_environment(spec: LaunchSpec, shares: Sequence[HostShare], rank: int,
     return env
 
 
-def build_script(spec: LaunchSpec, shares: Sequence[HostShare], rank: int, rdzv_port: int) -> str:
-    """The POSIX shell script host ``rank`` runs (before the outer ``sh -c`` quoting)."""
+def build_script(spec: LaunchSpec, shares: Sequence[HostShare], rank: int, rdzv_port: int,
+                 supervision: "Supervision | None" = None) -> str:
+    """The POSIX shell script host ``rank`` runs (before the outer ``sh -c`` quoting). With
+    ``supervision`` the job runs detached under the host's supervisor
+    (:mod:`airflow_hetero_gpu.launch.supervisor`) instead of beside a session watchdog."""
     _check(shares, rank, rdzv_port)
     q = shlex.quote
     env = host_environment(spec, shares, rank, rdzv_port)
@@ -383,6 +389,10 @@ def build_script(spec: LaunchSpec, shares: Sequence[HostShare], rank: int, rdzv_
     # reports how the session ended.
     pid_file = f'"$run_dir"/{q(shares[rank].host + ".pgid")}'
     argv = " ".join(_word(a) for a in program_argv(spec, shares, rank, rdzv_port))
+    if supervision is not None:  # the job detached under the host's supervisor (launch/supervisor.py)
+        marked = ("env " + " ".join(f"{n}={q(v)}" for n, v in markers) + f" {LAUNCH_ENV}={q(supervision.launch)} "
+                  + supervision.leader(pid_file) + " " + argv)
+        return "\n".join(lines + supervision.script_lines(spec.job_id, shares[rank].host, marked)) + "\n"
     # From here on this shell's own stderr is /dev/null: when the job is killed, sh reports
     # "Terminated" there, and into a closed SSH channel that would be a SIGPIPE that ends this
     # shell before it removes the pid file. The job gets the real stderr back through fd 3.
@@ -410,19 +420,21 @@ def build_script(spec: LaunchSpec, shares: Sequence[HostShare], rank: int, rdzv_
     return "\n".join(lines) + "\n"
 
 
-def build_host_command(spec: LaunchSpec, shares: Sequence[HostShare], rank: int, rdzv_port: int) -> str:
+def build_host_command(spec: LaunchSpec, shares: Sequence[HostShare], rank: int, rdzv_port: int,
+                       supervision: "Supervision | None" = None) -> str:
     """The full command line for SSH ``exec`` on host ``rank``: ``sh -c '<script>'``."""
-    return f"sh -c {shlex.quote(build_script(spec, shares, rank, rdzv_port))}"
+    return f"sh -c {shlex.quote(build_script(spec, shares, rank, rdzv_port, supervision))}"
 
 
-def build_commands(spec: LaunchSpec, shares: Sequence[HostShare], rdzv_port: int) -> list[str]:
+def build_commands(spec: LaunchSpec, shares: Sequence[HostShare], rdzv_port: int,
+                   supervision: "Supervision | None" = None) -> list[str]:
     """One command line per host, in node-rank order (the first host serves the rendezvous)."""
     if not shares:
         raise ValueError("a job needs at least one host")
     hosts = [s.host for s in shares]
     if len(set(hosts)) != len(hosts):
         raise ValueError(f"a host appears twice in the job: {hosts}")
-    return [build_host_command(spec, shares, rank, rdzv_port) for rank in range(len(shares))]
+    return [build_host_command(spec, shares, rank, rdzv_port, supervision) for rank in range(len(shares))]
 
 
 def _check(shares: Sequence[HostShare], rank: int, rdzv_port: int) -> None:

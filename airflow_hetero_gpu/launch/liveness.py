@@ -33,6 +33,11 @@ def keep_alive(run: HostRun, interval: float) -> None:
         if not transport.is_active():
             return
         run.last_alive = time.monotonic()
+        if run.heartbeat is not None:  # a supervised job: tell its dead-man switch we are here
+            try:
+                run.heartbeat(run, transport)
+            except Exception as exc:  # noqa: BLE001 - the next beat tries again
+                log.debug("heartbeat to %s failed: %s", run.host, exc)
         run.done.wait(interval)
 
 

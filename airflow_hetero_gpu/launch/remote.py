@@ -32,12 +32,14 @@ is in :mod:`airflow_hetero_gpu.launch.results`, how it fails in
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 import paramiko
 
@@ -49,6 +51,8 @@ from airflow_hetero_gpu.launch.liveness import give_up_silent, start_keepalive
 from airflow_hetero_gpu.launch.orphans import KILL_WAIT_S, ClientFactory, SweepResult, sweep_host
 from airflow_hetero_gpu.launch.ports import DEFAULT_PORT_RANGE, choose_rdzv_port
 from airflow_hetero_gpu.launch.results import HostResult, JobResult
+from airflow_hetero_gpu.launch import supervisor
+from airflow_hetero_gpu.launch.supervisor import Supervision
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +63,9 @@ class RemoteJob:
     def __init__(self, job_id: str, workers: Sequence[Worker], client_factory: ClientFactory, *,
                  on_line: LineCallback | None = None, tail_lines: int = 200,
                  kill_grace: float = 10.0, max_parallel: int = 8, max_line_bytes: int = 64 * 1024,
-                 keepalive_interval: float = 15.0, host_timeout: float = 60.0):
+                 keepalive_interval: float = 15.0, host_timeout: float = 60.0,
+                 supervision: Supervision | None = None,
+                 heartbeat_budget: Callable[[], float] | None = None):
         validate_job_id(job_id)
         if not workers:
             raise ValueError("a job needs at least one worker")
@@ -81,6 +87,12 @@ class RemoteJob:
         self.max_line_bytes = max_line_bytes
         self.keepalive_interval = float(keepalive_interval)
         self.host_timeout = float(host_timeout)
+        #: a supervised (detached) job: heartbeats to each host's dead-man switch, whose
+        #: seconds are ``min(unattended_timeout, heartbeat_budget())`` (the lease's time left)
+        self.supervision = supervision
+        self.heartbeat_budget = heartbeat_budget
+        self._beats = itertools.count(1)
+        self._beat_id = uuid.uuid4().hex[:12]
         self._runs: list[HostRun] = []
         self._events: queue.Queue[HostRun] = queue.Queue()
         self._lock = threading.Lock()
@@ -150,8 +162,21 @@ class RemoteJob:
         return clients
 
     def _exec(self, run: HostRun) -> None:
+        if self.supervision is not None:
+            run.heartbeat = self._heartbeat
         run.start(self.job_id)
         start_keepalive(run, self.keepalive_interval, self.job_id)
+
+    def _heartbeat(self, run: HostRun, transport: Any) -> None:
+        """Tell ``run``'s supervisor the job is watched (and how far its output was relayed)."""
+        sup = self.supervision
+        assert sup is not None
+        seconds = sup.unattended_timeout
+        if self.heartbeat_budget is not None:
+            seconds = min(seconds, self.heartbeat_budget())
+        command = supervisor.heartbeat_command(self.job_id, run.host, sup.launch, f"{self._beat_id}-{next(self._beats)}",
+                                               max(1, int(seconds)), (run.relayed[0], run.relayed[1]))
+        supervisor.quick_exec(transport, command)
 
     def _log_line(self, host: str, rank: int, stream: str, line: str) -> None:
         log.info("[%s/%d] %s", host, rank, line)
@@ -191,6 +216,8 @@ class RemoteJob:
             self._note_end(run)
         if self._kill_thread is not None:
             self._kill_thread.join()
+        if self.supervision is not None:
+            self._remove_run_files(runs)
         self._close_clients()
         for run in runs:
             if run.channel is None:
@@ -327,6 +354,19 @@ class RemoteJob:
                     log.warning("job %s: sweep of %s: %s", self.job_id, result.host,
                                 result.error or f"{len(result.left)} process(es) survived SIGKILL")
 
+    def _remove_run_files(self, runs: Sequence[HostRun]) -> None:
+        """The job ended on every host: its supervisors' files go (where the connection is up)."""
+        assert self.supervision is not None
+        for run in runs:
+            transport = run.client.get_transport()
+            if run.channel is None or run.exit_code is None or transport is None or not transport.is_active():
+                continue
+            try:
+                supervisor.quick_exec(transport, supervisor.cleanup_command(self.job_id, run.host,
+                                                                            self.supervision.launch))
+            except Exception as exc:  # noqa: BLE001 - files left behind are removed by the next launch
+                log.warning("job %s: removing its run files on %s failed: %s", self.job_id, run.host, exc)
+
     def _close_clients(self) -> None:
         for run in self._runs:
             try:
@@ -375,7 +415,8 @@ def placements_from_decision(decision: Any, targets: Mapping[str, SshTarget]) ->
 def torchrun_job(spec: LaunchSpec, placements: Sequence[Placement], client_factory: ClientFactory, *,
                  rdzv_port: int | Literal["probe", "derive"] = "probe",
                  port_range: tuple[int, int] = DEFAULT_PORT_RANGE,
-                 rdzv_address: str | None = None, **job_options: Any) -> RemoteJob:
+                 rdzv_address: str | None = None, supervision: Supervision | None = None,
+                 **job_options: Any) -> RemoteJob:
     """A :class:`RemoteJob` running ``spec`` on the placements (SSH target, GPU indices), in
     node-rank order. The rendezvous runs on the first host at ``rdzv_address`` (default: its
     SSH address). ``job_options`` go to :class:`RemoteJob` (``on_line``, ``kill_grace``, ...)."""
@@ -387,14 +428,25 @@ def torchrun_job(spec: LaunchSpec, placements: Sequence[Placement], client_facto
         for i, (target, gpus) in enumerate(placements)
     ]
     port = choose_rdzv_port(spec.job_id, placements[0][0], client_factory, rdzv_port, port_range)
-    commands = build_commands(spec, shares, port)
+    commands = build_commands(spec, shares, port, supervision)
     workers = [Worker(target, rank, command, stdin=spec.payload or b"")
                for rank, ((target, _), command) in enumerate(zip(placements, commands))]
-    return RemoteJob(spec.job_id, workers, client_factory, **job_options)
+    return RemoteJob(spec.job_id, workers, client_factory, supervision=supervision, **job_options)
+
+
+def attach_job(job_id: str, targets: Sequence[SshTarget], client_factory: ClientFactory, supervision: Supervision,
+               relayed: Mapping[str, tuple[int, int]] | None = None, **job_options: Any) -> RemoteJob:
+    """A :class:`RemoteJob` that reattaches to a supervised job already running on ``targets``
+    (node-rank order): nothing is started; each host relays the job's output from the offsets
+    the last watcher relayed (``relayed``, host -> (stdout, stderr) bytes) and reports its end."""
+    relayed = relayed or {}
+    workers = [Worker(t, rank, supervisor.follow_command(job_id, t.host_name), relayed=relayed.get(t.host_name, (0, 0)))
+               for rank, t in enumerate(targets)]
+    return RemoteJob(job_id, workers, client_factory, supervision=supervision, **job_options)
 
 
 __all__ = [
     "HostResult", "JobFailure", "JobKilled", "JobResult", "JobStartError", "LineCallback",
-    "Placement", "RemoteJob", "Worker", "choose_rdzv_port", "placements_from_decision",
+    "Placement", "RemoteJob", "Worker", "attach_job", "choose_rdzv_port", "placements_from_decision",
     "summarize_tail", "torchrun_job",
 ]

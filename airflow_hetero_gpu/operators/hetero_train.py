@@ -39,8 +39,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_hetero_gpu.errors import HeteroGpuError
 from airflow_hetero_gpu.ledger.errors import LedgerError
-from airflow_hetero_gpu.operators import arguments, checkpoint_carry, preempt
-from airflow_hetero_gpu.operators.messages import key_json
+from airflow_hetero_gpu.operators import arguments, checkpoint_carry, durable, preempt
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -110,6 +109,15 @@ class HeteroTrainOperator(BaseOperator):
     :param lease_seconds: lease of the reservation; renewed every third of it while the job runs.
         When the ledger cannot be reached (a database restart), the job runs on while the lease
         lasts and is stopped shortly before it would run out (its GPUs could be given away).
+        Default: ``unattended_timeout + preemption_grace + 15`` s when durable, else 120 s; a
+        durable task refuses a shorter one (the lease must outlive the hosts' dead-man switch).
+    :param durable: run the job detached under each host's supervisor and store its handle in
+        Airflow's task state store, so that a retry after a worker crash reattaches to the running
+        job instead of launching it again (default True; ``ResumableJobMixin``'s ``durable``).
+        Without a task state store (Airflow < 3.3) the task runs as before.
+    :param unattended_timeout: seconds a durable job runs on with nobody watching it (no heartbeat
+        from a task) before its hosts' supervisors stop it (``preemption_signal``, then
+        ``preemption_grace``, then SIGKILL). Default 900 (docs/durability.md says why).
     :param host_timeout: seconds a host of the running job may stay silent (no answer to SSH
         keepalives, sent every quarter of it) before the job counts as failed there.
     :param launcher: the torchrun argv on the hosts (``["python3", "-m", "torch.distributed.run"]``
@@ -162,8 +170,10 @@ class HeteroTrainOperator(BaseOperator):
         checkpoint_dir: str | None = None,
         preemptible: bool = True, preemption_signal: str = "SIGTERM", preemption_grace: float = 300.0,
         checkpoint_storage: str = "shared",
-        lease_seconds: float = 120.0,
+        lease_seconds: float | None = None,
         host_timeout: float = 60.0,
+        durable: bool = True,
+        unattended_timeout: float = 900.0,
         launcher: Sequence[str] = ("torchrun",),
         rdzv_port: int | str = "probe",
         rdzv_host: str | None = None,
@@ -202,6 +212,8 @@ class HeteroTrainOperator(BaseOperator):
         self.checkpoint_storage = checkpoint_storage
         self.lease_seconds = lease_seconds
         self.host_timeout = host_timeout
+        self.durable = durable
+        self.unattended_timeout = unattended_timeout
         self.launcher = launcher
         self.rdzv_port = rdzv_port
         self.rdzv_host = rdzv_host
@@ -212,6 +224,7 @@ class HeteroTrainOperator(BaseOperator):
         self._ledger_obj: Ledger | None = None
         self._placement = None
         self._waiting_job: str | None = None  # in the ledger's queue
+        self._durable_job: Any = None  # operators.durable.DurableJob of this try
 
     # --- validation ---------------------------------------------------------------------------
     def _fail(self, message: str) -> AirflowFailException:
@@ -221,8 +234,10 @@ class HeteroTrainOperator(BaseOperator):
         return arguments.request_of(self)
 
     def _validate(self) -> None:
+        durable.resolve_lease(self)
         arguments.validate(self)
         preempt.check_args(self)
+        durable.check_args(self)
 
     # --- collaborators ------------------------------------------------------------------------
     @cached_property
@@ -270,7 +285,7 @@ class HeteroTrainOperator(BaseOperator):
 
     # --- execute ------------------------------------------------------------------------------
     def execute(self, context: Context) -> dict[str, Any]:
-        return self._place_and_run(context)
+        return self._place_and_run(context, resume=True)
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
         """Resumed by the queue trigger: take the admission and run (``gone``: the entry expired,
@@ -284,7 +299,7 @@ class HeteroTrainOperator(BaseOperator):
         return self._place_and_run(context, waiting_since=event.get("started_at"), admitted=status == "admitted")
 
     def _place_and_run(self, context: Context, waiting_since: float | None = None,
-                       admitted: bool = False) -> dict[str, Any]:
+                       admitted: bool = False, resume: bool = False) -> dict[str, Any]:
         from airflow_hetero_gpu.operators.placement import Placement
         from airflow_hetero_gpu.operators.queue_wait import QueueWait
 
@@ -293,6 +308,15 @@ class HeteroTrainOperator(BaseOperator):
         self._mask_env()
         job_id = self._job_id(context)
         placement = self._placement = Placement(self, context, job_id, request)
+        self._durable_job = durable.DurableJob(self, context, job_id)
+        found = self._durable_job.resume() if resume else durable.Resumed()
+        if found.result is not None:  # it ended successfully while no task watched it
+            return found.result
+        if found.handle is not None:  # still running: reattach, nothing launched or reserved
+            out = self._run(job_id, None, context, attach=found.handle)
+            while out.get("preempted"):
+                out = self._run(job_id, preempt.requeue(self, placement), context)
+            return out
         if admitted:
             result = QueueWait(placement).resume(waiting_since)
         elif self.wait_for_capacity:
@@ -349,7 +373,10 @@ class HeteroTrainOperator(BaseOperator):
     def _on_line(self, host: str, rank: int, stream: str, line: str) -> None:
         self.log.info("[%s rank %d] %s", host, rank, line)
 
-    def _run(self, job_id: str, result: PlanResult, context: Context) -> dict[str, Any]:
+    def _run(self, job_id: str, result: PlanResult | None, context: Context,
+             attach: dict | None = None) -> dict[str, Any]:
+        """Launch (or, with ``attach``, reattach to) the job and watch it to its end."""
+        from airflow_hetero_gpu.core.model import GpuKey
         from airflow_hetero_gpu.launch.handoff import ConnectionHandoff
         from airflow_hetero_gpu.launch.orphans import kill_orphans
         from airflow_hetero_gpu.operators.gpu_set import GpuSetWatch
@@ -357,42 +384,62 @@ class HeteroTrainOperator(BaseOperator):
         from airflow_hetero_gpu.operators.targets import LazyTargets
         from airflow_hetero_gpu.operators.run_loop import RunSettings, TrainingRun, check_launch_paths
 
-        decision = result.decision
+        if attach is None:
+            decision_json = result.to_json()["decision"]
+            initial = [g.key for g in result.decision.gpus]
+        else:
+            decision_json = attach["decision"]
+            initial = [GpuKey(*k) for k in attach["initial_gpus"]]
+        gpus = initial if attach is None else [GpuKey(*k) for k in attach["gpus"]]
+        chosen = list(dict.fromkeys(k[0] for k in gpus))
         started = time.monotonic()
         factory = None
+        dj = self._durable_job
         try:
-            # only the hosts this try runs on, and those earlier tries of the job ran on, are
-            # touched: a job id is stable across tries, and whatever an earlier try left running
-            # (a retry may be placed elsewhere) is stopped before this one starts
-            earlier = [h for h in self.ledger.job_hosts(job_id) if h in self.hook.hosts]
-            hosts = list(dict.fromkeys(decision.hosts + earlier))
-            self.ledger.add_job_hosts(job_id, decision.hosts)
+            if attach is None:
+                # only the hosts this try runs on, and those earlier tries of the job ran on, are
+                # touched: a job id is stable across tries, and whatever an earlier try left running
+                # (a retry may be placed elsewhere) is stopped before this one starts
+                earlier = [h for h in self.ledger.job_hosts(job_id) if h in self.hook.hosts]
+                hosts = list(dict.fromkeys(chosen + earlier))
+                self.ledger.add_job_hosts(job_id, chosen)
+            else:
+                earlier, hosts = [], chosen
             try:
                 targets = LazyTargets(self.hook, hosts)
                 # the sweep's connection to a host is the launch's (one connection a host)
                 factory = ConnectionHandoff(self.hook.client_factory(hosts))
             except (HeteroGpuError, ValueError) as err:
                 raise self._fail(str(err)) from None
-            for host, sweep in kill_orphans(job_id, [targets[h] for h in hosts], factory).items():
-                if sweep.found:
-                    self.log.warning("stopped %d leftover process(es) of job %s on %s", len(sweep.found), job_id, host)
-            check_launch_paths(self._launch_spec(job_id), [targets[h] for h in decision.hosts], factory)
-            checkpoint_carry.before_launch(self, job_id, earlier, decision.hosts, lambda h: factory(targets[h]))
-            factory.release(set(decision.hosts))
+            if attach is None:
+                for host, sweep in kill_orphans(job_id, [targets[h] for h in hosts], factory).items():
+                    if sweep.found:
+                        self.log.warning("stopped %d leftover process(es) of job %s on %s", len(sweep.found),
+                                         job_id, host)
+                check_launch_paths(self._launch_spec(job_id), [targets[h] for h in chosen], factory)
+                checkpoint_carry.before_launch(self, job_id, earlier, chosen, lambda h: factory(targets[h]))
+            factory.release(set(chosen))
             kill = lambda: self._job.kill() if self._job is not None else None  # noqa: E731
             seen = preempt.CheckpointSeen()
+            supervised = dj is not None and dj.on
             lease = LeaseKeeper(lambda: self.ledger, job_id, self.lease_seconds, log=self.log, kill=kill,
-                                lease_from=self._lease_from, checkpoints=seen)
+                                lease_from=self._lease_from, checkpoints=seen,
+                                renew_every=float(self.unattended_timeout) / 2 if supervised else None)
             gpu_set = GpuSetWatch(lambda: self.ledger, job_id, self.on_no_replacement,
                                   cluster=self._placement.current_cluster, kill=kill, log=self.log)
             settings = RunSettings(self._launch_spec(job_id), rdzv_port=self.rdzv_port, rdzv_host=self.rdzv_host,
                                    host_timeout=float(self.host_timeout), max_restarts=self.max_restarts,
                                    on_line=lambda h, r, s, text: (seen.line(h, text), self._on_line(h, r, s, text)),
                                    on_preempted=lambda job, gpus, mark, lk: preempt.stop(self, job, job_id, mark, lk, seen))
+            if supervised:
+                settings.supervise = self._supervision
+                settings.before_launch = lambda now, launch, restarts: dj.launching(
+                    launch, now, decision_json, initial, restarts)
             run = TrainingRun(job_id, settings, targets, factory, lease=lease, gpu_set=gpu_set, log=self.log,
                               on_job=self._set_job, on_started=factory.settle)
-            gpu_set.remember(decision.gpus)
-            runs, restarts = run.run([g.key for g in decision.gpus])  # rank order along the network tree
+            if attach is None:
+                gpu_set.remember(result.decision.gpus)
+            runs, restarts = run.run(gpus, attach)  # rank order along the network tree
         except BaseException:
             # whatever stopped us (a failure, a timeout, the task being killed): nothing of the
             # job may outlive the task, and its GPUs go back at once
@@ -401,23 +448,24 @@ class HeteroTrainOperator(BaseOperator):
             if factory is not None:
                 factory.settle()
             self._release(job_id)
+            if dj is not None:
+                dj.forget()
             raise
         if runs[-1].get("preempted"):  # its GPUs went back with the preemption; its hosts are kept
+            if dj is not None:
+                dj.forget()
             return runs[-1]
         self._release(job_id)
         self._forget_hosts(job_id)
-        final = runs[-1]["gpus"]
-        out = result.to_json()["decision"]
-        if restarts:  # the GPUs the job finished on; the first placement stays in run.initial_gpus
-            by_key = {g.key: g for g in decision.gpus}
-            out["gpus"] = [by_key[k].ref() if k in by_key else key_json(k) for k in final]
-            out["hosts"] = list(dict.fromkeys(k[0] for k in final))
-        out["job_id"] = job_id
-        out["run"] = {"duration_s": round(time.monotonic() - started, 3), "restarts": restarts,
-                      "hosts": runs[-1]["hosts"], "exit_codes": runs[-1]["exit_codes"],
-                      "gpus": [key_json(k) for k in final],
-                      "initial_gpus": [key_json(g.key) for g in decision.gpus]}
-        return out
+        if dj is not None:
+            dj.forget()
+        return durable.output(job_id, decision_json, initial, runs[-1], restarts, time.monotonic() - started)
+
+    def _supervision(self, launch: str):
+        from airflow_hetero_gpu.launch.supervisor import Supervision
+
+        return Supervision(float(self.unattended_timeout), preempt.signal_name(self.preemption_signal) or "TERM",
+                           float(self.preemption_grace), launch)
 
     def _set_job(self, job) -> None:
         self._job = job
@@ -434,27 +482,9 @@ class HeteroTrainOperator(BaseOperator):
     def _release(self, job_id: str, patience: float = 30.0) -> None:
         """Release the job's GPUs, retrying for ``patience`` s while the ledger is unreachable
         (its lease frees them anyway when even that fails)."""
-        deadline = time.monotonic() + patience
-        pause = 1.0
-        while True:
-            try:
-                if self.ledger.release(job_id):
-                    self.log.info("job %s: reservation released", job_id)
-                else:
-                    self.log.info("job %s: no reservation left to release (its lease had expired)", job_id)
-                return
-            except LedgerError as err:
-                if time.monotonic() + pause > deadline:
-                    self.log.error("job %s: releasing the reservation failed (%s); its lease will free the GPUs",
-                                   job_id, err)
-                    return
-                self.log.warning("job %s: releasing the reservation failed (%s); trying again in %.0f s",
-                                 job_id, err, pause)
-            except Exception:  # never hide the task's own outcome behind a release problem
-                self.log.exception("job %s: releasing the reservation failed; its lease will free the GPUs", job_id)
-                return
-            time.sleep(pause)
-            pause = min(pause * 2, 8.0)
+        from airflow_hetero_gpu.operators.lease import release
+
+        release(lambda: self.ledger, job_id, self.log, patience)
 
     def on_kill(self) -> None:
         if self._waiting_job is not None:  # killed while waiting in the queue: leave it now

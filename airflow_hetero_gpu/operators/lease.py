@@ -25,11 +25,14 @@ class LeaseKeeper:
     """
 
     def __init__(self, ledger: Callable[[], Any], job_id: str, lease_seconds: float, *, log: Any,
-                 kill: Callable[[], None], lease_from: float | None = None, checkpoints: Any = None):
+                 kill: Callable[[], None], lease_from: float | None = None, checkpoints: Any = None,
+                 renew_every: float | None = None):
         self._ledger = ledger
         self.job_id = job_id
         self.lease = float(lease_seconds)
-        self.renew_every = max(1.0, self.lease / 3)
+        # a durable job renews at least every half unattended_timeout (``renew_every``), so the
+        # lease left at any heartbeat covers the dead-man switch's timeout and grace
+        self.renew_every = max(1.0, min(self.lease / 3, renew_every or self.lease))
         self.log = log
         self._kill = kill
         self.lease_from = time.monotonic() if lease_from is None else lease_from
@@ -78,3 +81,29 @@ class LeaseKeeper:
             self.log.info("job %s: the ledger is reachable again after %.0f s; lease renewed", self.job_id,
                           now - self.down_since)
             self.down_since = None
+
+
+def release(ledger: Callable[[], Any], job_id: str, log: Any, patience: float = 30.0) -> None:
+    """Release the job's GPUs, retrying for ``patience`` s while the ledger is unreachable
+    (its lease frees them anyway when even that fails)."""
+    deadline = time.monotonic() + patience
+    pause = 1.0
+    while True:
+        try:
+            if ledger().release(job_id):
+                log.info("job %s: reservation released", job_id)
+            else:
+                log.info("job %s: no reservation left to release (its lease had expired)", job_id)
+            return
+        except LedgerError as err:
+            if time.monotonic() + pause > deadline:
+                log.error("job %s: releasing the reservation failed (%s); its lease will free the GPUs",
+                          job_id, err)
+                return
+            log.warning("job %s: releasing the reservation failed (%s); trying again in %.0f s",
+                        job_id, err, pause)
+        except Exception:  # never hide the task's own outcome behind a release problem
+            log.exception("job %s: releasing the reservation failed; its lease will free the GPUs", job_id)
+            return
+        time.sleep(pause)
+        pause = min(pause * 2, 8.0)

@@ -35,6 +35,11 @@ class RunSettings:
     max_restarts: int = 3
     on_line: Callable[[str, int, str, str], None] | None = None
     on_preempted: Callable[..., dict] | None = None  # (job, gpus, mark, lease) -> the preemption's record
+    #: durable: ``supervise(launch token)`` -> the hosts' Supervision; None runs the job beside a
+    #: session watchdog (it ends with the SSH sessions)
+    supervise: Callable[[str], Any] | None = None
+    #: ``before_launch(gpus, launch token, restarts)``: the job's handle stored before it starts
+    before_launch: Callable[[list, str, int], None] | None = None
 
 
 class TrainingRun:
@@ -59,13 +64,15 @@ class TrainingRun:
         if self.job is not None:
             self.job.kill()
 
-    def run(self, gpus: Sequence[tuple[str, int]]) -> tuple[list[dict[str, Any]], int]:
-        """Run on ``gpus`` (restarting on replacements); returns every run's facts and the restarts."""
+    def run(self, gpus: Sequence[tuple[str, int]], attach: dict | None = None) -> tuple[list[dict[str, Any]], int]:
+        """Run on ``gpus`` (restarting on replacements); returns every run's facts and the restarts.
+        ``attach``: the handle of a supervised job already running on ``gpus`` (a retry's reattach)."""
         gpus = list(gpus)
-        restarts = 0
+        restarts = int(attach.get("restarts", 0)) if attach else 0
         runs: list[dict[str, Any]] = []
         while True:
-            outcome, facts = self.run_once(gpus)
+            outcome, facts = self.run_once(gpus, attach, restarts)
+            attach = None
             runs.append(facts)
             if outcome in ("done", "preempted"):
                 return runs, restarts
@@ -78,21 +85,48 @@ class TrainingRun:
             self.log.info("job %s: restarting on %s (restart %d of at most %d), resuming from its checkpoint",
                           self.job_id, fmt_gpus(gpus), restarts, self.settings.max_restarts)
 
-    def run_once(self, gpus: Sequence[tuple]) -> tuple[str, dict[str, Any]]:
-        from airflow_hetero_gpu.launch.remote import JobStartError, torchrun_job
+    def _job_of(self, gpus: Sequence[tuple], attach: dict | None, restarts: int) -> Any:
+        """The :class:`RemoteJob` of this run: a fresh launch, or a reattach to ``attach``'s job."""
+        import uuid
 
-        by_host: dict[str, list[int | str]] = {}  # hosts in rank order, as the GPU list has them
+        from airflow_hetero_gpu.launch.remote import attach_job, torchrun_job
+        from airflow_hetero_gpu.launch.supervisor import LEASE_MARGIN_S
+
+        s = self.settings
+        keepalive = float(s.host_timeout) / 4
+        options: dict[str, Any] = {}
+        if s.supervise is not None:
+            sup = s.supervise(attach["launch"] if attach else uuid.uuid4().hex[:16])
+            keepalive = min(keepalive, sup.unattended_timeout / 4)
+            options = {"supervision": sup,
+                       "heartbeat_budget": lambda: self.lease.left() - sup.grace - LEASE_MARGIN_S}
+        common = {"on_line": s.on_line, "host_timeout": float(s.host_timeout), "keepalive_interval": keepalive,
+                  **options}
+        hosts = list(dict.fromkeys(k[0] for k in gpus))  # in rank order, as the GPU list has them
+        if attach is not None:
+            return attach_job(self.job_id, [self.targets[h] for h in hosts], self.factory,
+                              relayed={h: tuple(v) for h, v in attach.get("relayed", {}).items()}, **common)
+        by_host: dict[str, list[int | str]] = {}
         for key in gpus:
             by_host.setdefault(key[0], []).append(self.gpu_set.device(key))
         placements = [(self.targets[h], tuple(sorted(ix, key=str) if any(isinstance(i, str) for i in ix) else sorted(ix)))
                       for h, ix in by_host.items()]
-        s = self.settings
-        job = torchrun_job(s.spec, placements, self.factory, on_line=s.on_line, rdzv_port=s.rdzv_port,
-                           rdzv_address=s.rdzv_host, host_timeout=float(s.host_timeout),
-                           keepalive_interval=float(s.host_timeout) / 4)
+        job = torchrun_job(s.spec, placements, self.factory, rdzv_port=s.rdzv_port, rdzv_address=s.rdzv_host,
+                           **common)
+        if s.before_launch is not None and job.supervision is not None:
+            s.before_launch(list(gpus), job.supervision.launch, restarts)
+        return job
+
+    def run_once(self, gpus: Sequence[tuple], attach: dict | None = None, restarts: int = 0) -> tuple[str, dict[str, Any]]:
+        from airflow_hetero_gpu.launch.remote import JobStartError
+
+        job = self._job_of(gpus, attach, restarts)
         self.job = job
         self._on_job(job)
-        self.log.info("job %s: starting on %s", self.job_id, fmt_gpus(gpus))
+        if attach is None:
+            self.log.info("job %s: starting on %s", self.job_id, fmt_gpus(gpus))
+        else:
+            self.log.info("job %s: reattached on %s", self.job_id, fmt_gpus(gpus))
         try:
             job.start()
         except JobStartError as err:  # one line, without the SSH library's internals

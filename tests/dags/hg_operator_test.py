@@ -35,6 +35,9 @@ def _train(task_id: str, **overrides) -> HeteroTrainOperator:
         checkpoint_dir=cfg.get("checkpoint_dir"),
         lease_seconds=cfg.get("lease_seconds", 30),
         host_timeout=cfg.get("host_timeout", 60),
+        # the tests of the plain path keep their short leases; a test of the durable path says so
+        durable=cfg.get("durable", False),
+        unattended_timeout=cfg.get("unattended_timeout", 900),
         wait_for_capacity=cfg.get("wait_for_capacity", False),
         deferrable=cfg.get("deferrable", False),
         capacity_poll_interval=cfg.get("capacity_poll_interval", 2),
@@ -92,3 +95,16 @@ def hg_retry_test():
 
 
 hg_retry_test()
+
+
+@dag(schedule=None, start_date=pendulum.datetime(2026, 1, 1), catchup=False, tags=["test"])
+def hg_durable_test():
+    """The training task, durable, with a retry; HG_TEST_DURABLE_CONFIG overrides HG_TEST_CONFIG's arguments."""
+    import datetime
+
+    overrides = json.loads(_cfg("DURABLE_CONFIG", "{}"))
+    _train("train", retries=1, retry_delay=datetime.timedelta(seconds=overrides.pop("retry_delay_s", 1)),
+           **overrides)
+
+
+hg_durable_test()

@@ -53,6 +53,7 @@ def training_dag(dag_id: str, priority: int):
             capacity_poll_interval=float(CFG.get("capacity_poll_interval", 5)),
             capacity_timeout=float(CFG.get("capacity_timeout", 3600)),
             lease_seconds=float(CFG.get("lease_seconds", 120)),
+            durable=bool(CFG.get("durable", False)),
             pre_execute=note_execute,
             retries=int(CFG.get("retries", 1)),
             retry_delay=timedelta(seconds=float(CFG.get("retry_delay", 5))),

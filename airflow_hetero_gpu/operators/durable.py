@@ -1,0 +1,302 @@
+"""Durable execution: the job's handle in Airflow's task state store, and what a retry does with it.
+
+A durable task (``durable=True``, the default, on an Airflow with a task state store) launches its
+job detached under each host's supervisor (:mod:`airflow_hetero_gpu.launch.supervisor`) and, before
+the job starts, stores the job's **handle** under :data:`HANDLE_KEY`: the job id, its hosts and
+GPUs in rank order, this launch's token (the ``HETERO_GPU_LAUNCH`` marker), the reservation, the
+decision and the handle format's version. A retry of the same task instance reads it first
+(:meth:`DurableJob.resume`), following ``ResumableJobMixin``'s contract and metrics:
+
+- the job still runs on every host: **reattach** — no launch, no reservation; the lease is taken
+  over (renewed by this try) and the output relayed from where the last watcher stopped;
+- the job ended with status 0 everywhere: return its result (the reservation released);
+- it failed, vanished, or its reservation is gone: stop what is left of it, release what it held,
+  forget the handle and launch afresh (from the checkpoint, as a retry always did).
+
+A handle of another format version: the task fails in one line, nothing launched or reserved.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from airflow_hetero_gpu.launch.supervisor import LEASE_MARGIN_S
+
+#: The task state store key of the job's handle (like ResumableJobMixin's ``external_id_key``:
+#: renaming it breaks the retries of tasks in flight).
+HANDLE_KEY = "hetero_gpu_job"
+#: The handle format this code writes and reads.
+HANDLE_VERSION = 1
+#: The longest ``unattended_timeout``: a job left alone for a month is not watched any more (and its
+#: lease, the switch plus the grace, stays within the 365 days every duration is bounded by).
+MAX_UNATTENDED_S = 30 * 86400.0
+#: ``unattended_timeout``'s default: 15 min outlasts a Celery worker's warm shutdown and restart
+#: in a deploy and a worker pod's rescheduling, so a deploy never stops a training; a task cleared
+#: or marked failed while its worker is gone is stopped at most that (plus the grace) later.
+DEFAULT_UNATTENDED_S = 900.0
+#: The lease of a task that does not run durable and gives none (as before).
+PLAIN_LEASE_S = 120.0
+
+
+def _seconds(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def resolve_lease(op: Any) -> None:
+    """Before the other checks: ``lease_seconds=None`` becomes the lease that fits (durable:
+    ``unattended_timeout`` + ``preemption_grace`` + the margin; else 120 s)."""
+    if op.lease_seconds is not None:
+        return
+    unattended, grace = _seconds(op.unattended_timeout), _seconds(op.preemption_grace)
+    if op.durable and unattended is not None and grace is not None and unattended >= 1 and grace >= 0:
+        op.lease_seconds = unattended + grace + LEASE_MARGIN_S
+    else:
+        op.lease_seconds = PLAIN_LEASE_S
+
+
+def check_args(op: Any) -> None:
+    """``durable`` a bool, ``unattended_timeout`` seconds >= 1, and the lease outliving the
+    dead-man switch: one line naming the values, before anything is launched or reserved."""
+    if not isinstance(op.durable, bool):
+        raise AirflowFailException(f"durable: expected True or False, got {op.durable!r}")
+    unattended = _seconds(op.unattended_timeout)
+    if unattended is None or unattended < 1:
+        raise AirflowFailException(f"unattended_timeout: expected a number of seconds >= 1, got {op.unattended_timeout!r}")
+    if unattended > MAX_UNATTENDED_S:
+        raise AirflowFailException(f"unattended_timeout: expected at most {MAX_UNATTENDED_S:.0f} seconds (30 days), "
+                                   f"got {op.unattended_timeout!r}")
+    if not op.durable:
+        return
+    grace = float(op.preemption_grace)
+    need = unattended + grace + LEASE_MARGIN_S
+    if float(op.lease_seconds) < need:
+        raise AirflowFailException(
+            f"lease_seconds {float(op.lease_seconds):g} is shorter than unattended_timeout {unattended:g} + "
+            f"preemption_grace {grace:g} + {LEASE_MARGIN_S:g} s = {need:g} s: a job whose watcher is gone runs "
+            f"until its hosts' dead-man switch stops it, and its lease must not free the GPUs before; raise "
+            f"lease_seconds (or leave it unset) or lower unattended_timeout")
+
+
+def _stats_incr(name: str, tags: Mapping[str, str]) -> None:
+    try:
+        from airflow.sdk._shared.observability.metrics import stats
+
+        stats.incr(name, tags=dict(tags))
+    except Exception:  # noqa: BLE001 - a metric never stops a job
+        pass
+
+
+@dataclass
+class Resumed:
+    """What a retry found: ``handle`` to reattach to, or ``result`` of a job that succeeded."""
+
+    handle: dict | None = None
+    result: dict | None = None
+
+
+class DurableJob:
+    """The handle of one task instance's job in the task state store (``None`` store: off)."""
+
+    def __init__(self, op: Any, context: Any, job_id: str):
+        self.op = op
+        self.job_id = job_id
+        self.store = context.get("task_state_store") if op.durable else None
+        if op.durable and self.store is None:
+            op.log.warning("job %s: this Airflow has no task state store (it came in Airflow 3.3): a retry "
+                           "cannot reattach to a running job, so the job runs as before, stopped with its "
+                           "SSH sessions", job_id)
+        ti = context.get("ti")
+        self.tags = {"operator": type(op).__name__}
+        team = getattr(ti, "stats_tags", {}).get("team_name") if ti is not None else None
+        if team:
+            self.tags["team_name"] = team
+
+    @property
+    def on(self) -> bool:
+        return self.store is not None
+
+    # --- the handle ---------------------------------------------------------------------------
+    def read(self) -> dict | None:
+        if not self.on:
+            return None
+        handle = self.store.get(HANDLE_KEY)
+        if handle is None:
+            return None
+        version = handle.get("version") if isinstance(handle, dict) else None
+        if version != HANDLE_VERSION or handle.get("job_id") != self.job_id:
+            raise AirflowFailException(
+                f"task_state_store entry {HANDLE_KEY!r} has handle format version {version!r} (job "
+                f"{handle.get('job_id') if isinstance(handle, dict) else '?'!r}); this provider reads version "
+                f"{HANDLE_VERSION} of job {self.job_id!r}: nothing was launched or reserved; stop that job on its "
+                f"hosts (its process groups are in ~/.hetero-gpu/run/<job id>/<host>.pgid) and delete the entry "
+                f"to start afresh")
+        return handle
+
+    def save(self, handle: dict) -> None:
+        if self.on:
+            self.store.set(HANDLE_KEY, {"version": HANDLE_VERSION, "job_id": self.job_id, **handle})
+
+    def forget(self) -> None:
+        if self.on:
+            try:
+                self.store.delete(HANDLE_KEY)
+            except Exception as err:  # noqa: BLE001 - a stale handle is checked on the hosts anyway
+                self.op.log.warning("job %s: could not delete its handle from the task state store: %s",
+                                    self.job_id, err)
+
+    def launching(self, launch: str, gpus: list, decision: dict, initial: list, restarts: int) -> None:
+        """Stored before the job starts on any host (each launch: the first, and each restart)."""
+        self.save({"launch": launch, "hosts": list(dict.fromkeys(k[0] for k in gpus)),
+                   "gpus": [list(k) for k in gpus], "initial_gpus": [list(k) for k in initial],
+                   "reservation": {"job_id": self.job_id, "gpus": [list(k) for k in gpus]},
+                   "decision": decision, "restarts": restarts,
+                   "unattended_timeout": float(self.op.unattended_timeout),
+                   "started_at": datetime.now(timezone.utc).isoformat()})
+
+    # --- a retry ------------------------------------------------------------------------------
+    def host_status(self, handle: dict) -> dict:
+        """Each host's :class:`~airflow_hetero_gpu.launch.supervisor.HostStatus` of the handle's launch."""
+        from airflow_hetero_gpu.launch.supervisor import HostStatus, parse_status, status_command
+
+        hosts = [h for h in handle["hosts"]]
+        factory = self.op.hook.client_factory(hosts)
+        from airflow_hetero_gpu.operators.targets import LazyTargets
+
+        targets = LazyTargets(self.op.hook, hosts)
+
+        def one(host: str):
+            try:
+                client = factory(targets[host])
+            except Exception as err:  # noqa: BLE001
+                return HostStatus(host, "unknown", detail=f"cannot connect: {err}")
+            try:
+                _, stdout, _ = client.exec_command(status_command(self.job_id, host), timeout=60)
+                return parse_status(host, handle["launch"], stdout.read().decode("utf-8", "replace"))
+            except Exception as err:  # noqa: BLE001
+                return HostStatus(host, "unknown", detail=f"status check failed: {err}")
+            finally:
+                client.close()
+
+        with ThreadPoolExecutor(max_workers=min(8, max(1, len(hosts)))) as pool:
+            return {s.host: s for s in pool.map(one, hosts)}
+
+    def resume(self) -> Resumed:
+        """ResumableJobMixin's decision for this try: reattach, the result, or a fresh launch."""
+        handle = self.read()
+        if handle is None:
+            if self.on:
+                _stats_incr("resumable_job.fresh_submit", self.tags)
+            return Resumed()
+        _stats_incr("resumable_job.reconnect_attempt", self.tags)
+        log = self.op.log
+        status = self.host_status(handle)
+        states = {s.state for s in status.values()}
+        said = "; ".join(f"{h}: {s.state}{' (' + s.detail + ')' if s.detail else ''}" for h, s in status.items())
+        if "unknown" in states:  # a host we cannot ask may still run it: its GPUs must stay held
+            raise AirflowException(f"job {self.job_id}: cannot tell whether the earlier try's job still runs ({said}); "
+                                   "nothing was launched or released; its lease holds the GPUs until its hosts' "
+                                   "dead-man switch has stopped it")
+        if states <= {"running", "succeeded"} and "running" in states and self._take_lease():
+            _stats_incr("resumable_job.reconnect_success", self.tags)
+            log.info("job %s: still running on %s (launch %s): reattaching, nothing launched or reserved; "
+                     "its output is relayed from where the last try stopped", self.job_id,
+                     ", ".join(handle["hosts"]), handle["launch"])
+            handle["relayed"] = {h: list(s.relayed) for h, s in status.items()}
+            return Resumed(handle=handle)
+        if states == {"succeeded"}:
+            _stats_incr("resumable_job.already_succeeded", self.tags)
+            log.info("job %s: it ended successfully on every host while no task watched it; not launched again",
+                     self.job_id)
+            return Resumed(result=self._finished(handle, status))
+        _stats_incr("resumable_job.terminal_resubmit", self.tags)
+        log.warning("job %s: the earlier try's job cannot be reattached (%s); stopping what is left of it, "
+                    "releasing what it held and launching afresh", self.job_id, said)
+        self._abandon(handle)
+        return Resumed()
+
+    def _take_lease(self) -> bool:
+        """Take the job's lease over; False when the reservation is gone (it cannot run on)."""
+        from airflow_hetero_gpu.ledger.errors import LedgerError, NoLiveReservation
+
+        try:
+            self.op.ledger.renew(self.job_id, float(self.op.lease_seconds))
+        except NoLiveReservation:
+            self.op.log.warning("job %s: still running, but its reservation is gone", self.job_id)
+            return False
+        except LedgerError as err:
+            raise AirflowException(f"job {self.job_id}: taking over its lease failed: {err}") from None
+        self.op._lease_from = time.monotonic()
+        return True
+
+    def _abandon(self, handle: dict) -> None:
+        from airflow_hetero_gpu.launch.orphans import kill_orphans
+        from airflow_hetero_gpu.operators.targets import LazyTargets
+
+        hosts = list(handle["hosts"])
+        targets = LazyTargets(self.op.hook, hosts)
+        grace = float(self.op.preemption_grace)
+        for host, sweep in kill_orphans(self.job_id, [targets[h] for h in hosts], self.op.hook.client_factory(hosts),
+                                        grace=min(grace, 30.0)).items():
+            if sweep.found:
+                self.op.log.warning("stopped %d leftover process(es) of job %s on %s", len(sweep.found),
+                                    self.job_id, host)
+        self.op._release(self.job_id)
+        self.forget()
+
+    def _finished(self, handle: dict, status: dict) -> dict:
+        from airflow_hetero_gpu.launch.supervisor import cleanup_command, quick_exec
+
+        self.op._release(self.job_id)
+        factory = self.op.hook.client_factory(handle["hosts"])
+        from airflow_hetero_gpu.operators.targets import LazyTargets
+
+        targets = LazyTargets(self.op.hook, handle["hosts"])
+        for host in handle["hosts"]:
+            try:
+                client = factory(targets[host])
+                try:
+                    quick_exec(client.get_transport(), cleanup_command(self.job_id, host, handle["launch"]))
+                finally:
+                    client.close()
+            except Exception as err:  # noqa: BLE001 - the next launch replaces them
+                self.op.log.warning("job %s: removing its run files on %s failed: %s", self.job_id, host, err)
+        started = datetime.fromisoformat(handle["started_at"])
+        final = [tuple(k) for k in handle["gpus"]]
+        facts = {"hosts": list(handle["hosts"]), "exit_codes": {h: s.exit_code for h, s in status.items()},
+                 "gpus": final}
+        out = output(self.job_id, handle["decision"], [tuple(k) for k in handle["initial_gpus"]], facts,
+                     int(handle.get("restarts", 0)), (datetime.now(timezone.utc) - started).total_seconds())
+        self.forget()
+        return out
+
+
+def output(job_id: str, decision: dict, initial: list, facts: dict, restarts: int, duration_s: float) -> dict:
+    """The task's return value: the decision's ``pool``, ``gpus``, ``hosts``, ``score``, plus
+    ``job_id`` and ``run`` (docs/operator.md)."""
+    from airflow_hetero_gpu.operators.messages import key_json
+
+    out = dict(decision)
+    final = facts["gpus"]
+    if restarts:  # the GPUs the job finished on; the first placement stays in run.initial_gpus
+        by_key = {(g["host"], g["index"], g.get("instance")): g for g in decision["gpus"]}
+        out["gpus"] = [by_key.get((k[0], k[1], k[2] if len(k) > 2 else None), key_json(k)) for k in final]
+        out["hosts"] = list(dict.fromkeys(k[0] for k in final))
+    out["job_id"] = job_id
+    out["run"] = {"duration_s": round(duration_s, 3), "restarts": restarts,
+                  "hosts": facts["hosts"], "exit_codes": facts["exit_codes"],
+                  "gpus": [key_json(k) for k in final],
+                  "initial_gpus": [key_json(k) for k in initial]}
+    return out

@@ -1,0 +1,202 @@
+"""Durable trainings across a Celery deployment whose every worker is SIGKILLed mid-training.
+
+The deployment of tests/test_deployment_celery.py (scheduler, dag-processor, triggerer,
+api-server, two Celery workers, PostgreSQL, Redis; four emulated hosts of two GPUs, real torchrun):
+four durable trainings of two GPUs train; both workers are SIGKILLed with every process under
+them (the task processes included) and started again. Every job keeps running (the same
+processes on the hosts); Airflow finds the tasks' heartbeats gone and retries them; each retry
+reattaches (one launch per job, no resume from a checkpoint: the epochs go on) and ends
+`success`. A sampler compares the ledger with the processes on the hosts every second: no GPU is
+held twice, and every process runs on GPUs its job holds. Nothing is left at the end."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from airflow_hetero_gpu.ledger import Ledger
+from airflow_hetero_gpu.operators.hetero_train import default_job_id
+from airflow_hetero_gpu.testing import procs
+from airflow_hetero_gpu.testing.airflow_env import connection_env
+from dag_run_helpers import DAGS, SCRIPT
+
+pytest.importorskip("torch", reason="torch (CPU build) is needed to train the example model")
+pytest.importorskip("celery", reason="could not import celery (apache-airflow-providers-celery, the test extra)")
+pytest.importorskip("airflow.providers.celery", reason="could not import apache-airflow-providers-celery")
+pytest.importorskip("httpx", reason="could not import httpx")
+
+from airflow_hetero_gpu.testing.celery_deployment import CeleryDeployment  # noqa: E402
+from test_deployment_celery import LEDGER_CONN_ID, Sampler, _check_command  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+DAG = "hg_durable_test"
+RUNS = ("durable-1", "durable-2", "durable-3", "durable-4")  # 2 GPUs each: the whole fleet of 8
+TIMEOUT = 900  # safety nets only
+
+
+def job_of(run_id: str) -> str:
+    return default_job_id(DAG, "train", run_id, None)
+
+
+def _attempts(airflow, run_id: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for home in airflow.log_homes().values():
+        root = home / "logs" / f"dag_id={DAG}" / f"run_id={run_id}" / "task_id=train"
+        for path in sorted(root.rglob("attempt=*.log")):
+            key = path.stem.split("=", 1)[1]
+            out[key] = out.get(key, "") + path.read_text(errors="replace")
+    return out
+
+
+def _hosts() -> list:
+    """Four hosts of two GPUs named apart from other tests' ``node01``…: every emulated host is
+    this machine, and another test's orphan sweep of its own ``node01`` reads every process's
+    ``HETERO_GPU_HOST`` here (seen: it stopped this test's trainings on node01 and node02)."""
+    from airflow_hetero_gpu.testing.demo import A100_80, HGX_A100_BUS, make_gpus, small_hosts
+    from airflow_hetero_gpu.testing.state import HostSpec
+
+    topo = small_hosts(1)[0].topology
+    return [HostSpec(f"durable{n:02d}", make_gpus(f"durable{n:02d}", A100_80, HGX_A100_BUS[:2]), dict(topo))
+            for n in range(1, 5)]
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory):
+    """PostgreSQL (Airflow's metadata, the ledger), Redis (the broker), the emulated fleet."""
+    from airflow_hetero_gpu.testing import EmulatedCluster, sshd_available
+    from airflow_hetero_gpu.testing.postgres import PostgresServer, PostgresUnavailable
+    from airflow_hetero_gpu.testing.redis_server import RedisServer, RedisUnavailable
+
+    if not sshd_available():
+        pytest.skip("OpenSSH server not installed (no sshd/ssh-keygen): apt-get install openssh-server")
+    root = tmp_path_factory.mktemp("celery-durable")
+    try:
+        pg = PostgresServer().start()
+    except PostgresUnavailable as err:
+        pytest.skip(str(err))
+    try:
+        redis = RedisServer(root / "redis").start()
+    except RedisUnavailable as err:
+        pg.stop()
+        pytest.skip(str(err))
+    try:
+        with EmulatedCluster(root / "cluster", _hosts()) as cluster:
+            yield {"root": root, "pg": pg, "redis": redis, "cluster": cluster,
+                   "metadata_url": pg.create_database("airflow"), "ledger_url": pg.create_database("ledger")}
+    finally:
+        redis.stop()
+        pg.stop()
+
+
+@pytest.fixture(scope="module")
+def deployment(services):
+    root, cluster, pg = services["root"], services["cluster"], services["pg"]
+    stops = root / "stop-files"
+    stops.mkdir()
+    conns, ids = connection_env(cluster, inline_key=True)
+    cfg = {"ssh_conn_ids": ids, "script": SCRIPT, "workdir": str(root), "gpu_count": 2,
+           "script_args": ["--epochs", "1000", "--sleep", "1", "--stop-file", f"{stops}/{{{{ run_id }}}}"],
+           "inventory_max_age": 3600}
+    durable = {"durable": True, "unattended_timeout": 240, "preemption_grace": 5, "lease_seconds": 260,
+               "host_timeout": 8, "retry_delay_s": 1}
+    ledger_db = services["ledger_url"].rsplit("/", 1)[1]
+    env = {
+        **conns,
+        f"AIRFLOW_CONN_{LEDGER_CONN_ID.upper()}": json.dumps(
+            {"conn_type": "postgres", "host": "127.0.0.1", "port": pg.port, "login": "ledger", "schema": ledger_db}),
+        "AIRFLOW__HETERO_GPU__LEDGER_CONN_ID": LEDGER_CONN_ID,
+        "HG_TEST_CONFIG": json.dumps(cfg), "HG_TEST_DURABLE_CONFIG": json.dumps(durable),
+        # a task whose worker died is noticed (and retried) after 20 s without a heartbeat
+        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
+        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
+    }
+    check = subprocess.Popen(_check_command(cluster, services["ledger_url"]), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        with CeleryDeployment(root / "airflow-durable", DAGS, env, metadata_url=services["metadata_url"],
+                              broker_url=services["redis"].url()) as airflow:
+            out, _ = check.communicate(timeout=TIMEOUT)
+            assert check.returncode == 0, out
+            airflow.wait_until_ready(TIMEOUT)
+            airflow.wait_for_dag(DAG, TIMEOUT)
+            airflow.stops = stops
+            airflow.ledger_url = services["ledger_url"]
+            yield airflow
+    finally:
+        if check.poll() is None:
+            check.kill()
+
+
+def _sigkill_worker_tree(airflow, worker: str) -> int:
+    """SIGKILL a Celery worker and every process under it (its task supervisors and tasks)."""
+    root = airflow.procs[worker].pid
+    tree = [root, *procs.descendants(root)]
+    for pid in tree:
+        procs.signal_quietly(pid, signal.SIGKILL)
+    return len(tree)
+
+
+def test_every_celery_worker_sigkilled_every_training_reattaches(deployment, services):
+    airflow = deployment
+    cluster = services["cluster"]
+    sampler = Sampler(airflow, cluster)
+    sampler.start()
+    try:
+        with airflow.client() as client:
+            for run_id in RUNS:
+                airflow.trigger_rest(DAG, run_id, {}, client=client)
+        epoch = re.compile(r"epoch (\d+) loss")
+        airflow.wait_for(lambda: all(len(epoch.findall(_attempts(airflow, r).get("1", ""))) >= 3 for r in RUNS),
+                         TIMEOUT, "every training past epoch 3")
+        time.sleep(3)  # heartbeats carry the relayed offsets
+        before = {r: set(procs.with_env("HETERO_GPU_JOB_ID", job_of(r))) for r in RUNS}
+        assert all(before.values()), before
+        killed = {w: _sigkill_worker_tree(airflow, w) for w in airflow.workers}
+        for worker in airflow.workers:
+            airflow.restart(worker, signal.SIGKILL)  # the group too; then started again
+        airflow.wait_for(lambda: all("reattaching" in _attempts(airflow, r).get("2", "") for r in RUNS), TIMEOUT,
+                         "every retry reattached")
+        for run_id in RUNS:  # the same processes train on
+            assert before[run_id] <= set(procs.with_env("HETERO_GPU_JOB_ID", job_of(run_id))), run_id
+        airflow.wait_for(lambda: all(len(epoch.findall(_attempts(airflow, r).get("2", ""))) >= 2 for r in RUNS),
+                         TIMEOUT, "every reattached training relaying new epochs")
+        for run_id in RUNS:
+            (airflow.stops / run_id).touch()
+        states = {r: airflow.wait_for_state(DAG, r, None, {"success", "failed"}, TIMEOUT) for r in RUNS}
+    finally:
+        sampler.stop()
+    sampler.check()
+    logs = {r: _attempts(airflow, r) for r in RUNS}
+    assert states == {r: "success" for r in RUNS}, {r: t.get("2", "")[-3000:] for r, t in logs.items()}
+    for run_id, attempts in logs.items():
+        job = job_of(run_id)
+        text = "".join(attempts.values())
+        assert set(attempts) == {"1", "2"}, attempts.keys()
+        assert text.count(f"job {job}: starting on") == 1, text[-3000:]          # one launch per job
+        assert f"job {job}: reattached on" in attempts["2"]
+        first = [int(e) for e in epoch.findall(attempts["1"])]
+        second = [int(e) for e in epoch.findall(attempts["2"])]
+        assert first[0] == 1 and second and second[0] > 1, (first, second)       # no restart from scratch
+        assert sorted(set(first + second)) == list(range(1, max(second) + 1))     # continuous, none lost
+        assert "resumed" not in attempts["2"]
+    # no GPU held twice; every process on GPUs its job holds (sampled every second throughout)
+    assert len(sampler.samples) >= 10
+    for sample in sampler.samples:
+        for view in ("before", "after"):
+            held = [gpu for gpus in sample[view].values() for gpu in gpus]
+            assert len(held) == len(set(held)), sample
+        for gpu, jobs in sample["processes"].items():
+            assert len(jobs) == 1, f"GPU {gpu} used by {jobs} at once"
+            (job,) = jobs
+            assert gpu in sample["before"].get(job, set()) | sample["after"].get(job, set()), (gpu, job, sample)
+    with Ledger.open_existing(airflow.ledger_url) as ledger:
+        assert ledger.live_reservations() == []
+    airflow.wait_for(lambda: not procs.with_env_marker(cluster.marker + ".", prefix=True), 120,
+                     "no process left on the emulated hosts")
+    print(f"killed {killed} processes; every job reattached")

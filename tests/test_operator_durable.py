@@ -1,0 +1,134 @@
+"""The durable operator's arguments and its handle in the task state store: bad values fail in
+one line before anything is launched or reserved; a handle of another format version too."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from airflow.sdk.exceptions import AirflowFailException
+
+from airflow_hetero_gpu.ledger import Ledger
+from airflow_hetero_gpu.operators.durable import HANDLE_KEY, HANDLE_VERSION, DurableJob
+from airflow_hetero_gpu.operators.hetero_train import HeteroTrainOperator, default_job_id
+from ledger_files import new_ledger
+
+BASE = {"task_id": "t", "gpu_count": 2, "script": "train.py", "ssh_conn_ids": ["a"]}
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"lease_seconds": 600}, "lease_seconds 600 is shorter than unattended_timeout 900 + preemption_grace 300 + "
+                                 "15 s = 1215 s: a job whose watcher is gone runs until its hosts' dead-man switch "
+                                 "stops it, and its lease must not free the GPUs before; raise lease_seconds (or "
+                                 "leave it unset) or lower unattended_timeout"),
+        ({"lease_seconds": 60, "unattended_timeout": 40, "preemption_grace": 10},
+         "lease_seconds 60 is shorter than unattended_timeout 40 + preemption_grace 10 + 15 s = 65 s: a job whose "
+         "watcher is gone runs until its hosts' dead-man switch stops it, and its lease must not free the GPUs "
+         "before; raise lease_seconds (or leave it unset) or lower unattended_timeout"),
+        ({"unattended_timeout": -5}, "unattended_timeout: expected a number of seconds >= 1, got -5"),
+        ({"unattended_timeout": "soon"}, "unattended_timeout: expected a number of seconds >= 1, got 'soon'"),
+        ({"unattended_timeout": True}, "unattended_timeout: expected a number of seconds >= 1, got True"),
+        ({"unattended_timeout": float("nan")}, "unattended_timeout: expected a number of seconds >= 1, got nan"),
+        ({"unattended_timeout": 10 ** 9}, "unattended_timeout: expected at most 2592000 seconds (30 days), got 1000000000"),
+        ({"durable": "yes"}, "durable: expected True or False, got 'yes'"),
+    ],
+)
+def test_bad_durable_arguments_fail_in_one_line(changes, message):
+    op = HeteroTrainOperator(**{**BASE, **changes})
+    with pytest.raises(AirflowFailException) as err:
+        op._validate()
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize(
+    "changes, lease",
+    [
+        ({}, 900 + 300 + 15),                                           # the default: the switch fits
+        ({"unattended_timeout": 60, "preemption_grace": 30}, 105),
+        ({"durable": False}, 120),                                      # as before
+        ({"durable": False, "lease_seconds": 9}, 9),
+        ({"lease_seconds": 5000}, 5000),
+    ],
+)
+def test_the_lease_defaults_to_outlive_the_switch(changes, lease):
+    op = HeteroTrainOperator(**{**BASE, **changes})
+    op._validate()
+    assert op.lease_seconds == lease
+
+
+class Store:
+    def __init__(self, value=None):
+        self.values = {} if value is None else {HANDLE_KEY: value}
+
+    def get(self, key, default=None):
+        return self.values.get(key, default)
+
+    def set(self, key, value, retention=None):
+        self.values[key] = value
+
+    def delete(self, key):
+        self.values.pop(key, None)
+
+
+def _context(store):
+    ti = SimpleNamespace(dag_id="d", run_id="r", task_id="t", try_number=2, map_index=-1, stats_tags={})
+    return {"ti": ti, "task_state_store": store} if store is not None else {"ti": ti}
+
+
+@pytest.mark.parametrize("stored", [{"version": 0, "job_id": "x"}, {"version": HANDLE_VERSION + 1},
+                                    "a-job-id", {"version": HANDLE_VERSION, "job_id": "someone-else"}])
+def test_a_handle_of_another_version_fails_in_one_line_and_nothing_is_reserved(tmp_path, stored):
+    url = new_ledger(tmp_path / "ledger.db")
+    op = HeteroTrainOperator(**{**BASE, "ledger_url": url})
+    job_id = default_job_id("d", "t", "r", -1)
+    if isinstance(stored, dict) and stored.get("job_id") == "x":
+        stored = {**stored, "job_id": job_id}
+    with pytest.raises(AirflowFailException) as err:
+        op.execute(_context(Store(stored)))
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"task_state_store entry '{HANDLE_KEY}' has handle format version")
+    assert "nothing was launched or reserved" in message
+    with Ledger.from_url(url) as ledger:
+        assert ledger.live_reservations() == []
+
+
+def test_without_a_task_state_store_the_task_runs_as_before(capsys):
+    op = HeteroTrainOperator(**BASE)
+    job = DurableJob(op, _context(None), "j")
+    assert not job.on and job.read() is None
+    said = [line for line in capsys.readouterr().out.splitlines() if "no task state store" in line]
+    assert len(said) == 1 and "runs as before" in said[0]
+
+
+def test_the_handle_is_stored_with_its_version_and_forgotten():
+    op = HeteroTrainOperator(**BASE)
+    store = Store()
+    job = DurableJob(op, _context(store), "j")
+    job.launching("tok", [("node01", 0), ("node02", 1)], {"pool": "p", "gpus": []}, [("node01", 0), ("node02", 1)], 0)
+    handle = store.values[HANDLE_KEY]
+    assert handle["version"] == HANDLE_VERSION and handle["job_id"] == "j" and handle["launch"] == "tok"
+    assert handle["hosts"] == ["node01", "node02"] and handle["reservation"]["job_id"] == "j"
+    assert job.read() == handle
+    job.forget()
+    assert job.read() is None
+
+
+def test_a_retry_that_cannot_reach_a_host_of_the_job_launches_nothing_and_releases_nothing(tmp_path, monkeypatch):
+    """The handle names a host the retry cannot ask: the job may still run there, so its GPUs stay
+    held (the task's retries try again later), and nothing is launched."""
+    from airflow.sdk.exceptions import AirflowException
+
+    from airflow_hetero_gpu.launch.supervisor import HostStatus
+
+    op = HeteroTrainOperator(**BASE)
+    store = Store({"version": HANDLE_VERSION, "job_id": "j", "launch": "tok", "hosts": ["node01", "node02"]})
+    job = DurableJob(op, _context(store), "j")
+    monkeypatch.setattr(job, "host_status", lambda handle: {
+        "node01": HostStatus("node01", "running"), "node02": HostStatus("node02", "unknown", detail="cannot connect")})
+    monkeypatch.setattr(job, "_abandon", lambda handle: pytest.fail("abandoned a job that may still run"))
+    with pytest.raises(AirflowException, match=r"cannot tell whether the earlier try's job still runs \(node01: "
+                                               r"running; node02: unknown \(cannot connect\)\); nothing was launched"):
+        job.resume()
+    assert store.values[HANDLE_KEY]["launch"] == "tok"   # kept for the next try
