@@ -61,7 +61,8 @@ def resolve_lease(op: Any) -> None:
     if op.lease_seconds is not None:
         return
     unattended, grace = _seconds(op.unattended_timeout), _seconds(op.preemption_grace)
-    if op.durable and unattended is not None and grace is not None and unattended >= 1 and grace >= 0:
+    if (op.durable and unattended is not None and grace is not None and 1 <= unattended <= MAX_UNATTENDED_S
+            and grace >= 0):
         op.lease_seconds = unattended + grace + LEASE_MARGIN_S
     else:
         op.lease_seconds = PLAIN_LEASE_S
