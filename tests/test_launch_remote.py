@@ -338,6 +338,36 @@ def test_orphans_without_a_watchdog_are_found_and_killed(two_hosts, tmp_path):
     shutil.rmtree(Path.home() / ".hetero-gpu" / "run" / job_id, ignore_errors=True)
 
 
+def test_a_sweep_reaches_only_its_own_hosts_processes_where_hosts_share_a_process_table(emulated_cluster):  # noqa: F811
+    """Two fleets whose hosts have the same names (node01, node02) on one machine, the same job id
+    running on the first: the second fleet's sweep and job list see nothing of it (its hosts'
+    HETERO_GPU_SCOPE differs), the first fleet's sweep finds and ends it."""
+    from airflow_hetero_gpu.launch.orphans import jobs_on_host
+
+    first, second = emulated_cluster(small_hosts(2)), emulated_cluster(small_hosts(2))
+    job_id = new_job_id("scope")
+    lines = Lines()
+    job = command_job(first, job_id, ("sh", "-c", "echo ready; sleep 120 & wait"), lines)
+    job.start()
+    try:
+        lines.wait_for(lambda line: line == "ready", timeout=30, count=2)
+        other, factory = targets_of(second), factory_of(second)
+        assert all(not r.found and r.error is None for r in find_orphans(job_id, other, factory).values())
+        killed = kill_orphans(job_id, other, factory, grace=1.0)
+        assert all(not r.found for r in killed.values()), killed
+        with factory(other[0]) as client:
+            assert job_id not in jobs_on_host(client, "node01")
+        with factory_of(first)(targets_of(first)[0]) as client:
+            assert job_id in jobs_on_host(client, "node01")
+        assert len(marked_pids(job_id)) >= 2  # still running
+        found = find_orphans(job_id, targets_of(first), factory_of(first))
+        assert all(r.found for r in found.values()), found
+    finally:
+        job.kill()
+        job.wait(timeout=60)
+    assert_nothing_left(job_id)
+
+
 # ---------------------------------------------------------------------------------------------
 # Generic commands: quick checks of streaming, failures, kill and start errors (no torch)
 # ---------------------------------------------------------------------------------------------

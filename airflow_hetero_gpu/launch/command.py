@@ -50,6 +50,11 @@ NODE_RANK_ENV = "HETERO_GPU_NODE_RANK"
 #: One launch of a job on one host (``<shell pid>.<start time in ns>``): what that launch's
 #: watchdog sweeps, so that it can never hit a later launch of the same job id (a retry).
 LAUNCH_ENV = "HETERO_GPU_LAUNCH"
+#: Set by a host's login environment where several hosts share one process table (emulated hosts on
+#: one machine, containers that see the machine's processes): the sweeps then count only processes
+#: with the same value, so one host's sweep never reaches another's job of the same id. Unset on a
+#: host of its own (the usual case), it changes nothing. A job cannot set it (reserved).
+SCOPE_ENV = "HETERO_GPU_SCOPE"
 #: The absolute path of the job's payload file on the host (set when the spec has a payload).
 PAYLOAD_ENV = "HETERO_GPU_PAYLOAD"
 #: The first stdout line of every host's command: ``HETERO_GPU_PGID=<process group id>``.
@@ -64,7 +69,7 @@ WATCHDOG_GRACE_S = 10.0
 _HOST = re.compile(r"[A-Za-z0-9._:-]+")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MARKERS = frozenset({JOB_ENV, HOST_ENV, NODE_RANK_ENV})
-_RESERVED_NAMES = {LAUNCH_ENV, PAYLOAD_ENV}
+_RESERVED_NAMES = {LAUNCH_ENV, PAYLOAD_ENV, SCOPE_ENV}
 _RESERVED_ENV = _MARKERS | _RESERVED_NAMES | {"CUDA_VISIBLE_DEVICES"}
 
 #: Seconds the sweep waits after SIGKILL before it reports survivors.
@@ -78,6 +83,10 @@ find_job() {
   [ -n "$files" ] || return 0
   files=$(grep -lzxF -e "__HOST_ENV__=$host" $files 2>/dev/null)
   [ -n "$files" ] || return 0
+  if [ -n "${__SCOPE_ENV__:-}" ]; then
+    files=$(grep -lzxF -e "__SCOPE_ENV__=$__SCOPE_ENV__" $files 2>/dev/null)
+    [ -n "$files" ] || return 0
+  fi
   if [ -n "$launch" ]; then
     files=$(grep -lzxF -e "__LAUNCH_ENV__=$launch" $files 2>/dev/null)
     [ -n "$files" ] || return 0
@@ -113,17 +122,18 @@ wait_gone __KILL_TICKS__
 find_job | sed 's/^/left /'
 exit 0
 """.replace("__JOB_ENV__", JOB_ENV).replace("__HOST_ENV__", HOST_ENV).replace(
-    "__LAUNCH_ENV__", LAUNCH_ENV).replace("__KILL_TICKS__", str(int(KILL_WAIT_S * 10)))
+    "__SCOPE_ENV__", SCOPE_ENV).replace("__LAUNCH_ENV__", LAUNCH_ENV).replace("__KILL_TICKS__", str(int(KILL_WAIT_S * 10)))
 
 #: Lists the jobs that have processes on this host: one ``job <id>`` line per job id whose
 #: processes carry this host's name (``$1``) in ``HETERO_GPU_HOST``.
 LIST_JOBS_SCRIPT = r"""
 host=$1
 for f in $(grep -lzxF -e "__HOST_ENV__=$host" /proc/[0-9]*/environ 2>/dev/null); do
+  if [ -n "${__SCOPE_ENV__:-}" ]; then grep -qzxF -e "__SCOPE_ENV__=$__SCOPE_ENV__" "$f" 2>/dev/null || continue; fi
   tr '\000' '\n' < "$f" 2>/dev/null | grep -m1 '^__JOB_ENV__=' | sed 's/^__JOB_ENV__=/job /'
 done | sort -u
 exit 0
-""".replace("__JOB_ENV__", JOB_ENV).replace("__HOST_ENV__", HOST_ENV)
+""".replace("__JOB_ENV__", JOB_ENV).replace("__HOST_ENV__", HOST_ENV).replace("__SCOPE_ENV__", SCOPE_ENV)
 
 # The process that becomes the job's process group leader. $1 is the pid file, the rest the
 # program. It is a constant: user input reaches it only as quoted positional arguments.

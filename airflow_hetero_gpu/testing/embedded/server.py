@@ -391,6 +391,8 @@ class EmbeddedHost:
             "SHELL": "/bin/bash", "SSH_CLIENT": f"{peer[0]} {peer[1]} {sock[1]}",
             "SSH_CONNECTION": f"{peer[0]} {peer[1]} {sock[0]} {sock[1]}",
             "HETERO_GPU_EMU_STATE": self.entry.state, "HETERO_GPU_EMU_MARKER": self.entry.marker,
+            # hosts that share this machine's process table: a sweep counts only its own host's jobs
+            "HETERO_GPU_SCOPE": self.entry.marker,
         }
 
     # -- listening -----------------------------------------------------------------------------
