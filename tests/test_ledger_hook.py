@@ -116,6 +116,9 @@ def test_a_deferred_capacity_wait_names_the_ledger_connection_not_its_password(m
     monkeypatch.setenv("AIRFLOW__HETERO_GPU__LEDGER_CONN_ID", "ledger_t")
     op = HeteroTrainOperator(task_id="t", gpu_count=2, script="train.py", ssh_conn_ids=["a"],
                              wait_for_capacity=True, deferrable=True)
+    from airflow_hetero_gpu.operators.durable import resolve_lease
+
+    resolve_lease(op)  # as execute() does first (a durable task's lease follows unattended_timeout)
     request = PlanRequest(2)
     with pytest.raises(TaskDeferred) as deferred:
         QueueWait(Placement(op, {}, "job", request)).defer(time.time(), time.time() + 3600)
