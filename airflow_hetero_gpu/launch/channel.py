@@ -5,7 +5,8 @@ starts the command, sends the worker's ``stdin`` bytes (a payload file, see
 :mod:`airflow_hetero_gpu.launch.command`) and then leaves the channel's stdin open for the
 rest of the job (the host's watchdog reads end of file there as "the session is gone"). One
 thread per stream reads lines as they come, takes the ``HETERO_GPU_PGID=`` line out of stdout,
-keeps the last ``tail_lines`` lines (at most ``max_line_bytes`` each) and hands every line to
+replaces torchrun's traceback of a stop by a signal with one line
+(:mod:`airflow_hetero_gpu.launch.tracebacks`), keeps the last ``tail_lines`` lines (at most ``max_line_bytes`` each) and hands every line to
 ``on_line(host, rank, stream, line)``; when both streams closed, the stdout thread collects the
 exit status and calls ``on_end(run)`` once.
 
@@ -29,6 +30,7 @@ from airflow_hetero_gpu.collect.targets import SshTarget
 from airflow_hetero_gpu.launch.command import parse_pgid_line
 from airflow_hetero_gpu.launch.failures import looks_like_error
 from airflow_hetero_gpu.launch.results import HostResult
+from airflow_hetero_gpu.launch.tracebacks import SignalTracebackFilter
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +127,7 @@ class HostRun:
         # The PGID line is the program's first, but a login shell's rc files may print before it.
         look_for_pgid = stream == "stdout"
         index = STREAMS.index(stream)
+        tracebacks = SignalTracebackFilter(self.worker.host)  # torchrun's own, when it is stopped
         try:
             while True:
                 raw = handle.readline(self.max_line_bytes)
@@ -137,16 +140,23 @@ class HostRun:
                         self.pgid = pgid
                         look_for_pgid = False
                         continue
-                self.tail.append(line)
-                if self.first_error is None and stream == "stderr" and looks_like_error(line):
-                    self.first_error = " ".join(line.split())[:500]
-                try:
-                    self.on_line(self.worker.host, self.worker.rank, stream, line)
-                except Exception:  # a broken callback must not stop the reading
-                    log.exception("on_line callback failed for %s", self.worker.host)
-                self.relayed[index] += len(raw)
+                self._hand_on(stream, index, tracebacks.feed(line, len(raw)))
         except Exception as exc:  # the connection dropped mid-read
             self.error = self.error or f"output stream lost: {exc or type(exc).__name__}"
+        finally:
+            self._hand_on(stream, index, tracebacks.close())
+
+    def _hand_on(self, stream: str, index: int, lines: list[tuple[str, int]]) -> None:
+        """Keep and pass on lines the traceback filter let through; count their bytes as relayed."""
+        for line, nbytes in lines:
+            self.tail.append(line)
+            if self.first_error is None and stream == "stderr" and looks_like_error(line):
+                self.first_error = " ".join(line.split())[:500]
+            try:
+                self.on_line(self.worker.host, self.worker.rank, stream, line)
+            except Exception:  # a broken callback must not stop the reading
+                log.exception("on_line callback failed for %s", self.worker.host)
+            self.relayed[index] += nbytes
 
     def _read_and_finish(self, stdout: Any, err_thread: threading.Thread) -> None:
         self._read("stdout", stdout)

@@ -53,6 +53,7 @@ from airflow_hetero_gpu.launch.ports import DEFAULT_PORT_RANGE, choose_rdzv_port
 from airflow_hetero_gpu.launch.results import HostResult, JobResult
 from airflow_hetero_gpu.launch import supervisor
 from airflow_hetero_gpu.launch.supervisor import Supervision
+from airflow_hetero_gpu.launch.workers_watch import WorkersWatch
 
 log = logging.getLogger(__name__)
 
@@ -290,6 +291,13 @@ class RemoteJob:
 
         with ThreadPoolExecutor(max_workers=min(self.max_parallel, len(runs))) as pool:
             return {r.host: r for r in pool.map(one, runs)}
+
+    def watch_workers(self, seconds: float) -> WorkersWatch:
+        """Start watching the torchrun workers of every running host (before :meth:`signal`):
+        when the script itself ended, apart from torchrun (:mod:`~.workers_watch`)."""
+        with self._lock:
+            runs = [r for r in self._runs if r.channel is not None and not r.done.is_set()]
+        return WorkersWatch(self.job_id, [(r.host, r.client) for r in runs], seconds).start()
 
     def _start_ending(self) -> None:
         with self._lock:

@@ -13,6 +13,11 @@ mark at its next lease renewal (:class:`~.lease.LeaseKeeper`) and calls :func:`s
    preemptor admitted;
 4. log one line that explains it and count it (``hetero_gpu.preemptions``).
 
+"Exited after" is the script's exit: its torchrun workers, watched on every host apart from the
+agent (:mod:`airflow_hetero_gpu.launch.workers_watch`), since torchrun itself may take seconds
+more to shut down; torchrun's time is in the log line beside it (``the script exited after 0.4 s,
+torchrun after 8.1 s``). A job without torchrun workers (``command=``) reports its own exit.
+
 The task does not fail: the operator waits in the queue again (deferred when ``deferrable``)
 and, admitted, relaunches with the same arguments, so the script resumes from its checkpoint.
 With ``checkpoint_storage="host"`` the newest checkpoint is carried from the host it is on to the
@@ -29,6 +34,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 CHECKPOINT_STORAGE = ("shared", "host")
+#: how much longer than the grace and the kill's grace the workers are watched (the kill's
+#: wait after SIGKILL, SSH round trips)
+WATCH_MARGIN_S = 30.0
 #: what a training script prints when it saved a checkpoint (the example scripts do)
 CHECKPOINT_LINE = re.compile(r"\bcheckpoint of epoch (\d+) (?:saved|kept)\b")
 
@@ -96,6 +104,8 @@ def stop(op: Any, job: Any, job_id: str, mark: dict, lease: Any, seen: Checkpoin
     signalled = datetime.now(timezone.utc)
     op.log.warning("job %s: preempted by %s (%s); sending SIG%s to it on every host, %g s to exit",
                    job_id, preemptor(mark), mark.get("reason"), sig, grace)
+    # the workers are listed on every host before the signal: when did the script itself end?
+    watch = job.watch_workers(grace + float(job.kill_grace) + WATCH_MARGIN_S)
     t0 = time.monotonic()
     for host, sweep in job.signal(sig).items():
         if sweep.error:
@@ -111,13 +121,17 @@ def stop(op: Any, job: Any, job_id: str, mark: dict, lease: Any, seen: Checkpoin
             _renew(lease)
         job.wait()
         outcome = "killed"
-    took = time.monotonic() - t0
+    took = time.monotonic() - t0  # until torchrun (every host's command) ended
+    script = watch.gone_after(t0)  # until its workers ended; None without torchrun workers
+    watch.close()
+    if script is not None:  # torchrun waits for its workers: a later note is the watch's own delay
+        script = min(script, took)
     if seen.at is not None and seen.at != seen.noted:
         seen.note(op.ledger, job_id)
     checkpoint = f"epoch {seen.epoch}" if seen.epoch is not None else None
-    record = op.ledger.finish_preemption(job_id, outcome=outcome, exited_after_s=took, checkpoint=checkpoint,
-                                         lease_seconds=float(op.lease_seconds))
-    op.log.warning("job %s: %s", job_id, explain(record, signalled))
+    record = op.ledger.finish_preemption(job_id, outcome=outcome, exited_after_s=took if script is None else script,
+                                         checkpoint=checkpoint, lease_seconds=float(op.lease_seconds))
+    op.log.warning("job %s: %s", job_id, explain(record, signalled, None if script is None else took))
     _count(record)
     return record
 
@@ -150,11 +164,25 @@ def preemptor(mark: dict) -> str:
     return f"the drain of {mark['drain']}" if mark.get("drain") else f"job {mark.get('by')}"
 
 
-def explain(record: dict, signalled: datetime) -> str:
-    """``preempted by job J (priority 5 > 1): signalled at 12:00:03, exited after 41 s, checkpoint
-    of epoch 12 kept, about 90 GPU-seconds of work lost; back in the queue``."""
-    how = (f"exited after {record['exited_after_s']:.0f} s" if record["outcome"] == "exited"
-           else f"killed after {record['exited_after_s']:.0f} s (it did not exit within the grace)")
+def seconds(value: float) -> str:
+    """``0.4 s``, ``8.2 s``, ``41 s``."""
+    return f"{value:.1f} s" if value < 10 else f"{value:.0f} s"
+
+
+def explain(record: dict, signalled: datetime, torchrun_s: float | None = None) -> str:
+    """``preempted by job J (priority 5 > 1): signalled at 12:00:03, the script exited after 0.4 s,
+    torchrun after 8.1 s, checkpoint of epoch 12 kept, about 90 GPU-seconds of work lost; back in
+    the queue``. ``record['exited_after_s']`` is the script's exit (its torchrun workers');
+    ``torchrun_s`` torchrun's, when the workers were watched apart from it (else the job's only)."""
+    script = record["exited_after_s"]
+    if torchrun_s is None:
+        how = (f"exited after {seconds(script)}" if record["outcome"] == "exited"
+               else f"killed after {seconds(script)} (it did not exit within the grace)")
+    elif record["outcome"] == "exited":
+        how = f"the script exited after {seconds(script)}, torchrun after {seconds(torchrun_s)}"
+    else:
+        how = (f"the script ended after {seconds(script)}, torchrun was killed after {seconds(torchrun_s)} "
+               f"(the job did not exit within the grace)")
     kept = f"checkpoint of {record['checkpoint']} kept" if record.get("checkpoint") else "no checkpoint seen"
     return (f"preempted by {preemptor(record)} ({record.get('reason')}): signalled at "
             f"{signalled.strftime('%H:%M:%S')} UTC, {how}, {kept}, about {record['lost_gpu_s']:.0f} GPU-seconds "
