@@ -73,6 +73,8 @@ def test_a_low_priority_job_is_preempted_checkpoints_and_resumes_on_other_hosts(
         airflow_home, emulated_cluster, tmp_path, tmp_path_factory, durable):  # noqa: F811
     """Durable or not: the victim is signalled, checkpoints, goes back to the queue and resumes
     (a durable victim's relaunch is a new launch with a new handle)."""
+    tag = "durable" if durable.get("durable") else "plain"
+    LO, HI = f"lo-{tag}", f"hi-{tag}"  # each test its own job ids: the run directories share one home
     cluster = emulated_cluster(small_hosts(4, gpus=2))
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     r = _cli("collect", "--hosts", cluster.hosts_arg(), "--identity-file", str(cluster.identity_file),
@@ -81,10 +83,10 @@ def test_a_low_priority_job_is_preempted_checkpoints_and_resumes_on_other_hosts(
     ckpt = str(tmp_path / "ckpt" / "$HETERO_GPU_HOST")  # each host's own directory
     never, go_hi = tmp_path / "never", tmp_path / "hi-may-end"
 
-    lo_log = Log({"holding": r"holding after epoch 3", "back": r"job lo: preempted by job hi .*back in the queue",
+    lo_log = Log({"holding": r"holding after epoch 3", "back": rf"job {LO}: preempted by job {HI} .*back in the queue",
                   "resumed": r"resumed from epoch 3"})
     lo, pump_lo, lines_lo, out_lo, _ = start_dag(
-        airflow_home, cluster, tmp_path, "lo", lo_log, gpu_count=4, job_id="lo", ledger_url=url, priority=1,
+        airflow_home, cluster, tmp_path, "lo", lo_log, gpu_count=4, job_id=LO, ledger_url=url, priority=1,
         script_args=["--epochs", "6", "--hold-after-epoch", "3", "--hold-file", str(never)],
         checkpoint_dir=ckpt, checkpoint_storage="host", preemption_grace=60, **durable,
         wait_for_capacity=True, capacity_poll_interval=1, capacity_timeout=900, airflow_extra=FAST)
@@ -94,7 +96,7 @@ def test_a_low_priority_job_is_preempted_checkpoints_and_resumes_on_other_hosts(
         lo_log.wait("holding", lines_lo)
         with Ledger.open_existing(url) as led:
             led.preemption = None
-            lo_hosts = set(led.get("lo").hosts)
+            lo_hosts = set(led.get(LO).hosts)
             assert len(lo_hosts) == 2
             # the other two hosts: held by a reservation nobody may preempt
             assert led.enqueue("hold", PlanRequest(4), lease_seconds=3600).admitted
@@ -103,23 +105,23 @@ def test_a_low_priority_job_is_preempted_checkpoints_and_resumes_on_other_hosts(
 
         home_b = tmp_path_factory.mktemp("airflow-hi")
         migrate(airflow_env(home_b, DAGS))
-        hi_log = Log({"admitted": r"job hi: admitted from the queue"})
+        hi_log = Log({"admitted": rf"job {HI}: admitted from the queue"})
         wait_cmd = ["sh", "-c", f'while [ ! -e "{go_hi}" ]; do sleep 0.2; done; echo hi-done']
         hi, pump_hi, lines_hi, _, _ = start_dag(
-            home_b, cluster, tmp_path, "hi", hi_log, gpu_count=4, command=wait_cmd, job_id="hi", ledger_url=url,
+            home_b, cluster, tmp_path, "hi", hi_log, gpu_count=4, command=wait_cmd, job_id=HI, ledger_url=url,
             priority=5, wait_for_capacity=True, capacity_poll_interval=1, capacity_timeout=900, airflow_extra=FAST)
         lo_log.wait("back", lines_lo)
         hi_log.wait("admitted", lines_hi)
         with Ledger.open_existing(url) as led:
-            assert set(led.get("hi").hosts) == lo_hosts  # the preemptor runs where the victim ran
-            entry = led.queue_entry("lo")
+            assert set(led.get(HI).hosts) == lo_hosts  # the preemptor runs where the victim ran
+            entry = led.queue_entry(LO)
             assert entry is not None and entry.state == "waiting" and entry.priority == 1
             [record] = led.preemptions()
-            assert record["victim"] == "lo" and record["preemptor"] == "hi" and record["state"] == "exited"
+            assert record["victim"] == LO and record["preemptor"] == HI and record["state"] == "exited"
             assert record["checkpoint"] == "epoch 3" and record["reason"] == "priority 5 > 1"
             # `hetero-gpu queue` shows the last day's preemptions
             q = _cli("queue", "--ledger", url)
-            assert q.returncode == 0 and "preemptions (last 24 h)" in q.stdout and "lo" in q.stdout, q.stdout
+            assert q.returncode == 0 and "preemptions (last 24 h)" in q.stdout and LO in q.stdout, q.stdout
             assert led.release("hold")  # the other hosts free up: the victim is admitted there
         lo_log.wait("resumed", lines_lo)
         finish(lo, pump_lo)
@@ -135,7 +137,7 @@ def test_a_low_priority_job_is_preempted_checkpoints_and_resumes_on_other_hosts(
     text_lo, text_hi = "".join(lines_lo), "".join(lines_hi)
     assert lo.returncode == 0, text_lo[-6000:]
     assert hi.returncode == 0, text_hi[-6000:]
-    explained = re.search(r"job lo: preempted by job hi \(priority 5 > 1\): signalled at \d\d:\d\d:\d\d UTC, "
+    explained = re.search(rf"job {LO}: preempted by job {HI} \(priority 5 > 1\): signalled at \d\d:\d\d:\d\d UTC, "
                           r"the script exited after (\d+(?:\.\d)?) s, torchrun after (\d+(?:\.\d)?) s, "
                           r"checkpoint of epoch 3 kept, about \d+ GPU-seconds of work lost", text_lo)
     assert explained, text_lo[-6000:]
@@ -145,21 +147,22 @@ def test_a_low_priority_job_is_preempted_checkpoints_and_resumes_on_other_hosts(
     assert "Traceback" not in text_lo and "SignalException" not in text_lo, text_lo[-6000:]
     stopped = set(re.findall(r"torchrun on (node0\d) stopped by signal 15 \(SIGTERM; its traceback left out\)", text_lo))
     assert stopped == lo_hosts, text_lo[-6000:]
-    carried = re.search(r"job lo: carried its checkpoint \(checkpoint\.pt, \d+ bytes\) from (node0\d) to "
+    carried = re.search(rf"job {LO}: carried its checkpoint \(checkpoint\.pt, \d+ bytes\) from (node0\d) to "
                         r"(node0\d), (node0\d), its new hosts", text_lo)
     assert carried and carried.group(1) in lo_hosts and set(carried.group(2, 3)) == hold_hosts, text_lo[-6000:]
     assert "training done" in text_lo and "hi-done" in text_hi
-    assert "preempting lo for it" in text_hi  # the preemptor's log says whom it preempts
+    assert f"preempting {LO} for it" in text_hi  # the preemptor's log says whom it preempts
     with Ledger.open_existing(url) as led:
         assert led.queue() == [] and led.live_reservations() == []
         [record] = led.preemptions()
         assert record["lost_gpu_s"] is not None and record["lost_gpu_s"] >= 0
         assert abs(record["exited_after_s"] - script_s) <= 0.051 + (script_s >= 10) * 0.5  # the script's, as logged
-    assert leftovers("hetero-gpu-lo") == "" and leftovers("hetero-gpu-hi") == ""
+    assert leftovers(f"hetero-gpu-{LO}") == "" and leftovers(f"hetero-gpu-{HI}") == ""
 
 
 def test_a_victim_that_ignores_the_signal_is_killed_after_the_grace_and_resumes_deferred(
         airflow_home, emulated_cluster, tmp_path, tmp_path_factory):  # noqa: F811
+    LO, HI = "lo-stubborn", "hi-stubborn"
     cluster = emulated_cluster(small_hosts(2, gpus=2))
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     r = _cli("collect", "--hosts", cluster.hosts_arg(), "--identity-file", str(cluster.identity_file),
@@ -171,15 +174,15 @@ def test_a_victim_that_ignores_the_signal_is_killed_after_the_grace_and_resumes_
 
     def on_lo(line: str) -> None:
         lo_log(line)
-        if "job lo: starting on" in line:
+        if f"job {LO}: starting on" in line:
             starts.append(time.monotonic())
             if len(starts) == 2:
                 second.set()
 
-    lo_log = Log({"started": r"job lo: starting on", "killed": r"job lo: preempted by job hi .*killed after"})
+    lo_log = Log({"started": rf"job {LO}: starting on", "killed": rf"job {LO}: preempted by job {HI} .*killed after"})
     ignore = ["sh", "-c", f"trap '' TERM; while [ ! -e '{may_end}' ]; do sleep 0.2; done; echo lo-done"]
     lo, pump_lo, lines_lo, _, _ = start_dag(
-        airflow_home, cluster, tmp_path, "lo", on_lo, gpu_count=4, command=ignore, job_id="lo", ledger_url=url,
+        airflow_home, cluster, tmp_path, "lo", on_lo, gpu_count=4, command=ignore, job_id=LO, ledger_url=url,
         priority=1, preemption_grace=2, lease_seconds=6, wait_for_capacity=True, capacity_poll_interval=1,
         capacity_timeout=900, deferrable=True, airflow_extra=FAST)  # preempted, it waits in the triggerer
     hi = pump_hi = None
@@ -190,7 +193,7 @@ def test_a_victim_that_ignores_the_signal_is_killed_after_the_grace_and_resumes_
         migrate(airflow_env(home_b, DAGS))
         hi, pump_hi, lines_hi, _, _ = start_dag(
             home_b, cluster, tmp_path, "hi", lambda line: None, gpu_count=4, command=["sh", "-c", "echo hi-done"],
-            job_id="hi", ledger_url=url, priority=5, wait_for_capacity=True, capacity_poll_interval=1,
+            job_id=HI, ledger_url=url, priority=5, wait_for_capacity=True, capacity_poll_interval=1,
             capacity_timeout=900, airflow_extra=FAST)
         lo_log.wait("killed", lines_lo)
         with Ledger.open_existing(url) as led:
@@ -210,9 +213,9 @@ def test_a_victim_that_ignores_the_signal_is_killed_after_the_grace_and_resumes_
     text_lo, text_hi = "".join(lines_lo), "".join(lines_hi)
     assert hi.returncode == 0 and "hi-done" in text_hi, text_hi[-6000:]
     assert lo.returncode == 0 and "lo-done" in text_lo, text_lo[-6000:]
-    assert "job lo: still running 2 s after SIGTERM; ending it" in text_lo
-    assert re.search(r"job lo: preempted by job hi \(priority 5 > 1\): signalled at .*, killed after \d+(?:\.\d)? s \(it did "
+    assert f"job {LO}: still running 2 s after SIGTERM; ending it" in text_lo
+    assert re.search(rf"job {LO}: preempted by job {HI} \(priority 5 > 1\): signalled at .*, killed after \d+(?:\.\d)? s \(it did "
                      r"not exit within the grace\), no checkpoint seen, about \d+ GPU-seconds of work lost", text_lo)
     with Ledger.open_existing(url) as led:
         assert led.queue() == [] and led.live_reservations() == []
-    assert leftovers("hetero-gpu-lo") == "" and leftovers("hetero-gpu-hi") == ""
+    assert leftovers(f"hetero-gpu-{LO}") == "" and leftovers(f"hetero-gpu-{HI}") == ""

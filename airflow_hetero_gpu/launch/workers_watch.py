@@ -8,7 +8,8 @@ saved its checkpoint and exited within half a second. A preemption reports the s
 :data:`WORKERS_SCRIPT` is one constant POSIX shell script run over the job's own SSH connection
 on each host *before* the signal is sent (job id, host and a number of 0.1 s ticks as quoted
 arguments). It picks the job's workers: the processes with the job's markers
-(``HETERO_GPU_JOB_ID``, ``HETERO_GPU_HOST``, as the sweep of :mod:`~.orphans` finds them) that
+(``HETERO_GPU_JOB_ID``, ``HETERO_GPU_HOST`` and, where the host sets it, ``HETERO_GPU_SCOPE``,
+as the sweep of :mod:`~.orphans` finds them) that
 also carry ``TORCHELASTIC_RUN_ID``, which torchrun puts into each worker's environment and which
 the agent's own environment lacks (their children, a data loader's processes, inherit it). It
 prints ``workers N``, then every 0.1 s looks whether any of those processes still carries the
@@ -28,7 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from airflow_hetero_gpu.launch.command import HOST_ENV, JOB_ENV, validate_host_name, validate_job_id
+from airflow_hetero_gpu.launch.command import HOST_ENV, JOB_ENV, SCOPE_ENV, validate_host_name, validate_job_id
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ WORKERS_SCRIPT = r"""
 job=$1 host=$2 ticks=$3
 files=$(grep -lzxF -e "__JOB_ENV__=$job" /proc/[0-9]*/environ 2>/dev/null)
 [ -n "$files" ] && files=$(grep -lzxF -e "__HOST_ENV__=$host" $files 2>/dev/null)
+[ -n "$files" ] && [ -n "${__SCOPE_ENV__:-}" ] && files=$(grep -lzxF -e "__SCOPE_ENV__=$__SCOPE_ENV__" $files 2>/dev/null)
 [ -n "$files" ] && files=$(grep -lz -e '^__WORKER_ENV__=' $files 2>/dev/null)
 n=0
 for f in $files; do n=$((n + 1)); done
@@ -51,7 +53,8 @@ while [ "$i" -lt "$ticks" ]; do
   i=$((i + 1))
 done
 echo "still running"
-""".replace("__JOB_ENV__", JOB_ENV).replace("__HOST_ENV__", HOST_ENV).replace("__WORKER_ENV__", WORKER_ENV)
+""".replace("__JOB_ENV__", JOB_ENV).replace("__HOST_ENV__", HOST_ENV).replace("__WORKER_ENV__", WORKER_ENV).replace(
+    "__SCOPE_ENV__", SCOPE_ENV)
 
 
 def workers_command(job_id: str, host: str, seconds: float) -> str:
