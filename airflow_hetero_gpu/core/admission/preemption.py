@@ -179,18 +179,19 @@ def choose(p, entry: QueueEntry, open_pools: np.ndarray, candidates: Sequence[Ru
     ``p`` is the pass's :class:`~airflow_hetero_gpu.core.admission.passstate.PassState`,
     ``open_pools`` the pools the job accepts that have no head yet, ``candidates`` the running
     jobs it may stop, in victim order (:class:`Candidates` picks them).
+
+    The candidates are released one at a time; ``plan()`` is asked once releasing them could
+    free enough GPUs in one open pool (:func:`_first_enough` finds that point), then after each
+    further release until it places the job.
     """
-    if not candidates:
+    if not candidates or not open_pools.any():
         return None
     c = p.cluster
     closed = p.claimed | ~open_pools[c.pool_of]
     room = (p.usable & ~closed).astype(bool)
     free = np.bincount(c.pool_of[room & ~p.blocked], minlength=len(c.pools))
-    gained = np.zeros(len(c.pools), dtype=free.dtype)
-    released = np.zeros(len(c.gpus), dtype=bool)
-    picked: list[RunningJob] = []
-    need = entry.request.gpus
-    for job in candidates:
+    first, released, picked = _first_enough(p, candidates, closed, room, free, open_pools, entry.request.gpus)
+    for job in candidates[first:]:
         keys = [k for k in job.gpus if k in c.position]
         if len(keys) != len(job.gpus):
             continue  # it holds a GPU the cluster no longer lists: it cannot be placed on anyway
@@ -199,9 +200,6 @@ def choose(p, entry: QueueEntry, open_pools: np.ndarray, candidates: Sequence[Ru
             continue  # its GPUs are claimed for a head ahead, or in a pool this job may not use
         released[pos] = True
         picked.append(job)
-        gained += np.bincount(c.pool_of[pos[room[pos]]], minlength=len(c.pools))
-        if int((free + gained)[open_pools].max()) < need:
-            continue
         placement = p.adm.placer(entry, closed | (p.held & ~released), p.holders, idle=released)
         if not placement.placed:
             continue
@@ -214,6 +212,54 @@ def choose(p, entry: QueueEntry, open_pools: np.ndarray, candidates: Sequence[Ru
                           {j.job_id: reason(entry, j, reclaim, None if borrowers is None else j.job_id in borrowers)
                            for j in victims})
     return None
+
+
+#: :func:`_first_enough` looks at the candidates in chunks of this many, then four times more each
+#: time: a preemptor usually finds its victims among the first few, while a pass also asks about
+#: hundreds of candidates for jobs that no release can seat (their GPUs claimed, or in pools the job
+#: may not use)
+FIRST_CHUNK = 16
+
+
+def _first_enough(p, candidates: Sequence[RunningJob], closed: np.ndarray, room: np.ndarray, free: np.ndarray,
+                  open_pools: np.ndarray, need: int) -> tuple[int, np.ndarray, list[RunningJob]]:
+    """Where releasing the candidates in order first frees ``need`` GPUs in one open pool: its
+    index (``len(candidates)``: never), the GPUs released before it and the candidates released
+    before it. A candidate is released when every GPU of it is listed by the cluster, held, not
+    claimed for a head ahead and in a pool the job may use; what it frees counts in the pools
+    with room. Computed with numpy over chunks of candidates (the same answer as one at a time)."""
+    c = p.cluster
+    npools = len(c.pools)
+    released = np.zeros(len(c.gpus), dtype=bool)
+    picked: list[RunningJob] = []
+    total = free.copy()
+    get = c.position.get
+    start, size = 0, FIRST_CHUNK
+    while start < len(candidates):
+        chunk = candidates[start:start + size]
+        n = len(chunk)
+        lens = np.fromiter((len(j.gpus) for j in chunk), dtype=np.int64, count=n)
+        pos = np.fromiter((-1 if (q := get(k)) is None else q for j in chunk for k in j.gpus),
+                          dtype=np.int64, count=int(lens.sum()))
+        owner = np.repeat(np.arange(n), lens)
+        listed = pos >= 0
+        at = np.where(listed, pos, 0)
+        ok = np.bincount(owner[~listed | closed[at] | ~p.held[at]], minlength=n) == 0
+        counted = ok[owner] & room[at]
+        gained = np.bincount(owner[counted] * npools + c.pool_of[at[counted]],
+                             minlength=n * npools).reshape(n, npools)
+        cum = np.cumsum(gained, axis=0) + total
+        hits = np.flatnonzero(ok & (cum[:, open_pools].max(axis=1) >= need))
+        upto = int(hits[0]) if len(hits) else n
+        before = ok[:upto]
+        released[at[ok[owner] & (owner < upto)]] = True
+        picked += [chunk[i] for i in np.flatnonzero(before).tolist()]
+        if len(hits):
+            return start + upto, released, picked
+        total = cum[-1]
+        start += n
+        size *= 4
+    return len(candidates), released, picked
 
 
 class Candidates:
