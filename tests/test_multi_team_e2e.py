@@ -24,67 +24,12 @@ from pathlib import Path
 import pytest
 
 from airflow_hetero_gpu.ledger import Ledger
-from airflow_hetero_gpu.testing.airflow_env import airflow_command, airflow_env, connection_env, migrate
+from airflow_hetero_gpu.testing.airflow_env import airflow_command, connection_env
 from airflow_hetero_gpu.testing.demo import small_hosts
 from cluster_fixtures import emulated_cluster  # noqa: F401
 from ledger_files import new_ledger
+from multi_team_fixtures import TEAMS, multi_team_home
 from test_queue_e2e import WAIT_S, _until
-
-BUNDLES = {"a_dags": "team_a", "b_dags": "team_b", "cv_dags": "research_cv", "nlp_dags": "research_nlp",
-           "shared_dags": None}
-
-TEAMS = """\
-teams:
-  team_a:   {quota: {"*": 2}, lending_limit: {"*": 0}}
-  team_b:   {quota: {"*": 0}}
-  research: {quota: {"*": 2}, airflow_teams: [research_cv, research_nlp]}
-"""
-
-DAG = '''\
-"""A DAG of the bundle {bundle}: one training task, its arguments from HG_TEST_CONFIG."""
-import json
-import os
-
-import pendulum
-from airflow.sdk import dag
-
-from airflow_hetero_gpu.operators.hetero_train import HeteroTrainOperator
-
-
-@dag(dag_id="hg_{bundle}", schedule=None, start_date=pendulum.datetime(2026, 1, 1), catchup=False)
-def build():
-    cfg = json.loads(os.environ.get("HG_TEST_CONFIG", "{{}}"))
-    HeteroTrainOperator(task_id="train", gpu_count=cfg.get("gpu_count", 1), command=cfg.get("command"),
-                        ssh_conn_ids=cfg.get("ssh_conn_ids", []), ledger_url=cfg.get("ledger_url"),
-                        workdir=cfg.get("workdir"), job_id=cfg.get("job_id"), lease_seconds=30, durable=False,
-                        wait_for_capacity=cfg.get("wait_for_capacity", False), deferrable=False,
-                        capacity_poll_interval=1, capacity_timeout=600, retries=0,
-                        **({{"team": cfg["team"]}} if "team" in cfg else {{}}))
-
-
-build()
-'''
-
-
-def multi_team_home(root: Path) -> dict[str, str]:
-    """An AIRFLOW_HOME in multi-team mode: a DAG folder per bundle, the teams created; its environment."""
-    bundles = []
-    for bundle, team in BUNDLES.items():
-        folder = root / bundle
-        folder.mkdir(parents=True)
-        (folder / f"hg_{bundle}.py").write_text(DAG.format(bundle=bundle))
-        bundles.append({"name": bundle, "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-                        "kwargs": {"path": str(folder)}, **({"team_name": team} if team else {})})
-    env = airflow_env(root / "home", root / "shared_dags", {
-        "AIRFLOW__CORE__MULTI_TEAM": "True",
-        "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(bundles),
-    })
-    migrate(env)
-    for team in sorted(t for t in BUNDLES.values() if t):
-        r = subprocess.run([*airflow_command(), "teams", "create", team], env=env, capture_output=True, text=True,
-                           timeout=300)
-        assert r.returncode == 0, r.stderr[-2000:]
-    return env
 
 
 def _cli(env: dict[str, str] | None, *argv: str) -> subprocess.CompletedProcess:
