@@ -26,7 +26,8 @@ from airflow_hetero_gpu.core.admission.quota import (
     DEFAULT_TEAM, QuotaBook, TeamQuota, Teams, decay, matches, share_value, team_use,
 )
 from airflow_hetero_gpu.core.admission.teams import (
-    AIRFLOW_TEAM, DEFAULT_USAGE_HALF_LIFE_S, MAX_GPUS, MAX_JOBS_LIMIT, MAX_WEIGHT, MIN_HALF_LIFE_S, MIN_WEIGHT, teams_from_mapping,
+    AIRFLOW_TEAM, DEFAULT_USAGE_HALF_LIFE_S, MAX_GPUS, MAX_JOBS_LIMIT, MAX_WEIGHT, MIN_HALF_LIFE_S, MIN_WEIGHT,
+    teams_from_mapping,
 )
 from airflow_hetero_gpu.durations import MAX_DURATION_S
 from airflow_hetero_gpu.core.admission.rules.team_quota import QuotaInput

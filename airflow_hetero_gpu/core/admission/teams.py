@@ -282,7 +282,8 @@ def teams_from_mapping(data: Any, source: str = "teams") -> Teams:
                 raise TeamsError(f"{where}: weight: expected {bounds}, got {weight!r} (negative)")
             raise TeamsError(f"{where}: weight: expected {bounds}, got {weight!r}")
         teams[name] = TeamQuota(name, quota, limits["borrowing_limit"], limits["lending_limit"], float(weight),
-                                _max_jobs(spec.get("max_jobs"), where), _airflow_teams(spec.get("airflow_teams"), where))
+                                _max_jobs(spec.get("max_jobs"), where),
+                                _airflow_teams(spec.get("airflow_teams"), where))
     _check_mapping(teams, source)
     return Teams(teams, half_life)
 
