@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from airflow_hetero_gpu.cli.exits import EXIT_OK
 from airflow_hetero_gpu.core.admission.teams import read_teams_file
@@ -15,9 +16,11 @@ from airflow_hetero_gpu.text import table
 
 
 def cmd_teams_apply(args: argparse.Namespace) -> int:
+    from airflow_hetero_gpu.cli.airflow_teams import check_airflow_teams
     from airflow_hetero_gpu.ledger.store import Ledger
 
     teams = read_teams_file(args.file)
+    check_airflow_teams(teams, args.file, lambda line: print(f"hetero-gpu teams: warning: {line}", file=sys.stderr))
     with Ledger.from_url(args.ledger, create=False) as ledger:
         changed = ledger.apply_teams(teams, args.file)
     names = ", ".join(sorted(teams.teams)) or "none (quotas off)"
@@ -39,6 +42,8 @@ The file (YAML, UTF-8, at most 1 MiB; no team or key twice):
       borrowing_limit: {PATTERN: GPUS}   # optional, per pattern of quota; default unlimited
       lending_limit: {PATTERN: GPUS}     # optional, per pattern of quota; default all idle quota
       weight: 1                 # optional, fair-share weight, 0.001..1000
+      airflow_teams: [NAME, ...]         # optional: the Airflow teams drawing on this quota;
+                                         # default the Airflow team of the team's own name
   usage_half_life: 24h          # optional, 1s..365d (seconds, or 30m, 24h, 2d)
 
 Example (teams.yaml):
@@ -86,6 +91,10 @@ def cmd_teams(args: argparse.Namespace) -> int:
             for r in standing["rows"]]
     print(table(["TEAM", "CARDS", "QUOTA", "IN USE", "BORROWED", "LENT", "WAITING", "MAY BORROW", "LENDS",
                  "FAIR SHARE", "JOBS"], rows))
+    mapped = [(n, ", ".join(t.get("airflow_teams") or [n])) for n, t in sorted(shares.items())]
+    if any(airflow != name for name, airflow in mapped):  # some team serves Airflow teams of other names
+        print()
+        print(table(["TEAM", "AIRFLOW TEAMS"], mapped))
     return EXIT_OK
 
 

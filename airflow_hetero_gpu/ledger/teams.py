@@ -26,7 +26,8 @@ from airflow_hetero_gpu.core.admission.quota import (
     DEFAULT_TEAM, QuotaBook, TeamQuota, Teams, decay, matches, share_value, team_use,
 )
 from airflow_hetero_gpu.core.admission.teams import (
-    DEFAULT_USAGE_HALF_LIFE_S, MAX_GPUS, MAX_JOBS_LIMIT, MAX_WEIGHT, MIN_HALF_LIFE_S, MIN_WEIGHT, teams_from_mapping,
+    AIRFLOW_TEAM, DEFAULT_USAGE_HALF_LIFE_S, MAX_GPUS, MAX_JOBS_LIMIT, MAX_WEIGHT, MIN_HALF_LIFE_S, MIN_WEIGHT,
+    teams_from_mapping,
 )
 from airflow_hetero_gpu.durations import MAX_DURATION_S
 from airflow_hetero_gpu.core.admission.rules.team_quota import QuotaInput
@@ -72,7 +73,7 @@ def read_teams(conn: Connection) -> Teams | None:
         out[name] = TeamQuota(name, dict(spec.get("quota") or {}), dict(spec.get("borrowing_limit") or {}),
                               dict(spec.get("lending_limit") or {}),
                               weight if MIN_WEIGHT <= weight <= MAX_WEIGHT else 1.0,
-                              _max_jobs(spec.get("max_jobs")))
+                              _max_jobs(spec.get("max_jobs")), _airflow_teams(spec.get("airflow_teams")))
     half_s = _number(half, DEFAULT_USAGE_HALF_LIFE_S)  # checked by apply_teams; an older release did not
     return Teams(out, half_s if MIN_HALF_LIFE_S <= half_s <= MAX_DURATION_S else DEFAULT_USAGE_HALF_LIFE_S)
 
@@ -82,6 +83,13 @@ def _max_jobs(value: object) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_JOBS_LIMIT:
         return None
     return value
+
+
+def _airflow_teams(value: object) -> tuple[str, ...]:
+    """A stored airflow_teams mapping (checked by apply_teams; a hand edit may have left anything)."""
+    if not isinstance(value, list):
+        return ()
+    return tuple(v for v in value if isinstance(v, str) and AIRFLOW_TEAM.fullmatch(v))
 
 
 def _number(value: object, default: float) -> float:
@@ -221,7 +229,8 @@ class TeamsMixin:
         per_team = {n: {"fair_share": round(share_value(book.borrowed(n), history.get(n, 0.0), teams.get(n).weight,
                                                         teams.usage_half_life_s), 4),
                         "weight": teams.get(n).weight, "decayed_borrowed_gpu_s": round(history.get(n, 0.0), 1),
-                        "jobs": jobs.get(n, 0), "max_jobs": teams.get(n).max_jobs}
+                        "jobs": jobs.get(n, 0), "max_jobs": teams.get(n).max_jobs,
+                        "airflow_teams": list(teams.get(n).mapped)}
                     for n in names}
         return {"now": now.isoformat(), "usage_half_life_s": teams.usage_half_life_s,
                 "rows": [r.to_json() for r in rows], "teams": per_team}

@@ -89,8 +89,8 @@ class HeteroTrainOperator(BaseOperator):
     :param wait_for_capacity: when no pool fits now, wait in the ledger's queue instead of failing.
     :param priority: the job's place in that queue (integer, default 0; higher first, with aging:
         docs/queue.md). Airflow's ``priority_weight`` orders worker slots, not GPUs.
-    :param team: the team whose quota the job counts against (docs/teams.md); default
-        ``[hetero_gpu] default_team``, else ``default``.
+    :param team: the team whose quota the job counts against (docs/teams.md); default ``[hetero_gpu]
+        default_team``, else ``default``; in Airflow's multi-team mode the DAG bundle's (leave it out).
     :param capacity_timeout: seconds to wait for capacity.
     :param capacity_poll_interval: seconds between two looks at the job's queue entry.
     :param deferrable: wait for capacity in the triggerer instead of holding a worker slot

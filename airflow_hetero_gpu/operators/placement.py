@@ -18,6 +18,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_hetero_gpu.errors import HeteroGpuError
 from airflow_hetero_gpu.operators.messages import pool_reasons
+from airflow_hetero_gpu.operators.team import resolve_team
 
 if TYPE_CHECKING:
     from airflow_hetero_gpu.collect.freshness import FreshInventory
@@ -35,6 +36,10 @@ class Placement:
         self.request = request
         self.inventory: FreshInventory | None = None
         self.cluster: Cluster | None = None
+        # the task's Airflow team: in multi-team mode a team= naming another fails here, before
+        # anything is collected, queued or reserved (operators/team.py)
+        self.airflow_team, self._team_named = resolve_team(op.team, context)
+        self._team: str | None = None
 
     @property
     def log(self) -> Any:
@@ -110,21 +115,38 @@ class Placement:
 
     @property
     def team(self) -> str:
-        """The job's team (docs/teams.md): the ``team`` argument, else ``[hetero_gpu]
-        default_team``, else ``default``; a malformed name fails the task."""
-        from airflow_hetero_gpu.core.admission.quota import DEFAULT_TEAM, valid_team_name
-        from airflow_hetero_gpu.settings import setting
+        """The job's fleet team (docs/teams.md): the task's Airflow team (:func:`resolve_team`:
+        its bundle's in multi-team mode, else the ``team`` argument, ``[hetero_gpu] default_team``,
+        ``default``) translated by the teams file's ``airflow_teams``; a malformed name fails the task."""
+        from airflow_hetero_gpu.core.admission.quota import valid_team_name
 
-        named = self.op.team if self.op.team not in (None, "") else setting("default_team")
-        team = named or DEFAULT_TEAM
+        if self._team is not None:
+            return self._team
+        team = self.airflow_team
         if not valid_team_name(team):
             raise self._fail(f"team: expected a team name (letters, digits, '_', '.', '@', '-'), got {team!r}")
-        if named and not getattr(self, "_team_checked", False):  # once per task: a typo'd team runs, warned
-            self._team_checked = True
-            line = self.unknown_team(team)
+        teams = self._teams()
+        fleet = teams.fleet_team(team) if teams else team
+        if fleet != team:
+            self.log.info("job %s: Airflow team %s draws on the quota of team %s", self.job_id, team, fleet)
+        if self._team_named:  # once per task: a typo'd team runs, warned
+            from airflow_hetero_gpu.core.admission.teams import unknown_team
+
+            line = unknown_team(fleet, teams.teams if teams else ())
             if line:
                 self.log.warning("job %s: %s", self.job_id, line)
-        return team
+        self._team = fleet
+        return fleet
+
+    def _teams(self):
+        """The applied teams file (None: none); the ledger out of reach: the task's retries apply
+        (its mapping decides whose quota the job counts against)."""
+        from airflow_hetero_gpu.ledger import LedgerError
+
+        try:
+            return self.op.ledger.teams()
+        except LedgerError as err:
+            raise AirflowException(str(err)) from None
 
     def unknown_team(self, team: str) -> str | None:
         """The warning for a team the applied teams file does not name (None: named, or no teams)."""

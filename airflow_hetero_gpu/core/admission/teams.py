@@ -7,6 +7,9 @@ checking, one-line errors naming the team and the key.
       intern:   {quota: {"*": 4}, borrowing_limit: {"*": 4}}
     usage_half_life: 24h
 
+A fleet team may name the Airflow teams that draw on its quota (``airflow_teams: [research_cv,
+research_nlp]``; default: the Airflow team of its own name); :meth:`Teams.fleet_team` translates.
+
 The arithmetic the admission pass applies to them is :mod:`~airflow_hetero_gpu.core.admission.quota`.
 """
 
@@ -32,7 +35,10 @@ MAX_GPUS = 1_000_000
 MIN_WEIGHT, MAX_WEIGHT = 0.001, 1000.0
 MIN_HALF_LIFE_S = 1.0
 MAX_JOBS_LIMIT = 100_000
-TEAM_KEYS = ("quota", "borrowing_limit", "lending_limit", "weight", "max_jobs")
+TEAM_KEYS = ("quota", "borrowing_limit", "lending_limit", "weight", "max_jobs", "airflow_teams")
+#: An Airflow team's name, as ``airflow teams create`` accepts it
+AIRFLOW_TEAM = re.compile(r"[A-Za-z0-9_-]{3,50}")
+MAX_AIRFLOW_TEAMS = 1000
 FILE_KEYS = ("teams", "usage_half_life")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 _UNITS = {None: 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -87,6 +93,12 @@ class TeamQuota:
     lending_limit: Mapping[str, int] = field(default_factory=dict)
     weight: float = 1.0
     max_jobs: int | None = None  # jobs of the team that may run at once (None: no cap)
+    airflow_teams: tuple[str, ...] = ()  # the Airflow teams drawing on its quota (empty: its own name)
+
+    @property
+    def mapped(self) -> tuple[str, ...]:
+        """The Airflow teams whose tasks count against this team's quota."""
+        return self.airflow_teams or (self.name,)
 
     @property
     def patterns(self) -> tuple[str, ...]:
@@ -102,6 +114,8 @@ class TeamQuota:
             out["weight"] = self.weight
         if self.max_jobs is not None:
             out["max_jobs"] = self.max_jobs
+        if self.airflow_teams:
+            out["airflow_teams"] = list(self.airflow_teams)
         return out
 
 
@@ -118,6 +132,18 @@ class Teams:
     def get(self, team: str) -> TeamQuota:
         found = self.teams.get(team)
         return found if found is not None else TeamQuota(team, {})
+
+    def fleet_team(self, airflow_team: str) -> str:
+        """The fleet team whose quota a task of ``airflow_team`` draws on: the team whose
+        ``airflow_teams`` names it, else the team of that name (a name no team maps is itself)."""
+        for name, team in self.teams.items():
+            if airflow_team in team.airflow_teams:
+                return name
+        return airflow_team
+
+    def mapping(self) -> dict[str, list[str]]:
+        """Fleet team -> the Airflow teams drawing on its quota (defaults included)."""
+        return {n: list(t.mapped) for n, t in sorted(self.teams.items())}
 
     def to_json(self) -> dict:
         return {"teams": {n: t.to_json() for n, t in sorted(self.teams.items())},
@@ -178,6 +204,40 @@ def _max_jobs(value: Any, where: str) -> int | None:
     return value
 
 
+def _airflow_teams(value: Any, where: str) -> tuple[str, ...]:
+    where = f"{where}: airflow_teams"
+    if value is None:
+        return ()
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
+        raise TeamsError(f"{where}: expected a non-empty list of Airflow team names, got {value!r}")
+    if len(value) > MAX_AIRFLOW_TEAMS:
+        raise TeamsError(f"{where}: expected at most {MAX_AIRFLOW_TEAMS} Airflow teams, got {len(value)}")
+    out: list[str] = []
+    for name in value:
+        if not isinstance(name, str) or AIRFLOW_TEAM.fullmatch(name) is None:
+            shown = name if not isinstance(name, str) or len(name) <= 80 else name[:80] + "..."
+            raise TeamsError(f"{where}: invalid Airflow team {shown!r}: use 3-50 letters, digits, '_' or '-' "
+                             f"(the names `airflow teams create` accepts)")
+        if name in out:
+            raise TeamsError(f"{where}: Airflow team {name!r} given twice")
+        out.append(name)
+    return tuple(out)
+
+
+def _check_mapping(teams: Mapping[str, TeamQuota], source: str) -> None:
+    """An Airflow team draws on one fleet team's quota: two teams mapping it are refused (the line
+    names the team whose ``airflow_teams`` lists it, and the other team)."""
+    owner: dict[str, str] = {}
+    for name, team in teams.items():
+        for airflow_team in team.mapped:
+            first = owner.setdefault(airflow_team, name)
+            if first != name:
+                blamed, other = (name, first) if team.airflow_teams else (first, name)
+                how = "its airflow_teams" if teams[other].airflow_teams else "its own name"
+                raise TeamsError(f"{source}: team {blamed}: airflow_teams: Airflow team {airflow_team!r} is also "
+                                 f"mapped to team {other} ({how}); an Airflow team draws on one team's quota")
+
+
 def teams_from_mapping(data: Any, source: str = "teams") -> Teams:
     """Validate a teams file's content (``{teams: {name: {quota: ..., ...}}, usage_half_life: 24h}``).
     Every mistake is one :class:`TeamsError` naming the source, the team and the key."""
@@ -222,7 +282,9 @@ def teams_from_mapping(data: Any, source: str = "teams") -> Teams:
                 raise TeamsError(f"{where}: weight: expected {bounds}, got {weight!r} (negative)")
             raise TeamsError(f"{where}: weight: expected {bounds}, got {weight!r}")
         teams[name] = TeamQuota(name, quota, limits["borrowing_limit"], limits["lending_limit"], float(weight),
-                                _max_jobs(spec.get("max_jobs"), where))
+                                _max_jobs(spec.get("max_jobs"), where),
+                                _airflow_teams(spec.get("airflow_teams"), where))
+    _check_mapping(teams, source)
     return Teams(teams, half_life)
 
 
