@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, Sequence
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_hetero_gpu.core.model import GpuKey
-from airflow_hetero_gpu.operators.intruders import IntruderWatch
+from airflow_hetero_gpu.watching.intruders import IntruderWatch
 
 GpuList = list[GpuKey]  # in rank order: the ledger keeps a job's GPUs in slot order
 
