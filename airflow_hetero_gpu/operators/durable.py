@@ -201,7 +201,7 @@ class DurableJob:
             return Resumed(handle=handle)
         if states == {"succeeded"}:
             _stats_incr("resumable_job.already_succeeded", self.tags)
-            log.info("job %s: it ended successfully on every host while no task watched it; not launched again",
+            log.info("job %s: it ended successfully on every host; not launched again",
                      self.job_id)
             return Resumed(result=self._finished(handle, status))
         _stats_incr("resumable_job.terminal_resubmit", self.tags)

@@ -50,8 +50,11 @@ class RunWatcher:
         from airflow_hetero_gpu.hooks.hetero_gpu import HeteroGpuHook
         from airflow_hetero_gpu.watching.checkpoints import CheckpointSeen
 
+        from airflow_hetero_gpu.core.model import GpuKey
+
         self.t = trigger
         self.job_id = trigger.job_id
+        self.gpus = [GpuKey(*k) for k in trigger.gpus]  # rank order, as the ledger keeps them
         self.log = trigger.log
         self.url = ledger_url
         self.hook = HeteroGpuHook(trigger.ssh_conn_ids, connections=connections, config=trigger.cluster_config,
@@ -136,7 +139,7 @@ class RunWatcher:
 
         assert self.watch is not None
         try:
-            verdict = self.watch.step(self.job, self.t.gpus, wait=wait, renew=renew)
+            verdict = self.watch.step(self.job, self.gpus, wait=wait, renew=renew)
         except AirflowException as err:  # the watch stopped the job (lease lost, no replacement, ...)
             self.lines.drain(self.log)
             self._close()
