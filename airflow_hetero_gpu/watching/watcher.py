@@ -10,7 +10,7 @@ worker's looks at it (:class:`~.look.JobWatch`). A look that needs the task retu
 
 from __future__ import annotations
 
-import queue
+import contextvars
 import threading
 from typing import Any, Callable
 
@@ -21,26 +21,21 @@ from airflow_hetero_gpu.watching.look import JobWatch, watch_options
 Found = tuple[str, str, dict]
 
 
-class LineQueue:
-    """Lines of the job's output, put by its reader threads, logged by whoever drains them (the
-    trigger's own context: its log is the task's)."""
+class LineLog:
+    """Each line of the job's output logged at once, from the job's reader threads, in the context
+    the watcher was made in (the trigger's: Airflow routes a trigger's log to its task's log by
+    context variables, which threads do not inherit). A line counts as relayed (the offsets a
+    heartbeat records) only once it was logged, so a watcher killed at any moment loses none."""
 
-    def __init__(self, also: Callable[[str, str], None] | None = None) -> None:
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+    def __init__(self, log: Any, also: Callable[[str, str], None] | None = None) -> None:
+        self._context = contextvars.copy_context()
+        self._log = log
         self._also = also
 
-    def put(self, host: str, rank: int, stream: str, line: str) -> None:
+    def __call__(self, host: str, rank: int, stream: str, line: str) -> None:
         if self._also is not None:
             self._also(host, line)
-        self._queue.put((host, rank, line))
-
-    def drain(self, log: Any) -> None:
-        while True:
-            try:
-                host, rank, line = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            log.info("[%s rank %d] %s", host, rank, line)
+        self._context.copy().run(self._log.info, "[%s rank %d] %s", host, rank, line)
 
 
 class RunWatcher:
@@ -60,7 +55,7 @@ class RunWatcher:
         self.hook = HeteroGpuHook(trigger.ssh_conn_ids, connections=connections, config=trigger.cluster_config,
                                   topology_conf=trigger.topology_conf)
         self.seen = CheckpointSeen()
-        self.lines = LineQueue(self.seen.line)
+        self.lines = LineLog(self.log, self.seen.line)
         self.job: Any = None
         self.watch: JobWatch | None = None
         self._ledger: Any = None
@@ -121,7 +116,7 @@ class RunWatcher:
             if self._done:  # cancelled meanwhile
                 return None
             self.job = attach_job(self.job_id, [targets[h] for h in t.hosts], factory, relayed=relayed,
-                                  **watch_options(t.host_timeout, sup, lease, self.lines.put))
+                                  **watch_options(t.host_timeout, sup, lease, self.lines))
             self.job.remove_run_files = False  # the task reads the exit statuses there
         try:
             self.job.start()
@@ -134,17 +129,15 @@ class RunWatcher:
         return self.step(wait=0.0, renew=True)
 
     def step(self, wait: float | None = None, renew: bool = False) -> Found | None:
-        """One look (:meth:`JobWatch.step`); the output that came meanwhile goes to the log."""
+        """One look (:meth:`JobWatch.step`)."""
         from airflow_hetero_gpu.launch.failures import failure_message
 
         assert self.watch is not None
         try:
             verdict = self.watch.step(self.job, self.gpus, wait=wait, renew=renew)
         except AirflowException as err:  # the watch stopped the job (lease lost, no replacement, ...)
-            self.lines.drain(self.log)
             self._close()
             return "failed", str(err), {}
-        self.lines.drain(self.log)
         if verdict.kind == "running":
             return None
         if verdict.kind == "exited":
@@ -176,7 +169,6 @@ class RunWatcher:
                 job.detach()
             except Exception as err:  # noqa: BLE001 - the last heartbeat's offsets stand
                 self.log.warning("job %s: letting go of it: %s", self.job_id, err)
-            self.lines.drain(self.log)
         self._close_ledger()
 
     def stop(self, grace: float) -> None:
