@@ -1,4 +1,4 @@
-"""The replacement path of a running job (SPEC §8, S12) as the operator sees it.
+"""The replacement path of a running job (SPEC §8, S12) as its watcher sees it.
 
 At every tick of the run loop: has the ledger changed the job's GPU set (the health watch
 replaced an evicted GPU)? If a GPU of the job is evicted with no replacement yet, try to replace
