@@ -113,3 +113,18 @@ def test_an_evicted_gpu_under_a_deferred_run_is_replaced_and_the_job_resumes(air
     with Ledger.from_url(ledger_url) as ledger:
         assert ledger.live_reservations() == []
     assert leftovers(decision["job_id"]) == ""
+
+
+def test_a_run_that_is_not_durable_stays_in_the_worker_when_deferrable(airflow_home, two_hosts, tmp_path):
+    """``deferrable=True`` without durability: a trigger could not find the job again after a
+    triggerer restart, so the run phase stays in the worker (only a queue wait would defer)."""
+    proc, pump, lines, out, cfg = start_dag(
+        airflow_home, two_hosts, tmp_path, "plain", lambda line: None, gpu_count=2,
+        script_args=["--epochs", "2"], **{**DEFERRED, "durable": False, "lease_seconds": 30})
+    finish(proc, pump, timeout=600)
+    log = "".join(lines)
+    assert proc.returncode == 0, log[-6000:]
+    assert "deferring" not in log and "running trigger in line" not in log, log[-6000:]
+    assert _epochs(log) == [1, 2]
+    with Ledger.from_url(cfg["ledger_url"]) as ledger:
+        assert ledger.live_reservations() == []
