@@ -39,7 +39,7 @@ PROVIDER_INFO: dict = {
         {
             "integration-name": "Heterogeneous GPU cluster",
             "python-modules": ["airflow_hetero_gpu.triggers.gpu_health", "airflow_hetero_gpu.triggers.capacity",
-                               "airflow_hetero_gpu.triggers.queue"],
+                               "airflow_hetero_gpu.triggers.queue", "airflow_hetero_gpu.triggers.training"],
         }
     ],
     "task-decorators": [

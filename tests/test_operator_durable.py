@@ -132,3 +132,25 @@ def test_a_retry_that_cannot_reach_a_host_of_the_job_launches_nothing_and_releas
                                                r"running; node02: unknown \(cannot connect\)\); nothing was launched"):
         job.resume()
     assert store.values[HANDLE_KEY]["launch"] == "tok"   # kept for the next try
+
+
+def test_the_run_trigger_is_rebuilt_from_its_arguments_without_a_password(tmp_path):
+    """What a triggerer restart does: the trigger's serialized arguments make the same trigger;
+    a ledger named by a connection travels by name only."""
+    from airflow_hetero_gpu.operators.run_phase import trigger_kwargs
+    from airflow_hetero_gpu.triggers.training import TrainingRunTrigger
+
+    op = HeteroTrainOperator(**{**BASE, "ssh_conn_ids": {"node01": "c1", "node02": "c2"}, "ledger_conn_id": "gpu_ledger",
+                                "deferrable": True, "unattended_timeout": 60, "preemption_signal": "SIGUSR1",
+                                "preemption_grace": 7, "cluster_config": {"weights": {"topology": 2}}})
+    op._validate()
+    kwargs = trigger_kwargs(op, "job-1", "tok", [("node01", 0, None), ("node02", 1, None)])
+    assert kwargs["ledger_conn_id"] == "gpu_ledger" and kwargs["ledger_url"] is None
+    assert kwargs["lease_seconds"] == 60 + 7 + 15 and kwargs["renew_every"] == 30
+    assert kwargs["preemption_signal"] == "USR1" and kwargs["ssh_conn_ids"] == {"node01": "c1", "node02": "c2"}
+    trigger = TrainingRunTrigger(**kwargs)
+    classpath, again = trigger.serialize()
+    assert classpath == "airflow_hetero_gpu.triggers.training.TrainingRunTrigger"
+    assert TrainingRunTrigger(**again).serialize() == (classpath, again)
+    assert again["gpus"] == [["node01", 0, None], ["node02", 1, None]] and trigger.hosts == ["node01", "node02"]
+

@@ -80,7 +80,9 @@ class HostRun:
         #: ``heartbeat(run, transport)``, called after each keepalive answer (supervised jobs)
         self.heartbeat: Callable[["HostRun", Any], None] | None = None
         self.lost = False                   # silent for too long: given up on
+        self.detached = False               # the watcher let go: no further line is handed on
         self._end_lock = threading.Lock()
+        self._relay_lock = threading.Lock()  # a line handed on and counted, or neither
 
     @property
     def host(self) -> str:
@@ -148,6 +150,17 @@ class HostRun:
 
     def _hand_on(self, stream: str, index: int, lines: list[tuple[str, int]]) -> None:
         """Keep and pass on lines the traceback filter let through; count their bytes as relayed."""
+        with self._relay_lock:
+            if not self.detached:
+                self._hand_on_locked(stream, index, lines)
+
+    def detach(self) -> tuple[int, int]:
+        """Hand on no further line; the bytes relayed so far (the next watcher's offsets)."""
+        with self._relay_lock:
+            self.detached = True
+            return self.relayed[0], self.relayed[1]
+
+    def _hand_on_locked(self, stream: str, index: int, lines: list[tuple[str, int]]) -> None:
         for line, nbytes in lines:
             self.tail.append(line)
             if self.first_error is None and stream == "stderr" and looks_like_error(line):

@@ -67,4 +67,25 @@ class JobKilled(RuntimeError):
     """The job was stopped by :meth:`RemoteJob.kill` before it finished."""
 
 
-__all__ = ["JobFailure", "JobKilled", "JobStartError", "looks_like_error", "summarize_tail"]
+__all__ = ["JobFailure", "JobKilled", "JobStartError", "failure_message", "looks_like_error", "summarize_tail"]
+
+
+def failure_message(job_id: str, res) -> str:
+    """One line: the first host that failed with the first error line its workers printed, every
+    other host that failed with torchrun's root cause (the crash may have started there: a dying
+    peer makes the others fail too). The hosts' output is in the task log above it."""
+    f = res.failure
+    others = [
+        f"{r.host} exited with {r.exit_code}" + (f" ({summarize_tail(r.tail)})" if summarize_tail(r.tail) else "")
+        for r in res.hosts if r.host != f.host and r.exit_code not in (0, None)
+    ]
+    first_error = next((r.first_error for r in res.hosts if r.host == f.host and r.first_error), None) \
+        or next((r.first_error for r in res.hosts if r.first_error), None)
+    head = f"job {job_id}: worker on {f.host} (node rank {f.rank}) exited with {f.exit_code} first"
+    if first_error:
+        head += f": {first_error}"
+    if f.summary:
+        head += f" ({f.summary})"
+    if others:
+        head += "; also failed: " + "; ".join(others)
+    return f"{head}. The other hosts were stopped; their output is in the task log above."

@@ -92,6 +92,9 @@ class RemoteJob:
         #: seconds are ``min(unattended_timeout, heartbeat_budget())`` (the lease's time left)
         self.supervision = supervision
         self.heartbeat_budget = heartbeat_budget
+        #: the watcher removes the hosts' run files once it has the job's end (a trigger leaves
+        #: them to the task it wakes, which reads the exit statuses there)
+        self.remove_run_files = True
         self._beats = itertools.count(1)
         self._beat_id = uuid.uuid4().hex[:12]
         self._runs: list[HostRun] = []
@@ -217,7 +220,7 @@ class RemoteJob:
             self._note_end(run)
         if self._kill_thread is not None:
             self._kill_thread.join()
-        if self.supervision is not None:
+        if self.supervision is not None and self.remove_run_files:
             self._remove_run_files(runs)
         self._close_clients()
         for run in runs:
@@ -291,6 +294,28 @@ class RemoteJob:
 
         with ThreadPoolExecutor(max_workers=min(self.max_parallel, len(runs))) as pool:
             return {r.host: r for r in pool.map(one, runs)}
+
+    def detach(self) -> dict[str, tuple[int, int]]:
+        """Stop watching a supervised job without stopping it: no further line is relayed, each
+        host's supervisor hears a last heartbeat with the offsets relayed so far (where the next
+        watcher goes on), and the connections close (the job runs on under its dead-man switch).
+        Returns those offsets by host."""
+        if self.supervision is None:
+            raise RuntimeError(f"job {self.job_id} is not supervised: it cannot outlive its watcher")
+        with self._lock:
+            self._stopping = True  # the channels closing now is no failure, and nothing is swept
+            runs = list(self._runs)
+        offsets = {run.host: run.detach() for run in runs}
+        for run in runs:
+            transport = run.client.get_transport()
+            if run.channel is None or run.done.is_set() or transport is None or not transport.is_active():
+                continue
+            try:
+                self._heartbeat(run, transport)
+            except Exception as exc:  # noqa: BLE001 - the last heartbeat's offsets stand (lines repeat)
+                log.warning("job %s: the last heartbeat to %s failed: %s", self.job_id, run.host, exc)
+        self._close_clients()
+        return offsets
 
     def watch_workers(self, seconds: float) -> WorkersWatch:
         """Start watching the torchrun workers of every running host (before :meth:`signal`):

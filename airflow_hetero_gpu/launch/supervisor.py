@@ -26,7 +26,9 @@ Files of one host in ``~/.hetero-gpu/run/<job id>/``: ``<host>.launch`` (this la
 from __future__ import annotations
 
 import shlex
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from airflow_hetero_gpu.launch.command import (
     JOB_ENV, PGID_MARKER, SETUP_EXIT_CODE, SWEEP_SCRIPT, run_dir, validate_host_name, validate_job_id,
@@ -256,9 +258,29 @@ def parse_status(host: str, launch: str, text: str) -> HostStatus:
 
 __all__ = [
     "FOLLOW_SCRIPT", "HostStatus", "JOB_ENV", "LEASE_MARGIN_S", "POLL_S", "STATUS_SCRIPT", "SUPERVISOR_LOST_EXIT",
-    "SUPERVISOR_SCRIPT", "Supervision", "cleanup_command", "follow_command", "heartbeat_command", "leader",
+    "SUPERVISOR_SCRIPT", "Supervision", "cleanup_command", "follow_command", "heartbeat_command", "host_statuses", "leader",
     "parse_status", "prefix", "quick_exec", "status_command", "supervised_lines",
 ]
+
+
+def host_statuses(job_id: str, launch: str, hosts: list, targets: Any, factory: Any) -> dict:
+    """Each host's :class:`~airflow_hetero_gpu.launch.supervisor.HostStatus` of ``launch`` (asked
+    in parallel, one connection a host; ``unknown`` where the host cannot be asked)."""
+    def one(host: str):
+        try:
+            client = factory(targets[host])
+        except Exception as err:  # noqa: BLE001
+            return HostStatus(host, "unknown", detail=f"cannot connect: {err}")
+        try:
+            _, stdout, _ = client.exec_command(status_command(job_id, host), timeout=60)
+            return parse_status(host, launch, stdout.read().decode("utf-8", "replace"))
+        except Exception as err:  # noqa: BLE001
+            return HostStatus(host, "unknown", detail=f"status check failed: {err}")
+        finally:
+            client.close()
+
+    with ThreadPoolExecutor(max_workers=min(8, max(1, len(hosts)))) as pool:
+        return {s.host: s for s in pool.map(one, hosts)}
 
 
 def quick_exec(transport, command: str, timeout: float = 20.0) -> int:

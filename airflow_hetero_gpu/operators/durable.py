@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Mapping
@@ -170,29 +169,12 @@ class DurableJob:
     # --- a retry ------------------------------------------------------------------------------
     def host_status(self, handle: dict) -> dict:
         """Each host's :class:`~airflow_hetero_gpu.launch.supervisor.HostStatus` of the handle's launch."""
-        from airflow_hetero_gpu.launch.supervisor import HostStatus, parse_status, status_command
+        from airflow_hetero_gpu.launch.supervisor import host_statuses
+        from airflow_hetero_gpu.watching.targets import LazyTargets
 
-        hosts = [h for h in handle["hosts"]]
-        factory = self.op.hook.client_factory(hosts)
-        from airflow_hetero_gpu.operators.targets import LazyTargets
-
-        targets = LazyTargets(self.op.hook, hosts)
-
-        def one(host: str):
-            try:
-                client = factory(targets[host])
-            except Exception as err:  # noqa: BLE001
-                return HostStatus(host, "unknown", detail=f"cannot connect: {err}")
-            try:
-                _, stdout, _ = client.exec_command(status_command(self.job_id, host), timeout=60)
-                return parse_status(host, handle["launch"], stdout.read().decode("utf-8", "replace"))
-            except Exception as err:  # noqa: BLE001
-                return HostStatus(host, "unknown", detail=f"status check failed: {err}")
-            finally:
-                client.close()
-
-        with ThreadPoolExecutor(max_workers=min(8, max(1, len(hosts)))) as pool:
-            return {s.host: s for s in pool.map(one, hosts)}
+        hosts = list(handle["hosts"])
+        return host_statuses(self.job_id, handle["launch"], hosts, LazyTargets(self.op.hook, hosts),
+                             self.op.hook.client_factory(hosts))
 
     def resume(self) -> Resumed:
         """ResumableJobMixin's decision for this try: reattach, the result, or a fresh launch."""
@@ -219,7 +201,7 @@ class DurableJob:
             return Resumed(handle=handle)
         if states == {"succeeded"}:
             _stats_incr("resumable_job.already_succeeded", self.tags)
-            log.info("job %s: it ended successfully on every host while no task watched it; not launched again",
+            log.info("job %s: it ended successfully on every host; not launched again",
                      self.job_id)
             return Resumed(result=self._finished(handle, status))
         _stats_incr("resumable_job.terminal_resubmit", self.tags)
@@ -244,7 +226,7 @@ class DurableJob:
 
     def _abandon(self, handle: dict) -> None:
         from airflow_hetero_gpu.launch.orphans import kill_orphans
-        from airflow_hetero_gpu.operators.targets import LazyTargets
+        from airflow_hetero_gpu.watching.targets import LazyTargets
 
         hosts = list(handle["hosts"])
         targets = LazyTargets(self.op.hook, hosts)
@@ -262,7 +244,7 @@ class DurableJob:
 
         self.op._release(self.job_id)
         factory = self.op.hook.client_factory(handle["hosts"])
-        from airflow_hetero_gpu.operators.targets import LazyTargets
+        from airflow_hetero_gpu.watching.targets import LazyTargets
 
         targets = LazyTargets(self.op.hook, handle["hosts"])
         for host in handle["hosts"]:
@@ -282,6 +264,15 @@ class DurableJob:
                      int(handle.get("restarts", 0)), (datetime.now(timezone.utc) - started).total_seconds())
         self.forget()
         return out
+
+
+def supervision(op: Any, launch: str) -> Any:
+    """How each host's supervisor guards this launch (the operator's dead-man switch and stop)."""
+    from airflow_hetero_gpu.launch.supervisor import Supervision
+    from airflow_hetero_gpu.operators.preempt import signal_name
+
+    return Supervision(float(op.unattended_timeout), signal_name(op.preemption_signal) or "TERM",
+                       float(op.preemption_grace), launch)
 
 
 def output(job_id: str, decision: dict, initial: list, facts: dict, restarts: int, duration_s: float) -> dict:

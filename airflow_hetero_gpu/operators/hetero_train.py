@@ -35,11 +35,12 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from airflow.providers.common.compat.sdk import conf
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 
 from airflow_hetero_gpu.errors import HeteroGpuError
 from airflow_hetero_gpu.ledger.errors import LedgerError
-from airflow_hetero_gpu.operators import arguments, checkpoint_carry, durable, preempt
+from airflow_hetero_gpu.operators import arguments, checkpoint_carry, durable, preempt, run_phase
+from airflow_hetero_gpu.watching.lease import forget_hosts
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -93,8 +94,9 @@ class HeteroTrainOperator(BaseOperator):
         default_team``, else ``default``; in Airflow's multi-team mode the DAG bundle's (leave it out).
     :param capacity_timeout: seconds to wait for capacity.
     :param capacity_poll_interval: seconds between two looks at the job's queue entry.
-    :param deferrable: wait for capacity in the triggerer instead of holding a worker slot
-        (default: ``[operators] default_deferrable``, as for Airflow's own operators).
+    :param deferrable: wait for capacity in the triggerer instead of holding a worker slot, and
+        (durable, with a task state store) watch the running job there too: the task resumes in
+        a worker only to finish or to relaunch (default: ``[operators] default_deferrable``).
     :param on_no_replacement: ``"fail"`` or ``"wait"`` when a GPU of the running job turns abnormal
         and no healthy GPU of its pool can replace it.
     :param max_restarts: restarts of the workers on a new GPU set (after replacements) before the
@@ -291,6 +293,8 @@ class HeteroTrainOperator(BaseOperator):
         """Resumed by the queue trigger: take the admission and run (``gone``: the entry expired,
         enqueue again; ``capacity``: a trigger of an earlier release, enqueue)."""
         event = event or {}
+        if event.get("phase") == "run":  # the deferred run phase's trigger (operators/run_phase.py)
+            return run_phase.resume(self, context, event)
         status = event.get("status")
         if status == "timeout":
             raise AirflowException(f"not admitted within {float(self.capacity_timeout):g} s: {event.get('message', '')}")
@@ -379,9 +383,9 @@ class HeteroTrainOperator(BaseOperator):
         from airflow_hetero_gpu.core.model import GpuKey
         from airflow_hetero_gpu.launch.handoff import ConnectionHandoff
         from airflow_hetero_gpu.launch.orphans import kill_orphans
-        from airflow_hetero_gpu.operators.gpu_set import GpuSetWatch
-        from airflow_hetero_gpu.operators.lease import LeaseKeeper
-        from airflow_hetero_gpu.operators.targets import LazyTargets
+        from airflow_hetero_gpu.watching.gpu_set import GpuSetWatch
+        from airflow_hetero_gpu.watching.lease import LeaseKeeper
+        from airflow_hetero_gpu.watching.targets import LazyTargets
         from airflow_hetero_gpu.operators.run_loop import RunSettings, TrainingRun, check_launch_paths
 
         if attach is None:
@@ -432,14 +436,17 @@ class HeteroTrainOperator(BaseOperator):
                                    on_line=lambda h, r, s, text: (seen.line(h, text), self._on_line(h, r, s, text)),
                                    on_preempted=lambda job, gpus, mark, lk: preempt.stop(self, job, job_id, mark, lk, seen))
             if supervised:
-                settings.supervise = self._supervision
+                settings.supervise = lambda launch: durable.supervision(self, launch)
                 settings.before_launch = lambda now, launch, restarts: dj.launching(
                     launch, now, decision_json, initial, restarts)
+                settings.defer = run_phase.deferrer(self, job_id, lease)
             run = TrainingRun(job_id, settings, targets, factory, lease=lease, gpu_set=gpu_set, log=self.log,
                               on_job=self._set_job, on_started=factory.settle)
             if attach is None:
                 gpu_set.remember(result.decision.gpus)
             runs, restarts = run.run(gpus, attach)  # rank order along the network tree
+        except TaskDeferred:  # the job runs on, watched by a trigger (a deferred run phase)
+            raise
         except BaseException:
             # whatever stopped us (a failure, a timeout, the task being killed): nothing of the
             # job may outlive the task, and its GPUs go back at once
@@ -456,33 +463,18 @@ class HeteroTrainOperator(BaseOperator):
                 dj.forget()
             return runs[-1]
         self._release(job_id)
-        self._forget_hosts(job_id)
+        forget_hosts(lambda: self.ledger, job_id, self.log)
         if dj is not None:
             dj.forget()
         return durable.output(job_id, decision_json, initial, runs[-1], restarts, time.monotonic() - started)
 
-    def _supervision(self, launch: str):
-        from airflow_hetero_gpu.launch.supervisor import Supervision
-
-        return Supervision(float(self.unattended_timeout), preempt.signal_name(self.preemption_signal) or "TERM",
-                           float(self.preemption_grace), launch)
-
     def _set_job(self, job) -> None:
         self._job = job
-
-    def _forget_hosts(self, job_id: str) -> None:
-        """The job ended cleanly everywhere: a later run of the same job id has nothing to sweep."""
-        from airflow_hetero_gpu.ledger import LedgerError
-
-        try:
-            self.ledger.forget_job_hosts(job_id)
-        except LedgerError as err:
-            self.log.warning("job %s: could not clear its hosts' record (%s); a later try sweeps them", job_id, err)
 
     def _release(self, job_id: str, patience: float = 30.0) -> None:
         """Release the job's GPUs, retrying for ``patience`` s while the ledger is unreachable
         (its lease frees them anyway when even that fails)."""
-        from airflow_hetero_gpu.operators.lease import release
+        from airflow_hetero_gpu.watching.lease import release
 
         release(lambda: self.ledger, job_id, self.log, patience)
 

@@ -1,4 +1,5 @@
-"""The operator's words: why no pool fits, which worker failed first, GPU lists."""
+"""The operator's words: why no pool fits, GPU lists (which worker failed first:
+:func:`airflow_hetero_gpu.launch.failures.failure_message`)."""
 
 from __future__ import annotations
 
@@ -6,29 +7,6 @@ from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
     from airflow_hetero_gpu.core.model import PlanResult
-
-
-def failure_message(job_id: str, res) -> str:
-    """One line: the first host that failed with the first error line its workers printed, every
-    other host that failed with torchrun's root cause (the crash may have started there: a dying
-    peer makes the others fail too). The hosts' output is in the task log above it."""
-    from airflow_hetero_gpu.launch.remote import summarize_tail
-
-    f = res.failure
-    others = [
-        f"{r.host} exited with {r.exit_code}" + (f" ({summarize_tail(r.tail)})" if summarize_tail(r.tail) else "")
-        for r in res.hosts if r.host != f.host and r.exit_code not in (0, None)
-    ]
-    first_error = next((r.first_error for r in res.hosts if r.host == f.host and r.first_error), None) \
-        or next((r.first_error for r in res.hosts if r.first_error), None)
-    head = f"job {job_id}: worker on {f.host} (node rank {f.rank}) exited with {f.exit_code} first"
-    if first_error:
-        head += f": {first_error}"
-    if f.summary:
-        head += f" ({f.summary})"
-    if others:
-        head += "; also failed: " + "; ".join(others)
-    return f"{head}. The other hosts were stopped; their output is in the task log above."
 
 
 def pool_reasons(result: PlanResult) -> str:

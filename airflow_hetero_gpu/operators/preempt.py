@@ -26,19 +26,18 @@ new hosts first (:mod:`~.checkpoint_carry`).
 
 from __future__ import annotations
 
-import re
 import signal as signals
 import threading
 import time
 from datetime import datetime, timezone
 from typing import Any
 
+from airflow_hetero_gpu.watching.checkpoints import CheckpointSeen
+
 CHECKPOINT_STORAGE = ("shared", "host")
 #: how much longer than the grace and the kill's grace the workers are watched (the kill's
 #: wait after SIGKILL, SSH round trips)
 WATCH_MARGIN_S = 30.0
-#: what a training script prints when it saved a checkpoint (the example scripts do)
-CHECKPOINT_LINE = re.compile(r"\bcheckpoint of epoch (\d+) (?:saved|kept)\b")
 
 
 def signal_name(value: Any) -> str | None:
@@ -70,28 +69,6 @@ def check_args(op: Any) -> None:
         raise op._fail(f"checkpoint_storage: expected 'shared' or 'host', got {op.checkpoint_storage!r}")
     if op.checkpoint_storage == "host" and not op.checkpoint_dir:
         raise op._fail("checkpoint_storage='host' needs checkpoint_dir (the directory to carry between hosts)")
-
-
-class CheckpointSeen:
-    """The newest checkpoint the job reported (``checkpoint of epoch N saved``, printed by its
-    rank 0, on whichever host the rendezvous put it)."""
-
-    def __init__(self) -> None:
-        self.epoch: int | None = None
-        self.at: datetime | None = None
-        self.host: str | None = None
-        self.noted: datetime | None = None  # the last one written to the ledger
-
-    def line(self, host: str, text: str) -> None:
-        m = CHECKPOINT_LINE.search(text)
-        if m:
-            self.epoch, self.at, self.host = int(m.group(1)), datetime.now(timezone.utc), host
-
-    def note(self, ledger: Any, job_id: str) -> None:
-        """Tell the ledger of a checkpoint it has not heard of yet (at a lease renewal)."""
-        if self.at is not None and self.at != self.noted:
-            ledger.note_checkpoint(job_id, self.at)
-            self.noted = self.at
 
 
 def stop(op: Any, job: Any, job_id: str, mark: dict, lease: Any, seen: CheckpointSeen) -> dict:

@@ -1,27 +1,29 @@
 """The training's run loop: start torchrun on every host, tick until it ends, restart on a new GPU set.
 
-One *run* is one launch of the workers on one GPU set. While it runs, the loop ticks every
-``min(lease / 3, 5 s)``: renew the lease when due (:class:`~.lease.LeaseKeeper`), and ask the
-ledger whether the job's GPU set changed (:class:`~.gpu_set.GpuSetWatch`). A changed set
+One *run* is one launch of the workers on one GPU set. While it runs, the loop looks at it every
+``min(lease / 3, 5 s)`` with :class:`~airflow_hetero_gpu.watching.look.JobWatch` (the same looks a deferred run's trigger
+takes): renew the lease when due (:class:`~airflow_hetero_gpu.watching.lease.LeaseKeeper`), and ask the ledger whether the
+job's GPU set changed (:class:`~airflow_hetero_gpu.watching.gpu_set.GpuSetWatch`). A changed set
 stops the workers and starts a new run on the new set (resuming from the job's checkpoint), at
 most ``max_restarts`` times. Any worker failing ends the job with the first failure's message.
 A renewal that finds the reservation marked ``preempting`` hands the job to ``on_preempted``
 (:func:`~.preempt.stop`): the run ends as ``preempted``, its GPUs given back, and the operator
-waits in the queue to run again (docs/preemption.md).
+waits in the queue to run again (docs/preemption.md). A deferred run phase (``settings.defer``)
+hands the job to a trigger once it has started on every host (:mod:`~.run_phase`).
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_hetero_gpu.ledger.errors import LedgerError
-from airflow_hetero_gpu.operators.gpu_set import GpuSetWatch
-from airflow_hetero_gpu.operators.lease import LeaseKeeper
-from airflow_hetero_gpu.operators.messages import failure_message, fmt_gpus
+from airflow_hetero_gpu.watching.gpu_set import GpuSetWatch
+from airflow_hetero_gpu.watching.lease import LeaseKeeper
+from airflow_hetero_gpu.launch.failures import failure_message
+from airflow_hetero_gpu.operators.messages import fmt_gpus
+from airflow_hetero_gpu.watching.look import RUNNING, JobWatch, watch_options
 
 
 @dataclass
@@ -40,6 +42,10 @@ class RunSettings:
     supervise: Callable[[str], Any] | None = None
     #: ``before_launch(gpus, launch token, restarts)``: the job's handle stored before it starts
     before_launch: Callable[[list, str, int], None] | None = None
+    #: a deferred run phase: ``defer(job, gpus, restarts)``, called once the job has started on
+    #: every host and a first look found nothing to do; it hands the job to a trigger (raises
+    #: TaskDeferred)
+    defer: Callable[[Any, list, int], None] | None = None
 
 
 class TrainingRun:
@@ -90,18 +96,10 @@ class TrainingRun:
         import uuid
 
         from airflow_hetero_gpu.launch.remote import attach_job, torchrun_job
-        from airflow_hetero_gpu.launch.supervisor import LEASE_MARGIN_S
 
         s = self.settings
-        keepalive = float(s.host_timeout) / 4
-        options: dict[str, Any] = {}
-        if s.supervise is not None:
-            sup = s.supervise(attach["launch"] if attach else uuid.uuid4().hex[:16])
-            keepalive = min(keepalive, sup.unattended_timeout / 4)
-            options = {"supervision": sup,
-                       "heartbeat_budget": lambda: self.lease.left() - sup.grace - LEASE_MARGIN_S}
-        common = {"on_line": s.on_line, "host_timeout": float(s.host_timeout), "keepalive_interval": keepalive,
-                  **options}
+        sup = s.supervise(attach["launch"] if attach else uuid.uuid4().hex[:16]) if s.supervise is not None else None
+        common = watch_options(s.host_timeout, sup, self.lease, s.on_line)
         hosts = list(dict.fromkeys(k[0] for k in gpus))  # in rank order, as the GPU list has them
         if attach is not None:
             return attach_job(self.job_id, [self.targets[h] for h in hosts], self.factory,
@@ -132,31 +130,26 @@ class TrainingRun:
         except JobStartError as err:  # one line, without the SSH library's internals
             raise AirflowException(f"job {self.job_id}: {err}") from None
         self._on_started()
-        check_every = min(self.lease.renew_every, 5.0)
+        watch = JobWatch(self.job_id, self.lease, self.gpu_set,
+                         stops_on_preemption=self.settings.on_preempted is not None)
+        verdict = RUNNING
+        if self.settings.defer is not None:  # one look now (the preemption mark read), then defer
+            verdict = watch.step(job, list(gpus), wait=0.0, renew=True)
+            if verdict.kind == "running":
+                self.settings.defer(job, list(gpus), restarts)  # raises TaskDeferred
+        while verdict.kind == "running":
+            verdict = watch.step(job, list(gpus))
         next_gpus = None
-        while True:
-            try:
-                res = job.wait(timeout=check_every)
-                break
-            except TimeoutError:
-                pass
-            now = time.monotonic()
-            try:
-                if self.lease.due(now):
-                    self.lease.renew(now)
-                next_gpus = self.gpu_set.next_gpus(gpus)
-            except LedgerError as err:
-                self.lease.outage(err, now, margin=check_every + 1.0)
-                continue
-            self.lease.reachable(now)
-            if self.lease.preempting is not None and self.settings.on_preempted is not None:
-                record = self.settings.on_preempted(job, gpus, self.lease.preempting, self.lease)
-                return "preempted", {"gpus": list(gpus), "preempted": record, "hosts": [], "exit_codes": {}}
-            if next_gpus is not None:
-                self.log.warning("job %s: its GPU set changed in the ledger; stopping the workers", self.job_id)
-                job.kill()
-                res = job.wait()
-                break
+        if verdict.kind == "preempted":
+            record = self.settings.on_preempted(job, gpus, verdict.mark, self.lease)
+            return "preempted", {"gpus": list(gpus), "preempted": record, "hosts": [], "exit_codes": {}}
+        if verdict.kind == "restart":
+            next_gpus = verdict.next_gpus
+            self.log.warning("job %s: its GPU set changed in the ledger; stopping the workers", self.job_id)
+            job.kill()
+            res = job.wait()
+        else:
+            res = verdict.result
         facts = {"hosts": [r.host for r in res.hosts], "exit_codes": {r.host: r.exit_code for r in res.hosts},
                  "gpus": list(gpus)}
         if next_gpus is not None:

@@ -1,4 +1,4 @@
-"""The replacement path of a running job (SPEC §8, S12) as the operator sees it.
+"""The replacement path of a running job (SPEC §8, S12) as its watcher sees it.
 
 At every tick of the run loop: has the ledger changed the job's GPU set (the health watch
 replaced an evicted GPU)? If a GPU of the job is evicted with no replacement yet, try to replace
@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, Sequence
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_hetero_gpu.core.model import GpuKey
-from airflow_hetero_gpu.operators.intruders import IntruderWatch
+from airflow_hetero_gpu.watching.intruders import IntruderWatch
 
 GpuList = list[GpuKey]  # in rank order: the ledger keeps a job's GPUs in slot order
 

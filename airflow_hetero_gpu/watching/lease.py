@@ -37,7 +37,7 @@ class LeaseKeeper:
         self._kill = kill
         self.lease_from = time.monotonic() if lease_from is None else lease_from
         self.down_since: float | None = None
-        self.checkpoints = checkpoints  # preempt.CheckpointSeen: noted in the ledger at renewals
+        self.checkpoints = checkpoints  # checkpoints.CheckpointSeen: noted in the ledger at renewals
         self.preempting: dict | None = None  # the ledger's mark: the job is preempted (docs/preemption.md)
 
     def due(self, now: float) -> bool:
@@ -107,3 +107,11 @@ def release(ledger: Callable[[], Any], job_id: str, log: Any, patience: float = 
             return
         time.sleep(pause)
         pause = min(pause * 2, 8.0)
+
+
+def forget_hosts(ledger: Callable[[], Any], job_id: str, log: Any) -> None:
+    """The job ended cleanly everywhere: a later run of the same job id has nothing to sweep."""
+    try:
+        ledger().forget_job_hosts(job_id)
+    except LedgerError as err:
+        log.warning("job %s: could not clear its hosts' record (%s); a later try sweeps them", job_id, err)
