@@ -1,4 +1,4 @@
-"""A training task's metrics, tagged with its team as Airflow tags its own (docs/operations.md#metrics).
+"""A training task's metrics, tagged with its team as Airflow tags its own (docs/operations.md#teams-in-the-metrics).
 
 Every metric the task emits for its job (``resumable_job.*``, ``hetero_gpu.preemptions``) carries:
 
