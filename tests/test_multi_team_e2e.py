@@ -29,6 +29,7 @@ from airflow_hetero_gpu.testing.demo import small_hosts
 from cluster_fixtures import emulated_cluster  # noqa: F401
 from ledger_files import new_ledger
 from multi_team_fixtures import TEAMS, multi_team_home
+from otlp_metrics import otlp  # noqa: F401
 from test_queue_e2e import WAIT_S, _until
 
 
@@ -122,10 +123,12 @@ def _reservation(url: str, job_id: str):
         return led.get(job_id)
 
 
-def test_two_airflow_teams_draw_on_one_fleet_teams_quota(fleet, tmp_path, tmp_path_factory):
+def test_two_airflow_teams_draw_on_one_fleet_teams_quota(fleet, tmp_path, tmp_path_factory, otlp):  # noqa: F811
     """research (quota 2) serves research_cv and research_nlp; team_a lends nothing. research_cv's
     2-GPU job fills research's quota; research_nlp's 1-GPU job then waits, blocked by research's
-    quota although 2 GPUs are free, and runs once research_cv's job ends."""
+    quota although 2 GPUs are free, and runs once research_cv's job ends. Both tasks' metrics, sent by
+    Airflow's OpenTelemetry exporter to a collector on loopback, carry their Airflow team as
+    ``team_name`` (as Airflow's own do) and ``research`` as ``fleet_team``."""
     cluster, url = fleet
     env = multi_team_home(tmp_path / "airflow")
     r = _apply(env, tmp_path, url, TEAMS)
@@ -141,12 +144,15 @@ def test_two_airflow_teams_draw_on_one_fleet_teams_quota(fleet, tmp_path, tmp_pa
     cv_command, cv_go = _blocking(tmp_path, "cv")
     nlp_command, nlp_go = _blocking(tmp_path, "nlp")
     nlp_go.touch()  # research_nlp's job ends as soon as it starts
-    cv = Run(env, cluster, tmp_path, url, "cv_dags", command=cv_command, job_id="cv-job", gpu_count=2)
+    # both durable, their metrics sent by Airflow's OpenTelemetry exporter to a collector on loopback
+    durable = {"durable": True, "unattended_timeout": 10, "preemption_grace": 5}
+    cv = Run({**env, **otlp.airflow_env}, cluster, tmp_path, url, "cv_dags", command=cv_command, job_id="cv-job",
+             gpu_count=2, **durable)
     nlp = None
     try:
         assert _until("research_cv's reservation", lambda: _reservation(url, "cv-job")).team == "research"
-        nlp = Run(env_nlp, cluster, tmp_path, url, "nlp_dags", command=nlp_command, job_id="nlp-job", gpu_count=1,
-                  wait_for_capacity=True)
+        nlp = Run({**env_nlp, **otlp.airflow_env}, cluster, tmp_path, url, "nlp_dags", command=nlp_command,
+                  job_id="nlp-job", gpu_count=1, wait_for_capacity=True, **durable)
         entry = _until("research_nlp's queue entry", lambda: _waiting(url, "nlp-job"))
         assert entry.team == "research"
         assert "team research: 2/2 of its quota in use" in entry.reason, entry.reason
@@ -160,6 +166,11 @@ def test_two_airflow_teams_draw_on_one_fleet_teams_quota(fleet, tmp_path, tmp_pa
         cv.finish()
         if nlp is not None:
             nlp.finish()
+    # the provider's metrics carry the Airflow team as Airflow's own do, and the fleet team beside it
+    fresh = otlp.named("airflow.resumable_job.fresh_submit")
+    assert {"operator": "HeteroTrainOperator", "team_name": "research_cv", "fleet_team": "research"} in fresh, fresh
+    assert {"operator": "HeteroTrainOperator", "team_name": "research_nlp", "fleet_team": "research"} in fresh, fresh
+    assert any(p.get("team_name") == "research_cv" for p in otlp.named("airflow.ti.finish"))  # Airflow's own
     assert "Airflow team research_cv draws on the quota of team research" in cv.log
     assert "Airflow team research_nlp draws on the quota of team research" in nlp.log
     assert "job nlp-job: admitted from the queue" in nlp.log and "nlp-done" in nlp.log

@@ -5,11 +5,15 @@ inventory of 24 emulated hosts (``page_fleet``: 8 GPUs each, racks of 16, two ho
 collection failed, every seventh host half busy), six jobs filling the A100 hosts, one more A100
 job waiting in the queue (its DAG ``secret_pipeline``), and one idle H200 host drained with a
 reason and a deadline. The auth manager is the simple one with a third user, ``outsider``, who may
-view the page but read no DAG (``dag_scoped_auth``).
+view the page but read no DAG (``dag_scoped_auth``). A teams file is applied: ``research``, whose
+quota the Airflow teams ``research_cv`` and ``research_nlp`` draw on, holds the jobs and the wait;
+``infra`` holds nothing.
 
 At 1440 × 900 and 1024 × 768: the drained host's cells in their own colour (not busy's), their
 count in the summary and the legend, the line naming the host, why and its deadline inside the
-first screen, the reason and the deadline on the tile's tooltip; ``/api/cluster`` gives the
+first screen, the reason and the deadline on the tile's tooltip; the Teams section's Airflow
+teams, and the Team of the reservations and of the queue entry, inside the page's width;
+``/api/cluster`` gives the
 outsider no DAG, run, task or try of the waiting job (nor of the reservations), and the viewer
 all of them.
 
@@ -43,6 +47,7 @@ TO_RGB = """c => { const x = document.createElement('canvas').getContext('2d'); 
 
 def _fill_ledger(url: str) -> dict:
     from airflow_hetero_gpu.collect.freshness import FreshInventory
+    from airflow_hetero_gpu.core.admission import teams_from_mapping
     from airflow_hetero_gpu.core.model import PlanRequest
     from airflow_hetero_gpu.ledger import Ledger
 
@@ -52,13 +57,16 @@ def _fill_ledger(url: str) -> dict:
         led.store_collection(fleet_records(specs, down_hosts(specs)), collector="fleet test",
                              fleet_files={"topology.conf": topology_conf(HOSTS)})
         cluster = FreshInventory(led.inventory(), float("inf")).cluster()
+        led.apply_teams(teams_from_mapping({"teams": {
+            "research": {"quota": {"*": 8 * HOSTS}, "airflow_teams": ["research_cv", "research_nlp"]},
+            "infra": {"quota": {"*": 0}}}}))
         a100_hosts = sum(1 for s in specs if s.gpus[0].name == a100 and s.name not in down_hosts(specs))
         for n in range(a100_hosts):
             ident = {"dag_id": "hetero_gpu_retrain", "run_id": f"scheduled__2026-12-01T{n:02d}:00:00+00:00",
                      "task_id": "train", "try_number": 1}
             assert led.reserve(f"retrain-{n}", cluster, PlanRequest(8, a100), lease_seconds=4 * 3600,
-                               identity=ident).decision
-        waiting = led.enqueue("secret-job", PlanRequest(8, a100), lease_seconds=4 * 3600,
+                               identity=ident, team="research").decision
+        waiting = led.enqueue("secret-job", PlanRequest(8, a100), lease_seconds=4 * 3600, team="research",
                               identity={"dag_id": SECRET_DAG, "run_id": "manual__2026-12-05T09:00:00+00:00",
                                         "task_id": "hidden_task", "try_number": 2})
         assert not waiting.admitted
@@ -102,6 +110,21 @@ def _bottom_in_window(page, frame, selector: str) -> float:
     return top + frame.locator(selector).first.evaluate("e => e.getBoundingClientRect().bottom")
 
 
+def _column(frame, table: str, name: str) -> dict:
+    """Where the column ``name`` of ``table``, its first cell and its table end, the cell's text, and the
+    page's width."""
+    return frame.evaluate(
+        """([table, name]) => {
+            const th = [...document.querySelectorAll(`table.${table} thead th`)]
+                .find(t => t.innerText.trim().replace(/[\\u25b2\\u25bc]$/, '') === name);
+            const td = th.closest('table').querySelector(
+                `tbody tr td:nth-child(${[...th.parentNode.children].indexOf(th) + 1})`);
+            return {right: th.getBoundingClientRect().right, cell_right: td.getBoundingClientRect().right,
+                    table_right: th.closest('table').getBoundingClientRect().right, cell: td.innerText.trim(),
+                    shown: getComputedStyle(th).display !== 'none', vw: document.documentElement.clientWidth};
+        }""", [table, name])
+
+
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_a_drained_host_has_its_colour_count_and_reason_on_the_first_screen(fleet, browser, size, tmp_path):  # noqa: F811
     server, facts = fleet
@@ -132,6 +155,16 @@ def test_a_drained_host_has_its_colour_count_and_reason_on_the_first_screen(flee
         tile = frame.locator(f'#fleet a.hg-tile[data-host="{DRAINED}"]')
         title = tile.get_attribute("title")
         assert f"drained: {REASON} (since " in title and "by ops; running jobs end in " in title, title
+        # the Teams section: each team's Airflow teams; the reservations' and the queue entry's team
+        mapped = frame.locator("table.hg-teams td.hg-airflow-teams")
+        assert [t.strip() for t in mapped.all_inner_texts() if t.strip()] == ["infra", "research_cv, research_nlp"]
+        for table, column in (("hg-teams", "Airflow teams"), ("hg-reservations", "Team"), ("hg-queue", "Team")):
+            col = _column(frame, table, column)
+            assert col["shown"] and col["cell"] and col["right"] <= col["vw"] and col["cell_right"] <= col["vw"], \
+                (table, column, col)
+            assert col["table_right"] <= col["vw"], f"{table} is wider than the page at {size}: {col}"
+        assert _column(frame, "hg-queue", "Team")["cell"] == "research"
+        assert _column(frame, "hg-reservations", "Team")["cell"] == "research"
         tile.hover()  # the browser shows the title as the tile's tooltip
         page.screenshot(path=str(_shots(tmp_path) / f"cluster-drained-{size[0]}.png"))
     finally:

@@ -26,7 +26,8 @@ def test_the_teams_section_shows_quota_use_lending_and_the_chart(tmp_path):
         fill(led)
         assert "Teams" not in _page(url)[1]  # no team configured: no section
         led.apply_teams(teams_from_mapping({"teams": {"prod": {"quota": {"A100*": 12}},
-                                                      "intern": {"quota": {"*": 4}, "borrowing_limit": {"*": 4}}}}))
+                                                      "intern": {"quota": {"*": 4}, "borrowing_limit": {"*": 4},
+                                                                 "airflow_teams": ["intern_cv", "intern_nlp"]}}}))
         for i in range(3):
             assert led.enqueue(f"i{i}", PlanRequest(2), team="intern", lease_seconds=3600).admitted
             led.take_admission(f"i{i}")
@@ -41,6 +42,16 @@ def test_the_teams_section_shows_quota_use_lending_and_the_chart(tmp_path):
     chart = html.split('id="hg-teams-use"')[1] if 'id="hg-teams-use"' in html else html
     assert "GPUs in use per team" in html and "intern" in chart
     assert 'href="#teams"' in html
+    # each team's Airflow teams (the teams file's mapping; default: its own name), on its first row
+    assert "<th class=\"hg-wrap\">Airflow teams</th>" in body
+    assert re.findall(r'<td class="hg-wrap hg-airflow-teams">([^<]*)</td>', body) == ["intern_cv, intern_nlp", "prod"]
+    assert m.to_json()["teams"]["airflow_teams"] == {"intern": ["intern_cv", "intern_nlp"], "prod": ["prod"]}
+    # the reservations and the queue entries show the (fleet) team they count for
+    reservations = html.split('class="hg-reservations"')[1].split("</table>")[0]
+    assert "<th>Team</th>" in reservations and reservations.count("<td>intern</td>") == 3
+    queue = html.split('class="hg-queue"')[1].split("</table>")[0]
+    assert "<th>Team</th>" in queue and queue.count("<td>intern</td>") == 1
+    assert [e["team"] for e in m.to_json()["queue"]] == ["intern"]
 
 
 def test_the_chart_fits_its_axis_to_the_history_and_leaves_out_teams_nobody_configured(tmp_path):

@@ -166,13 +166,17 @@ def test_faults_leave_the_available_set_and_come_back(fleet):
 
 
 # --- S12: replacement inside a running reservation -----------------------------------------------------
-def test_watch_replaces_an_evicted_gpu_of_a_live_reservation(fleet, capfd):
+def test_watch_replaces_an_evicted_gpu_of_a_live_reservation(fleet, capfd, monkeypatch):
+    from airflow.sdk.observability import stats
+
+    counted = []
+    monkeypatch.setattr(stats, "incr", lambda name, *a, **kw: counted.append((name, kw.get("tags"))))
     cluster, ids, url = fleet(small_hosts(2, gpus=2))
     s = sensor(ids, url, mode_kind="watch")
     assert s.poke({}) is False
     inventory = s.health_watch.cluster
     with Ledger.from_url(url) as led:
-        a = led.reserve("job-a", inventory, PlanRequest(2, gpu_type="A100-SXM4-80GB")).decision
+        a = led.reserve("job-a", inventory, PlanRequest(2, gpu_type="A100-SXM4-80GB"), team="research").decision
         b = led.reserve("job-b", inventory, PlanRequest(2)).decision
     assert [str(k) for k in a.keys] == ["node01:0", "node01:1"] and [str(k) for k in b.keys] == ["node02:0", "node02:1"]
 
@@ -183,6 +187,9 @@ def test_watch_replaces_an_evicted_gpu_of_a_live_reservation(fleet, capfd):
     [stuck] = s.health_watch.last.replacements
     assert (stuck["job_id"], stuck["host"], stuck["index"], stuck["replacement"]) == ("job-a", "node01", 1, None)
     assert "no healthy GPU of pool NVIDIA A100-SXM4-80GB can replace evicted GPU node01:1" in logged(capfd)
+    # the job's event carries its team (the reservation's fleet team) as team_name and fleet_team
+    assert ("hetero_gpu.gpu.replacement_failures",
+            {"pool": A100, "host": "node01", "team_name": "research", "fleet_team": "research"}) in counted
 
     # job-b ends: the next check swaps the bad GPU for one of the same pool, in the same slot
     with Ledger.from_url(url) as led:
@@ -190,6 +197,8 @@ def test_watch_replaces_an_evicted_gpu_of_a_live_reservation(fleet, capfd):
     assert s.poke({}) is False
     [swap] = s.health_watch.last.replacements
     assert swap["replacement"]["host"] == "node02" and swap["pool"] == A100
+    assert ("hetero_gpu.gpu.replacements",
+            {"pool": A100, "host": "node01", "team_name": "research", "fleet_team": "research"}) in counted
     with Ledger.from_url(url) as led:
         res = led.get("job-a")
         assert [str(k) for k in res.keys] == ["node01:0", f"node02:{swap['replacement']['index']}"]

@@ -143,3 +143,26 @@ def test_a_bad_mapping_changes_nothing_applied(ledger_db_url, tmp_path, capsys):
                            f"team's quota")
     with Ledger.from_url(ledger_db_url) as led:
         assert sorted(led.teams().teams) == ["prod", "research"]
+
+
+def test_plan_reserve_translates_an_airflow_team_as_a_task_does(tmp_path, capsys):
+    """``plan --reserve --team research_cv`` reserves for research (one line says so); a fleet team
+    is taken as it is; a name the file neither names nor maps is refused, nothing reserved."""
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    with Ledger.from_url(url) as led:
+        fill(led)
+        led.apply_teams(_parse(MAPPED))
+    argv = ["plan", "--ledger", url, "--gpus", "2", "--reserve", "--job-id", "cv", "--team", "research_cv"]
+    capsys.readouterr()
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert err == "hetero-gpu plan: Airflow team 'research_cv' draws on the quota of team 'research'\n", err
+    assert main([*argv[:7], "prod", "--team", "prod"]) == 0
+    assert capsys.readouterr().err == ""
+    assert main([*argv[:7], "rl", "--team", "research_rl"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--team: team 'research_rl' is not in the teams file (its teams: prod, " \
+        "research)" in err and "nothing reserved" in err, err
+    with Ledger.open_existing(url) as led:
+        assert (led.get("cv").team, led.get("prod").team, led.get("rl")) == ("research", "prod", None)
+        assert [r["in_use"] for r in led.team_standing()["rows"] if r["team"] == "research"] == [2]

@@ -236,7 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--job-id", metavar="ID", type=job_id_arg, help="job id of the reservation (with --reserve; "
                                                                "1-128 letters, digits, '.', '_', '-')")
     p.add_argument("--team", metavar="NAME", type=team_name, help="the job's team for the quotas (with --reserve; default: the "
-                                                  "default team; docs/teams.md)")
+                                                  "default team; an Airflow team the teams file's airflow_teams "
+                                                  "lists counts for its team; docs/teams.md)")
     p.add_argument("--lease", type=positive_int, default=600, metavar="SECONDS",
                    help="lease of the reservation (with --reserve; default 600): it is freed when the "
                         "lease runs out unless renewed, or at once with `hetero-gpu release`")

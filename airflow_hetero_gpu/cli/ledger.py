@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
@@ -53,8 +54,10 @@ def reserve_for_cli(
     team: str | None = None,
 ) -> PlanResult:
     """``plan --reserve``: plan and claim in one ledger transaction; decision None means exit 3.
-    ``lease_seconds``: default the ledger's :data:`DEFAULT_LEASE_SECONDS`. A ``team`` the applied
-    teams file does not name is refused (LedgerError; nothing reserved, docs/teams.md)."""
+    ``lease_seconds``: default the ledger's :data:`DEFAULT_LEASE_SECONDS`. ``team`` is translated
+    as a task's team is: an Airflow team the teams file's ``airflow_teams`` lists draws on its fleet
+    team's quota (said in one line on stderr), and the reservation stores the fleet team. A team the
+    applied teams file neither names nor maps is refused (LedgerError; nothing reserved, docs/teams.md)."""
     from airflow_hetero_gpu.core.admission.teams import unknown_team
     from airflow_hetero_gpu.ledger.store import DEFAULT_LEASE_SECONDS, Ledger
 
@@ -62,9 +65,13 @@ def reserve_for_cli(
     with Ledger.from_url(ledger_url) as ledger:
         if team is not None:
             teams = ledger.teams()
-            problem = unknown_team(team, teams.teams if teams else ())
+            fleet = teams.fleet_team(team) if teams else team
+            problem = unknown_team(fleet, teams.teams if teams else ())
             if problem:
                 raise LedgerError(f"--team: {problem}; nothing reserved")
+            if fleet != team:
+                print(f"hetero-gpu plan: Airflow team {team!r} draws on the quota of team {fleet!r}", file=sys.stderr)
+            team = fleet
         return ledger.reserve(job_id, cluster, request, lease_seconds=lease, config=config, team=team)
 
 

@@ -36,7 +36,7 @@ from airflow_hetero_gpu.core.changes import diff_inventory
 from airflow_hetero_gpu.core.config import ClusterConfig, config_from_text
 from airflow_hetero_gpu.core.model import Gpu, GpuKey
 from airflow_hetero_gpu.errors import HeteroGpuError
-from airflow_hetero_gpu.healthcheck.metrics import Metrics
+from airflow_hetero_gpu.healthcheck.metrics import Metrics, job_tags
 from airflow_hetero_gpu.healthcheck.parts import DEFAULT_PART_WINDOW_S, collect_in_parts
 from airflow_hetero_gpu.healthcheck.spec import GATE_MET, IDLE, WATCH_OVER, WatchSpec, merged_config
 from airflow_hetero_gpu.ledger import Ledger, LedgerError, NoLiveReservation
@@ -273,12 +273,12 @@ class HealthWatch:
                     if mark not in self._stuck:
                         self._stuck.add(mark)
                         out.append(entry)
-                        self.metrics.event("replacement_failures", pool, {"host": bad.host})
+                        self.metrics.event("replacement_failures", pool, {"host": bad.host, **job_tags(res.team)})
                     continue
                 self.log.warning("job %s: evicted GPU %s (%s) replaced by %s (%s) in pool %s", res.job_id, bad,
                                  held.uuid, new, cluster.gpu(new).uuid, pool)
                 self._stuck.discard((res.job_id, bad.host, bad.index))
-                self.metrics.event("replacements", pool, {"host": bad.host})
+                self.metrics.event("replacements", pool, {"host": bad.host, **job_tags(res.team)})
                 out.append(entry)
         self.replacements.extend(out)
         return out

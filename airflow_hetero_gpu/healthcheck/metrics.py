@@ -15,6 +15,13 @@ def _stat_part(text: str) -> str:
     return _UNSAFE.sub("_", text.replace(".", "_")).strip("_")[:120] or "unknown"
 
 
+def job_tags(team: str | None) -> dict[str, str]:
+    """The tags of an event of a running job (a replacement): its reservation's team, the fleet
+    team, as both ``team_name`` and ``fleet_team`` (the watch does not know the task's Airflow
+    team; docs/operations.md#metrics); none for a reservation without a team."""
+    return {"team_name": team, "fleet_team": team} if team else {}
+
+
 class Metrics:
     """Airflow's Stats: gauges per pool, counters of events. Each metric is emitted once with tags
     (``pool``, ``host``, ``reason``) for tagging backends, and once with the pool in its name

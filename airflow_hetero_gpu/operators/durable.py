@@ -91,12 +91,9 @@ def check_args(op: Any) -> None:
 
 
 def _stats_incr(name: str, tags: Mapping[str, str]) -> None:
-    try:
-        from airflow.sdk._shared.observability.metrics import stats
+    from airflow_hetero_gpu.operators.task_metrics import incr
 
-        stats.incr(name, tags=dict(tags))
-    except Exception:  # noqa: BLE001 - a metric never stops a job
-        pass
+    incr(name, tags)
 
 
 @dataclass
@@ -118,11 +115,18 @@ class DurableJob:
             op.log.warning("job %s: this Airflow has no task state store (it came in Airflow 3.3): a retry "
                            "cannot reattach to a running job, so the job runs as before, stopped with its "
                            "SSH sessions", job_id)
-        ti = context.get("ti")
-        self.tags = {"operator": type(op).__name__}
-        team = getattr(ti, "stats_tags", {}).get("team_name") if ti is not None else None
-        if team:
-            self.tags["team_name"] = team
+        self.context = context
+        self._tags: dict[str, str] | None = None
+
+    @property
+    def tags(self) -> dict[str, str]:
+        """The ``resumable_job.*`` metrics' tags: the operator and the task's teams (:mod:`.task_metrics`)."""
+        if self._tags is None:
+            from airflow_hetero_gpu.operators.task_metrics import team_tags
+
+            self._tags = {"operator": type(self.op).__name__,
+                          **team_tags(self.context, getattr(self.op, "_placement", None))}
+        return self._tags
 
     @property
     def on(self) -> bool:

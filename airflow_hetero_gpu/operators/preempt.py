@@ -109,7 +109,7 @@ def stop(op: Any, job: Any, job_id: str, mark: dict, lease: Any, seen: Checkpoin
     record = op.ledger.finish_preemption(job_id, outcome=outcome, exited_after_s=took if script is None else script,
                                          checkpoint=checkpoint, lease_seconds=float(op.lease_seconds))
     op.log.warning("job %s: %s", job_id, explain(record, signalled, None if script is None else took))
-    _count(record)
+    _count(op, record)
     return record
 
 
@@ -166,15 +166,15 @@ def explain(record: dict, signalled: datetime, torchrun_s: float | None = None) 
             f"of work lost; back in the queue with its priority and place, it resumes when admitted")
 
 
-def _count(record: dict) -> None:
-    try:
-        from airflow_hetero_gpu.healthcheck.metrics import METRIC_PREFIX, Metrics
+def _count(op: Any, record: dict) -> None:
+    """``hetero_gpu.preemptions`` with the outcome and the victim task's teams (:mod:`.task_metrics`)."""
+    from airflow_hetero_gpu.healthcheck.metrics import METRIC_PREFIX
+    from airflow_hetero_gpu.operators.task_metrics import incr, team_tags
 
-        stats = Metrics().stats
-        stats.incr(f"{METRIC_PREFIX}.preemptions", tags={"outcome": record["outcome"]})
-        stats.incr(f"{METRIC_PREFIX}.preemption.{record['outcome']}")
-    except Exception:  # noqa: BLE001 - a metric never stops a job
-        pass
+    placement = getattr(op, "_placement", None)
+    teams = team_tags(placement.context, placement) if placement is not None else {}
+    incr(f"{METRIC_PREFIX}.preemptions", {"outcome": record["outcome"], **teams})
+    incr(f"{METRIC_PREFIX}.preemption.{record['outcome']}", {})
 
 
 def requeue(op: Any, placement: Any) -> Any:

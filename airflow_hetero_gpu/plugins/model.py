@@ -155,6 +155,7 @@ class QueueEntry:
     identity: Mapping[str, Any] | None = None
     state: str | None = None
     claim: str | None = None  # "node01 GPU 0-7 (3 held)"
+    team: str | None = None  # the fleet team it counts for (None: no teams configured)
 
     def to_json(self, now: datetime, *, show_identity: bool = True) -> dict[str, Any]:
         """``show_identity`` False (a viewer who may not read the DAG): its DAG, run, task and try
@@ -165,7 +166,8 @@ class QueueEntry:
                 "enqueued_at": iso(self.enqueued_at), "waited_s": waited, "reason": self.reason,
                 "request": dict(self.request) if self.request else None,
                 "identity": dict(self.identity) if self.identity and not hidden else None,
-                "identity_hidden": hidden, "state": self.state, "claim": self.claim}
+                "identity_hidden": hidden, "state": self.state, "claim": self.claim,
+                **({"team": self.team} if self.team is not None else {})}
 
 
 def _aware(t: datetime) -> datetime:

@@ -294,7 +294,7 @@ def read_queue(ledger: Any) -> tuple[list | None, dict]:
             claim = describe_gpus(r.claimed_gpus) + (f" ({held} held)" if held else " (all free)")
         out.append(QueueEntry(r.job_id, r.position or len(records) + 1, r.priority, r.enqueued_at, r.reason,
                               dict(r.request), r.identity.to_json() if r.identity else None,
-                              r.standing or "waiting", claim))
+                              r.standing or "waiting", claim, r.team))
     return out, {"status": "ok", "message": None}
 
 
@@ -312,7 +312,9 @@ def read_teams(ledger: Any, since: datetime) -> tuple[dict | None, list, dict]:
         return None, [], {"status": "error", "message": f"teams: {err}"}
     if not standing["rows"]:
         return None, [], {"status": "ok", "message": None}
-    standing = {**standing, "configured": sorted(configured.teams) if configured is not None else []}
+    standing = {**standing, "configured": sorted(configured.teams) if configured is not None else [],
+                # fleet team -> the Airflow teams drawing on its quota (the teams file's airflow_teams)
+                "airflow_teams": configured.mapping() if configured is not None else {}}
     last_before: dict[str, dict] = {}
     recent = []
     for s in samples:
