@@ -138,15 +138,20 @@ def test_a_task_marked_failed_while_deferred_has_its_job_stopped_from_the_trigge
 
     airflow.wait_for(released, timeout=120, what="the reservation released")
     text = watched()
-    triggerer = airflow.component_log("triggerer")
-    assert "Trigger cancelled by user action, invoking on_kill" in triggerer, triggerer[-4000:]
+    # the trigger's on_kill (a user's action: Airflow calls it, not the triggerer's stop)
+    assert "Trigger cancelled by user action, invoking on_kill" in text, text[-4000:]
     assert f"task killed: stopping job {job_id} on every host" in text, text[-4000:]
-    assert re.search(rf"job {re.escape(job_id)} on node0[12]: ended \d+ process", text), text[-4000:]
-    assert f"job {job_id}: reservation released" in text, text[-4000:]
+    # the stop goes on in the triggerer's thread after Airflow stops waiting for on_kill (it cancels a
+    # killed trigger again at each loop): its last lines are in the triggerer's own log
+    triggerer = airflow.component_log("triggerer")
+    for host in ("node01", "node02"):
+        assert re.search(rf"job {re.escape(job_id)} on {host}: ended \d+ process", triggerer), triggerer[-4000:]
+    assert f"job {job_id}: reservation released" in triggerer + text, triggerer[-4000:]
     # SIGTERM came first (the job logged it on every host) and did not end it: the SIGKILL after the grace did
     run_dir = Path.home() / ".hetero-gpu" / "run" / job_id
     for host in ("node01", "node02"):
         assert "TERM received" in (run_dir / f"{host}.out").read_text(errors="replace"), host
     assert gone_after >= KILL_GRACE_S, gone_after
-    assert leftovers(job_id) == ""
+    # each host's supervisor (not the job's: it carries no marker) sees its job gone and exits
+    airflow.wait_for(lambda: leftovers(job_id) == "", timeout=60, what="nothing of the job left on the hosts")
     assert airflow.task_state(dag_id, run_id, task_id) == "failed"
