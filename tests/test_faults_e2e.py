@@ -374,3 +374,5 @@ def test_every_watcher_gone_under_a_deferred_run_the_switch_stops_the_job_before
     assert "SIGTERM received" in host_out, host_out[-3000:]   # the signal came first: it checkpointed
     assert re.search(r"rank \d resumed", log2), log2[-5000:]   # from the checkpoint the SIGTERM saved
     assert _live(url) == [] and leftovers(job_id) == "" and leftovers(second_id) == ""
+    print(f"after the kill: the first job stopped at {stopped_at:.1f} s, its lease freed at {freed_at:.1f} s, "
+          f"the second job admitted at {admitted_at:.1f} s")
