@@ -36,18 +36,23 @@ def deployment(tmp_path_factory):
         durable = {"durable": True, "deferrable": True, "unattended_timeout": 60, "preemption_grace": 5,
                    "lease_seconds": 90, "host_timeout": 8,
                    "script_args": ["--epochs", "8", "--hold-after-epoch", "2", "--hold-file", str(root / "hold")]}
+        # a job that outlives SIGTERM (it says so and goes on): only the SIGKILL after the grace ends it
+        stubborn = {**durable, "script": None, "script_args": [], "command": [
+            "sh", "-c", "trap 'echo TERM received; echo TERM received >&2' TERM; echo stubborn started; "
+                        "while :; do sleep 0.2; done"]}
         with AirflowDeployment(root / "airflow", DAGS, {
             **conns, "HG_TEST_CONFIG": json.dumps(cfg), "HG_TEST_DURABLE_CONFIG": json.dumps(durable),
+            "HG_TEST_COMMAND_CONFIG": json.dumps(stubborn),
         }) as airflow:
             airflow.cfg, airflow.root = cfg, root
             yield airflow
 
 
-def _trigger_logs(airflow, run_id: str) -> list[str]:
+def _trigger_logs(airflow, run_id: str, dag_id: str = "hg_durable_test", task_id: str = "train") -> list[str]:
     """The trigger log files of the task's first try (one per trigger that ran it), oldest first."""
     out = []
     for home in airflow.log_homes().values():
-        root = home / "logs" / "dag_id=hg_durable_test" / f"run_id={run_id}" / "task_id=train"
+        root = home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
         out += sorted(root.rglob("attempt=1.log.trigger.*.log"), key=lambda p: p.stat().st_mtime)
     return [p.read_text(errors="replace") for p in out]
 
@@ -94,3 +99,59 @@ def test_triggerer_killed_while_it_watches_a_training(deployment):
         assert ledger.live_reservations() == []
     assert leftovers(job_id) == ""
     assert not (Path.home() / ".hetero-gpu" / "run" / job_id).exists()
+
+
+def test_a_task_marked_failed_while_deferred_has_its_job_stopped_from_the_triggerer(deployment):
+    """The task is marked failed through the REST API while the triggerer watches its job (no
+    worker holds it): Airflow cancels the trigger as a user's action and calls its ``on_kill``,
+    which sends SIGTERM on every host, waits the kill grace and SIGKILLs what is left (the job
+    here traps SIGTERM and goes on), then releases the reservation. Nothing of the job is left
+    on the hosts; the task stays failed."""
+    from airflow_hetero_gpu.launch.command import JOB_ENV
+    from airflow_hetero_gpu.testing import procs
+    from airflow_hetero_gpu.triggers.training import KILL_GRACE_S
+
+    airflow = deployment
+    dag_id, task_id = "hg_command_test", "run"
+    run_id = airflow.trigger(dag_id)
+    job_id = default_job_id(dag_id, task_id, run_id)
+    watched = lambda: "".join(_trigger_logs(airflow, run_id, dag_id, task_id))  # noqa: E731
+    airflow.wait_for(lambda: "stubborn started" in watched() and "watched from the triggerer" in watched(),
+                     timeout=300, what="the job relayed by the trigger")
+    assert airflow.task_state(dag_id, run_id, task_id) == "deferred"          # no worker slot held
+    assert procs.with_env(JOB_ENV, job_id)
+    with Ledger.from_url(airflow.cfg["ledger_url"]) as ledger:
+        assert [r.job_id for r in ledger.live_reservations()] == [job_id]
+
+    with airflow.client() as client:
+        r = client.patch(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}",
+                         json={"new_state": "failed"})
+    marked = time.monotonic()
+    assert r.status_code == 200, r.text
+    airflow.wait_for(lambda: not procs.with_env(JOB_ENV, job_id), timeout=180, what="the job's processes gone",
+                     poll=0.2)
+    gone_after = time.monotonic() - marked
+
+    def released() -> bool:
+        with Ledger.from_url(airflow.cfg["ledger_url"]) as ledger:
+            return ledger.live_reservations() == []
+
+    airflow.wait_for(released, timeout=120, what="the reservation released")
+    text = watched()
+    # the trigger's on_kill (a user's action: Airflow calls it, not the triggerer's stop)
+    assert "Trigger cancelled by user action, invoking on_kill" in text, text[-4000:]
+    assert f"task killed: stopping job {job_id} on every host" in text, text[-4000:]
+    # the stop goes on in the triggerer's thread after Airflow stops waiting for on_kill (it cancels a
+    # killed trigger again at each loop): its last lines are in the triggerer's own log
+    triggerer = airflow.component_log("triggerer")
+    for host in ("node01", "node02"):
+        assert re.search(rf"job {re.escape(job_id)} on {host}: ended \d+ process", triggerer), triggerer[-4000:]
+    assert f"job {job_id}: reservation released" in triggerer + text, triggerer[-4000:]
+    # SIGTERM came first (the job logged it on every host) and did not end it: the SIGKILL after the grace did
+    run_dir = Path.home() / ".hetero-gpu" / "run" / job_id
+    for host in ("node01", "node02"):
+        assert "TERM received" in (run_dir / f"{host}.out").read_text(errors="replace"), host
+    assert gone_after >= KILL_GRACE_S, gone_after
+    # each host's supervisor (not the job's: it carries no marker) sees its job gone and exits
+    airflow.wait_for(lambda: leftovers(job_id) == "", timeout=60, what="nothing of the job left on the hosts")
+    assert airflow.task_state(dag_id, run_id, task_id) == "failed"

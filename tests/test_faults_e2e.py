@@ -21,7 +21,8 @@ from airflow_hetero_gpu.ledger import Ledger
 from airflow_hetero_gpu.testing import procs
 from airflow_hetero_gpu.testing.postgres import PostgresServer, PostgresUnavailable
 from cluster_fixtures import emulated_cluster  # noqa: F401
-from dag_run_helpers import airflow_home, finish, leftovers, run_leftovers, losses, start_dag, two_hosts  # noqa: F401
+from airflow_hetero_gpu.testing.airflow_env import airflow_env, migrate
+from dag_run_helpers import DAGS, airflow_home, finish, leftovers, run_leftovers, losses, start_dag, two_hosts  # noqa: F401
 from ledger_files import new_ledger
 
 pytest.importorskip("torch", reason="torch (CPU build) is needed to train the example model")
@@ -294,3 +295,84 @@ def test_task_sigkilled_for_good_the_dead_man_switch_stops_the_job_before_its_le
     assert re.search(r"rank \d resumed", log), log[-5000:]   # from the checkpoint the SIGTERM saved
     assert _live(url) == [] and leftovers(job_id) == ""
     assert not run_dir.exists()
+
+
+def test_every_watcher_gone_under_a_deferred_run_the_switch_stops_the_job_before_a_second_job_gets_its_gpus(
+        airflow_home, two_hosts, tmp_path, tmp_path_factory):
+    """Durable and deferred: the task has handed its job to the trigger (``airflow dags test``
+    runs it in line, so the one process SIGKILLed is both the worker and the triggerer: nothing
+    watches the job again). A second job wanting the same four GPUs waits in the queue meanwhile.
+    Each host's supervisor stops the first job once nobody has touched its heartbeat for
+    ``unattended_timeout`` (SIGTERM: it saves its checkpoint; SIGKILL after the grace); only then
+    does the first job's lease free the GPUs, and only then is the second job admitted on them.
+    Sampled every 0.2 s: a process of the first job never runs without its reservation, nor
+    beside a reservation or a process of the second; the second resumes from the checkpoint."""
+    job_id = f"deadman-deferred-{uuid.uuid4().hex[:8]}"
+    second_id = f"{job_id}-second"
+    url = new_ledger(tmp_path / 'ledger.db')
+    ckpt = tmp_path / "ckpt"
+    unattended, grace = 20, 5
+    on_line, watched = _when(r"epoch 3 loss")
+    deferred_seen = threading.Event()
+
+    def on_first(line: str) -> None:
+        if "watched from the triggerer" in line:
+            deferred_seen.set()
+        if deferred_seen.is_set():
+            on_line(line)            # an epoch relayed by the trigger
+
+    durable = {"durable": True, "deferrable": True, "unattended_timeout": unattended, "preemption_grace": grace,
+               "host_timeout": 8, "lease_seconds": unattended + grace + 15, "checkpoint_dir": str(ckpt)}
+    proc, pump, lines, out, cfg = start_dag(airflow_home, two_hosts, tmp_path, "deadman-deferred", on_first,
+                                            gpu_count=4, ledger_url=url, job_id=job_id, script_args=LONG_TRAINING,
+                                            **durable)
+    second = None
+    try:
+        home_b = tmp_path_factory.mktemp("airflow-second")  # the second job's own Airflow
+        migrate(airflow_env(home_b, DAGS))
+        assert watched.wait(300), "".join(lines)[-4000:]
+        assert "deferring: the triggerer watches it" in "".join(lines)
+        assert procs.with_env(JOB_ENV, job_id)
+        # the second job: not deferrable, it waits in the queue in its own worker
+        second, pump2, lines2, out2, _ = start_dag(
+            home_b, two_hosts, tmp_path, "deadman-second", lambda line: None, gpu_count=4, ledger_url=url,
+            job_id=second_id, script_args=["--epochs", "5"], wait_for_capacity=True, capacity_poll_interval=1,
+            capacity_timeout=600, **{**durable, "deferrable": False})
+        with Ledger.from_url(url) as ledger:
+            _wait_for(lambda: ledger.queue_entry(second_id) is not None, 240)
+    finally:
+        _kill_dags_test(proc, pump)
+    killed = time.monotonic()
+    samples = []  # (seconds after the kill, first job running, its reservation live, second live, second running)
+    try:
+        while time.monotonic() - killed < 300:
+            running = bool(procs.with_env(JOB_ENV, job_id))
+            live = {r.job_id for r in _live(url)}
+            second_running = bool(procs.with_env(JOB_ENV, second_id))
+            samples.append((time.monotonic() - killed, running, job_id in live, second_id in live, second_running))
+            if not running and second_running:
+                break
+            time.sleep(0.2)
+        finish(second, pump2)
+    finally:
+        if second is not None and second.poll() is None:
+            second.kill()
+    log2 = "".join(lines2)
+    assert second.returncode == 0, log2[-5000:]
+    stopped_at = next(t for t, running, *_ in samples if not running)
+    freed_at = next(t for t, _, live, *_ in samples if not live)
+    admitted_at = next(t for t, *_, second_live, _ in samples if second_live)
+    assert all(live for _, running, live, *_ in samples if running), samples  # never a running job without its lease
+    assert not any(running and (s_live or s_running) for _, running, _, s_live, s_running in samples), samples
+    # the switch (<= unattended after the last heartbeat), its look (1 s), the grace, the SIGKILL wait
+    assert stopped_at <= unattended + 1 + grace + KILL_WAIT_S + 3, samples
+    assert stopped_at <= freed_at <= admitted_at, (stopped_at, freed_at, admitted_at)
+    run_dir = Path.home() / ".hetero-gpu" / "run" / job_id
+    for host in ("node01", "node02"):
+        assert (run_dir / f"{host}.deadman").exists()
+    host_out = "".join((run_dir / f"{h}.out").read_text() for h in ("node01", "node02"))
+    assert "SIGTERM received" in host_out, host_out[-3000:]   # the signal came first: it checkpointed
+    assert re.search(r"rank \d resumed", log2), log2[-5000:]   # from the checkpoint the SIGTERM saved
+    assert _live(url) == [] and leftovers(job_id) == "" and leftovers(second_id) == ""
+    print(f"after the kill: the first job stopped at {stopped_at:.1f} s, its lease freed at {freed_at:.1f} s, "
+          f"the second job admitted at {admitted_at:.1f} s")

@@ -66,14 +66,21 @@ class Log:
         assert self.events[what].wait(WAIT_S), f"no {what!r} line:\n" + "".join(lines)[-6000:]
 
 
-@pytest.mark.parametrize("durable", [{"lease_seconds": 15},
-                                     {"durable": True, "unattended_timeout": 30, "lease_seconds": 30 + 60 + 15}],
-                         ids=["plain", "durable"])
+DURABLE = {"durable": True, "unattended_timeout": 30, "lease_seconds": 30 + 60 + 15}
+
+
+@pytest.mark.parametrize("durable", [{"lease_seconds": 15}, DURABLE, {**DURABLE, "deferrable": True}],
+                         ids=["plain", "durable", "deferred"])
 def test_a_low_priority_job_is_preempted_checkpoints_and_resumes_on_other_hosts(
         airflow_home, emulated_cluster, tmp_path, tmp_path_factory, durable):  # noqa: F811
     """Durable or not: the victim is signalled, checkpoints, goes back to the queue and resumes
-    (a durable victim's relaunch is a new launch with a new handle)."""
-    tag = "durable" if durable.get("durable") else "plain"
+    (a durable victim's relaunch is a new launch with a new handle). ``deferred``: the victim's
+    run phase is watched from the trigger (``airflow dags test`` runs it in line); the trigger
+    sees the preemption mark and fires ``preempted``; the task resumes in a worker, reattaches,
+    stops the job (signal, checkpoint, grace), waits in the queue (deferred again), relaunches
+    and defers its run again until the job ends."""
+    deferred = bool(durable.get("deferrable"))
+    tag = "deferred" if deferred else "durable" if durable.get("durable") else "plain"
     LO, HI = f"lo-{tag}", f"hi-{tag}"  # each test its own job ids: the run directories share one home
     cluster = emulated_cluster(small_hosts(4, gpus=2))
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
@@ -135,6 +142,7 @@ def test_a_low_priority_job_is_preempted_checkpoints_and_resumes_on_other_hosts(
             if proc is not None and proc.poll() is None:
                 proc.kill()
     text_lo, text_hi = "".join(lines_lo), "".join(lines_hi)
+    (tmp_path / "lo.log").write_text(text_lo)
     assert lo.returncode == 0, text_lo[-6000:]
     assert hi.returncode == 0, text_hi[-6000:]
     explained = re.search(rf"job {LO}: preempted by job {HI} \(priority 5 > 1\): signalled at \d\d:\d\d:\d\d UTC, "
@@ -158,6 +166,19 @@ def test_a_low_priority_job_is_preempted_checkpoints_and_resumes_on_other_hosts(
         assert record["lost_gpu_s"] is not None and record["lost_gpu_s"] >= 0
         assert abs(record["exited_after_s"] - script_s) <= 0.051 + (script_s >= 10) * 0.5  # the script's, as logged
     assert leftovers(f"hetero-gpu-{LO}") == "" and leftovers(f"hetero-gpu-{HI}") == ""
+    if deferred:  # the trigger saw the mark; the worker stopped the job and deferred again after the relaunch
+        first_watch = _between(text_lo, "running trigger in line", "Trigger completed")
+        assert "holding after epoch 3" in first_watch, first_watch[-4000:]   # the trigger relayed the training
+        assert f"job {LO}: preempted; the task stops it and waits in the queue; resuming in a worker" in text_lo
+        assert text_lo.count(f"job {LO}: starting on") == 2, text_lo[-6000:]   # the launch and the relaunch
+        assert text_lo.count("deferring: the triggerer watches it") == 2, text_lo[-6000:]
+        assert text_lo.index("resuming in a worker") < text_lo.index(f"job {LO}: preempted by job {HI}")
+
+
+def _between(log: str, start: str, end: str) -> str:
+    """The part of ``log`` from the first ``start`` to the next ``end`` after it."""
+    head = log.index(start)
+    return log[head:log.index(end, head)]
 
 
 def test_a_victim_that_ignores_the_signal_is_killed_after_the_grace_and_resumes_deferred(
