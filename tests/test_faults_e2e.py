@@ -244,15 +244,21 @@ def test_task_sigkilled_mid_training_then_the_next_try(airflow_home, two_hosts, 
 def test_task_sigkilled_for_good_the_dead_man_switch_stops_the_job_before_its_lease_frees_the_gpus(
         airflow_home, two_hosts, tmp_path):
     """Durable: the task's process is SIGKILLed and nothing watches the job again. The job runs on
-    detached; once nobody has touched its heartbeat for the switch's time (unattended_timeout 6 s
+    detached; once nobody has touched its heartbeat for the switch's time (unattended_timeout 20 s
     at most) each host's supervisor sends it SIGTERM (it saves its checkpoint), then SIGKILL after
     the grace (3 s). Sampled every 0.2 s: while any process of the job runs, its reservation is
     live (no GPU of it can be handed out); the lease frees the GPUs only after. The next try (same
-    job id) finds nothing left, reserves and trains from the checkpoint."""
+    job id) finds nothing left, reserves and trains from the checkpoint.
+
+    Not less than 20 s: with the lease at its shortest (the switch + the grace + 15 s) each
+    heartbeat lets the switch wait only what the lease surely has left, which falls to half of
+    unattended_timeout just before a renewal (the task renews every half of it). At 6 s that left
+    the heartbeats (every 1.5 s) 1.5 s of slack, and a loaded machine stalled the watching task
+    longer: the switch stopped the job while its task still ran."""
     job_id = f"deadman-{uuid.uuid4().hex[:8]}"
     url = new_ledger(tmp_path / 'ledger.db')
     ckpt = tmp_path / "ckpt"
-    unattended, grace = 6, 3
+    unattended, grace = 20, 3
     on_line, training = _when(r"epoch 3 loss")
     durable = {"durable": True, "unattended_timeout": unattended, "preemption_grace": grace, "host_timeout": 8,
                "lease_seconds": unattended + grace + 15, "checkpoint_dir": str(ckpt)}

@@ -145,7 +145,7 @@ def test_two_airflow_teams_draw_on_one_fleet_teams_quota(fleet, tmp_path, tmp_pa
     nlp_command, nlp_go = _blocking(tmp_path, "nlp")
     nlp_go.touch()  # research_nlp's job ends as soon as it starts
     # both durable, their metrics sent by Airflow's OpenTelemetry exporter to a collector on loopback
-    durable = {"durable": True, "unattended_timeout": 10, "preemption_grace": 5}
+    durable = {"durable": True, "unattended_timeout": 30, "preemption_grace": 5}
     cv = Run({**env, **otlp.airflow_env}, cluster, tmp_path, url, "cv_dags", command=cv_command, job_id="cv-job",
              gpu_count=2, **durable)
     nlp = None
