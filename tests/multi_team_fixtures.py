@@ -38,7 +38,8 @@ def build():
     cfg = json.loads(os.environ.get("HG_TEST_CONFIG_{upper}") or os.environ.get("HG_TEST_CONFIG", "{{}}"))
     HeteroTrainOperator(task_id="train", gpu_count=cfg.get("gpu_count", 1), command=cfg.get("command"),
                         ssh_conn_ids=cfg.get("ssh_conn_ids", []), ledger_url=cfg.get("ledger_url"),
-                        workdir=cfg.get("workdir"), job_id=cfg.get("job_id"), lease_seconds=30,
+                        workdir=cfg.get("workdir"), job_id=cfg.get("job_id"),
+                        lease_seconds=cfg.get("lease_seconds", 30),
                         durable=cfg.get("durable", False), unattended_timeout=cfg.get("unattended_timeout", 900),
                         preemption_grace=cfg.get("preemption_grace", 300),
                         wait_for_capacity=cfg.get("wait_for_capacity", False),

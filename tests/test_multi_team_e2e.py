@@ -145,12 +145,17 @@ def test_two_airflow_teams_draw_on_one_fleet_teams_quota(fleet, tmp_path, tmp_pa
     nlp_command, nlp_go = _blocking(tmp_path, "nlp")
     nlp_go.touch()  # research_nlp's job ends as soon as it starts
     # both durable, their metrics sent by Airflow's OpenTelemetry exporter to a collector on loopback
-    durable = {"durable": True, "unattended_timeout": 30, "preemption_grace": 5}
+    durable = {"durable": True, "unattended_timeout": 30, "preemption_grace": 5, "lease_seconds": 80}
     cv = Run({**env, **otlp.airflow_env}, cluster, tmp_path, url, "cv_dags", command=cv_command, job_id="cv-job",
              gpu_count=2, **durable)
     nlp = None
     try:
-        assert _until("research_cv's reservation", lambda: _reservation(url, "cv-job")).team == "research"
+        try:
+            res = _until("research_cv's reservation", lambda: _reservation(url, "cv-job") or cv.proc.poll() is not None)
+        except AssertionError as err:
+            raise AssertionError(f"{err}:\n{cv.log[-6000:]}") from None
+        assert res is not True, f"research_cv's DAG run ended before it reserved:\n{cv.log[-6000:]}"
+        assert res.team == "research"
         nlp = Run({**env_nlp, **otlp.airflow_env}, cluster, tmp_path, url, "nlp_dags", command=nlp_command,
                   job_id="nlp-job", gpu_count=1, wait_for_capacity=True, **durable)
         entry = _until("research_nlp's queue entry", lambda: _waiting(url, "nlp-job"))
