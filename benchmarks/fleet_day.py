@@ -3,7 +3,7 @@
 ::
 
     python benchmarks/fleet_day.py                                   # 1,250 hosts, 10 min of stream
-    python benchmarks/fleet_day.py --hosts 200 --minutes 3 --rate 6 --watch-interval 20 --out day.json
+    python benchmarks/fleet_day.py --hosts 200 --minutes 3 --rate 6 --watch-interval 20 --contended 2 --lease 60 --out day.json
 
 The engine is :mod:`airflow_hetero_gpu.testing.fleet_day` (``tests/test_fleet_day.py`` runs a
 smaller day through it and asserts its invariants): an embedded emulated fleet of ``--hosts``
@@ -45,12 +45,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=8, help="task slots of each Celery worker (8)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-faults", action="store_true", help="inject no fault")
+    parser.add_argument("--contended", type=int, default=0, metavar="N",
+                        help="leave N RTX 4090 hosts open, drain the others, and open the stream with a burst "
+                             "on them that makes quotas and preemption act (testing/fleet_day_contention.py)")
+    parser.add_argument("--lease", type=float, default=120.0, help="the training tasks' lease_seconds (120)")
     parser.add_argument("--keep", metavar="DIR", help="run in DIR and keep it (logs, ledger dumps)")
     parser.add_argument("--out", metavar="FILE", help="write the report as JSON here")
     args = parser.parse_args(argv)
     os.environ.setdefault("PYTHONPATH", str(ROOT))
     cfg = DayConfig(hosts=args.hosts, minutes=args.minutes, rate=args.rate, watch_interval=args.watch_interval,
                     concurrency=args.concurrency, seed=args.seed, faults=not args.no_faults,
+                    contended_hosts=args.contended, lease_seconds=args.lease,
                     root=Path(args.keep) if args.keep else None, keep=bool(args.keep))
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start", flush=True)
     result = run_day(cfg, log=lambda line: print(line, flush=True))

@@ -13,6 +13,11 @@ reservation; nothing is left in the ledger (reservations, queue entries) or on t
 (processes); each fault became an eviction (the host's return a readmission); the health watch
 ran all along. Every wait ends on an event (a run state, a ledger row); the timeouts are safety
 nets.
+
+Quotas and preemption act on the day's contended corner (testing/fleet_day_contention.py): two
+RTX 4090 hosts open, the others drained, research borrowing beyond its quota of that card and
+prod reclaiming its own: a preemption record closed with its lost work, the victim run again to
+success, intern never above its quota plus its borrowing limit.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ pytest.importorskip("httpx", reason="could not import httpx")
 pytest.importorskip("psutil", reason="could not import psutil")
 
 from airflow_hetero_gpu.testing.fleet_day import DayConfig, run_day  # noqa: E402
+from airflow_hetero_gpu.testing.fleet_day_contention import CARD, OPENING  # noqa: E402
 from airflow_hetero_gpu.testing.fleet_day_report import render  # noqa: E402
 from airflow_hetero_gpu.testing.postgres import PostgresServer, PostgresUnavailable  # noqa: E402
 from airflow_hetero_gpu.testing.redis_server import RedisUnavailable, find_redis_server  # noqa: E402
@@ -44,7 +50,8 @@ def day(tmp_path_factory):
     except RedisUnavailable as err:
         pytest.skip(str(err))
     cfg = DayConfig(hosts=200, minutes=3, rate=6, job_seconds=(15, 40), watch_interval=20, concurrency=6,
-                    root=tmp_path_factory.mktemp("fleet-day"), keep=True, settle_timeout=1200)
+                    root=tmp_path_factory.mktemp("fleet-day"), keep=True, settle_timeout=1200,
+                    contended_hosts=2, lease_seconds=60)
     result = run_day(cfg)
     print(render(result))
     return result
@@ -52,9 +59,9 @@ def day(tmp_path_factory):
 
 def test_every_run_ends_and_succeeds(day):
     runs = day["runs"]
-    assert runs["triggered"] == 18
-    assert runs["states"] == {"success": 18}, runs["not succeeded"]
-    assert day["task_start_s"]["all"]["n"] == 18, day["task_start_s"]["not started"]
+    assert runs["triggered"] == 18 + len(OPENING)
+    assert runs["states"] == {"success": runs["triggered"]}, runs["not succeeded"]
+    assert day["task_start_s"]["all"]["n"] == runs["triggered"], day["task_start_s"]["not started"]
     assert {"placed at once", "waited in the queue"} <= set(day["task_start_s"])
 
 
@@ -73,8 +80,10 @@ def test_each_fault_became_an_eviction(day):
     assert set(faults) == {"xid79", "ecc", "host_down", "host_back"}
     for kind, f in faults.items():
         assert f["seconds"] is not None, f"{kind} on {f['host']} never recorded in the ledger: {f}"
-        if kind in ("xid79", "ecc") and f["job"]:
+        if kind in ("xid79", "ecc") and f["held_at_eviction"]:
             assert f["replaced"], f"{kind}: the GPU of job {f['job']} was not replaced: {f}"
+    # a GPU fault hits a job with a check's time left: at least one is still running when evicted
+    assert faults["xid79"]["held_at_eviction"] or faults["ecc"]["held_at_eviction"], faults
     # within two checks (a GPU fault) or the unreachable threshold plus one (the host), plus a check's time
     assert faults["xid79"]["seconds"] <= 2 * 20 + 30 and faults["ecc"]["seconds"] <= 2 * 20 + 30
     assert faults["host_down"]["seconds"] <= 3 * 20 + 60
@@ -86,3 +95,21 @@ def test_the_health_watch_ran_all_day(day):
     stream = day["runs"]["stream_seconds"] + day["runs"]["settle_seconds"]
     assert checks["n"] >= stream / 20 / 2, checks
     assert day["admission"]["passes"] > 0, day["admission"]
+
+
+def test_quotas_and_preemption_acted_on_the_contended_card(day):
+    jobs = day["runs"]["jobs"]
+    research = {j for j, info in jobs.items() if info["team"] == "research" and info["gpu_type"] == CARD}
+    prod = {j for j, info in jobs.items() if info["team"] == "prod" and info["gpu_type"] == CARD}
+    pre = day["preemptions"]
+    assert [p for p in pre if p["state"] == "in progress"] == [], pre  # every record closed
+    # prod's job within its quota of the card took it back from research, which borrowed it
+    reclaims = [p for p in pre if p["preemptor"] in prod and p["victim"] in research
+                and p["reason"].endswith("reclaim of prod's quota")]
+    assert reclaims, pre
+    assert all(p["state"] in ("exited", "killed") and p["lost_gpu_s"] > 0 for p in reclaims), reclaims
+    assert all(jobs[p["victim"]]["state"] == "success" for p in reclaims)  # run again, to the end
+    teams = day["teams"]
+    assert teams["research"]["peak"]["borrowed"] >= 8, teams  # 16 of the card on a quota of 8
+    assert teams["research"]["decayed_borrowed_gpu_s"] > 0, teams  # its fair share remembers it
+    assert teams["intern"]["peak"]["in_use"] <= 8 + 8, teams  # quota + borrowing limit

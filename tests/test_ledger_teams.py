@@ -417,6 +417,28 @@ def test_a_job_of_a_team_back_within_its_quota_is_no_reclaim_candidate(led, cloc
     assert led.get("r-b").preempting is None
 
 
+def test_the_renewal_of_a_job_within_its_quota_reclaims_from_borrowers_of_equal_priority(led, clock):
+    """A fleet full of long jobs frees nothing: the reclaim must come from the waiting entry's
+    own renewal once it waited the delay, not from an unrelated write (every job here is of
+    priority 0, so no lower-priority job is there to preempt)."""
+    from airflow_hetero_gpu.core.admission import PreemptionRules
+
+    led.preemption = PreemptionRules(min_runtime_s=30, delay_s=15)
+    led.apply_teams(_teams(RESEARCH_PROD))
+    for job in ("r-a", "r-b"):  # research holds all 16 GPUs, 8 of them on prod's idle quota
+        assert _take(led, job, PlanRequest(8), "research", clock).admitted
+    p = led.enqueue("p-4", PlanRequest(4), team="prod", lease_seconds=600)
+    assert not p.admitted and led.preemptions() == []  # research's jobs ran 1-2 s: too young
+    clock.tick(10)
+    led.renew_queue_entry("p-4")  # waited 10 s of the 15: nothing yet
+    assert led.preemptions() == []
+    clock.tick(30)  # waited 40 s, research's jobs ran over 30 s
+    led.renew_queue_entry("p-4")  # nothing else happens in the ledger: the renewal decides
+    [record] = led.preemptions()
+    assert record["preemptor"] == "p-4" and record["victim"] in ("r-a", "r-b")
+    assert record["reason"] == "team prod, priority 0 = 0; reclaim of prod's quota"
+
+
 def test_max_jobs_caps_a_teams_running_jobs_in_the_queue_and_direct_reservations(led, clock):
     led.apply_teams(_teams('teams:\n  intern: {quota: {"*": 16}, max_jobs: 2}\n  prod: {quota: {"*": 0}}\n'))
     for job in ("i-1", "i-2"):

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Mapping
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.engine import Connection
 
 from airflow_hetero_gpu.core.admission import DEFAULT_AGING_INTERVAL_S, AdmissionResult
+from airflow_hetero_gpu.core.admission.teams import DEFAULT_TEAM
 from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
 from airflow_hetero_gpu.ledger import admission
 from airflow_hetero_gpu.ledger.admission import ADMITTED, WAITING, ClusterCache
@@ -28,6 +29,7 @@ from airflow_hetero_gpu.ledger.checks import check_job_id, check_lease, check_pr
 from airflow_hetero_gpu.ledger.errors import LedgerError, ReservationConflict
 from airflow_hetero_gpu.ledger.preemption import RELEASED, drop_reservations, may_be_preempted
 from airflow_hetero_gpu.ledger.records import Reservation, TaskIdentity
+from airflow_hetero_gpu.ledger.teams import borrowing_now, pool_cards
 from airflow_hetero_gpu.ledger.schema import queue_entries as q_t
 from airflow_hetero_gpu.ledger.schema import reservations as res_t
 
@@ -250,15 +252,21 @@ class QueueMixin:
     def _may_preempt(self, conn: Connection, row: Any, now: datetime) -> bool:
         """A waiting entry's renewal runs a pass once it waited the preemption delay and some
         running job could be its victim (passes otherwise run only when GPUs free up, which a
-        full fleet of long jobs does not do); one indexed read decides."""
+        full fleet of long jobs does not do): a preemptible job of lower priority (one indexed
+        read), or, with teams, a job of another team while some team holds more than its quota
+        (a reclaim, whatever the priorities; the pass works out whether the entry is within its
+        quota and which jobs borrow)."""
         rules = getattr(self, "preemption", None)
         if rules is None or row.state != WAITING or (now - row.enqueued_at).total_seconds() < rules.delay_s:
             return False
-        victim = select(res_t.c.job_id).where(
-            may_be_preempted(res_t.c, int(row.priority)),
-            res_t.c.created_at <= now - timedelta(seconds=rules.min_runtime_s),
-            res_t.c.expires_at > now).limit(1)
-        return conn.execute(victim).first() is not None
+        ran = (res_t.c.created_at <= now - timedelta(seconds=rules.min_runtime_s), res_t.c.expires_at > now)
+        victim = select(res_t.c.job_id).where(may_be_preempted(res_t.c, int(row.priority)), *ran).limit(1)
+        if conn.execute(victim).first() is not None:
+            return True
+        team = row.team or DEFAULT_TEAM
+        other = select(res_t.c.job_id).where(func.coalesce(res_t.c.team, DEFAULT_TEAM) != team, *ran).limit(1)
+        return (conn.execute(other).first() is not None
+                and borrowing_now(conn, now, pool_cards(self._queue_clusters.get(conn, now))))
 
     def _admit(self, conn: Connection, now: datetime) -> AdmissionResult | None:
         return admission.run_pass(self, conn, now)

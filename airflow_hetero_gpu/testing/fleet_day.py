@@ -26,7 +26,6 @@ line; ``tests/test_fleet_day.py`` runs a smaller day and asserts the invariants.
 from __future__ import annotations
 
 import json
-import os
 import random
 import resource
 import shutil
@@ -39,9 +38,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from airflow_hetero_gpu.operators.hetero_train import default_job_id
+from airflow_hetero_gpu.testing import fleet_day_contention as contention
 from airflow_hetero_gpu.testing import procs
 from airflow_hetero_gpu.testing.airflow_env import connection_env, fleet_connection
-from airflow_hetero_gpu.testing.fleet_day_report import WATCH_DAG, fault_outcomes, report
+from airflow_hetero_gpu.testing.fleet_day_report import WATCH_DAG, fault_outcomes, job_end, report
 from airflow_hetero_gpu.testing.fleet_day_samplers import CpuMeter, Sampler, tree_cpu
 
 DAGS = Path(__file__).with_name("data") / "fleet_day_dags"
@@ -78,6 +78,10 @@ class DayConfig:
     readmit_checks: int = 2
     preemption_min_runtime: float = 20.0
     preemption_delay: float = 15.0
+    lease_seconds: float = 120.0  # of the training tasks (a preemption mark is seen within a third)
+    # hosts of the contended card type left open (the others drained), with its quotas and an
+    # opening burst on it (testing/fleet_day_contention.py); 0: no contended corner
+    contended_hosts: int = 0
     settle_timeout: float = 1800.0  # safety net: every run final after the stream
     # safety net for the health watch's first check (its trigger reads the hosts file and one
     # connection, then collects the fleet through worker processes)
@@ -111,6 +115,7 @@ class Day:
     times: dict[str, float] = field(default_factory=dict)
     cpu: dict[str, dict[str, float]] = field(default_factory=dict)
     final: dict[str, Any] = field(default_factory=dict)
+    no_faults_on: set[str] = field(default_factory=set)  # the contended card's hosts
 
 
 def fleet_specs(cfg: DayConfig):
@@ -144,7 +149,7 @@ def _stream_plan(cfg: DayConfig) -> list[tuple[float, str, dict[str, Any]]]:
     rng = random.Random(cfg.seed)
     count = max(1, round(cfg.rate * cfg.minutes))
     sizes = [s for s, w in SIZES for _ in range(w)]
-    plan = []
+    plan = contention.opening_plan(TRAIN_DAGS) if cfg.contended_hosts else []
     for n in range(count):
         priority = 5 if rng.random() < cfg.urgent_share else 0
         conf = {"gpus": rng.choice(sizes), "team": TEAMS[n % len(TEAMS)],
@@ -175,7 +180,10 @@ def _inject(day: Day, cluster, ledger_url: str, kind: str, log: Callable[[str], 
     used = {f.host for f in day.faults}
     held_hosts = {h for _, h, _ in held}
     if kind in ("xid79", "ecc"):
-        choices = [(j, h, i) for j, h, i in held if h not in used]
+        used |= day.no_faults_on
+        # the GPU of the job with the longest time left: it still runs when the watch evicts it
+        choices = sorted([(j, h, i) for j, h, i in held if h not in used],
+                         key=lambda c: -(job_end(day, c[0]) or 0.0))
         if not choices:  # nothing runs: a GPU of an idle host
             choices = [(None, h.name, 3) for h in cluster.hosts[len(cluster.hosts) // 3:] if h.name not in used]
         job, host, index = choices[0]
@@ -185,7 +193,8 @@ def _inject(day: Day, cluster, ledger_url: str, kind: str, log: Callable[[str], 
             cluster.update_gpu(host, index, ecc_uncorrected_volatile=2)
         day.faults.append(Fault(kind, host, index, time.time(), job))
     elif kind == "host_down":  # a host no job runs on (its jobs would fail with it, by design)
-        host = next(h.name for h in reversed(cluster.hosts) if h.name not in held_hosts and h.name not in used)
+        host = next(h.name for h in reversed(cluster.hosts)
+                    if h.name not in held_hosts and h.name not in used and h.name not in day.no_faults_on)
         cluster.inject_fault(host, "host_down")
         day.faults.append(Fault(kind, host, None, time.time()))
     elif kind == "host_back":
@@ -198,10 +207,13 @@ def _inject(day: Day, cluster, ledger_url: str, kind: str, log: Callable[[str], 
 
 
 def _postpone(day: Day, cfg: DayConfig, ledger_url: str, kind: str, at: float) -> bool:
-    """Whether a fault waits: a GPU fault for a GPU some job holds (until 90 % of the stream), the
-    host's return until the watch has evicted the host (until the stream's end plus ten minutes)."""
-    if kind in ("xid79", "ecc"):
-        return at < 0.9 * cfg.stream_seconds and not _held_gpus(ledger_url)
+    """Whether a fault waits: a GPU fault until a job that holds a GPU runs on long enough for the
+    watch to see it holding it (until 90 % of the stream), the host's return until the watch has
+    evicted the host (until the stream's end plus ten minutes)."""
+    if kind in ("xid79", "ecc"):  # a GPU of a job with a check's time and more left
+        used = day.no_faults_on | {f.host for f in day.faults}
+        left = [(job_end(day, j) or 0.0) - time.time() for j, h, _ in _held_gpus(ledger_url) if h not in used]
+        return at < 0.9 * cfg.stream_seconds and not any(t >= cfg.watch_interval + 10 for t in left)
     if kind == "host_back":
         down = [o for o in fault_outcomes(day, ledger_url) if o["kind"] == "host_down"]
         return at < cfg.stream_seconds + 600 and bool(down) and down[0]["seen_at"] is None
@@ -235,7 +247,8 @@ def run_day(cfg: DayConfig, log: Callable[[str], None] = print) -> dict[str, Any
         cpu.add("postgresql", lambda: tree_cpu(_postmaster_pid(pg)))
         cpu.add("redis", lambda: tree_cpu(redis.proc.pid))
         metadata_url, ledger_url = pg.create_database("airflow"), pg.create_database("ledger")
-        with EmbeddedCluster(root / "fleet", fleet_specs(cfg), processes=cfg.server_processes) as cluster:
+        specs = fleet_specs(cfg)
+        with EmbeddedCluster(root / "fleet", specs, processes=cfg.server_processes) as cluster:
             log(f"{cfg.hosts} emulated hosts ({8 * cfg.hosts} GPUs, {cfg.mig_hosts} with MIG) started in "
                 f"{time.monotonic() - t0:.0f} s")
             cpu.add("emulated fleet (servers)", cluster.server_cpu_seconds)
@@ -244,8 +257,14 @@ def run_day(cfg: DayConfig, log: Callable[[str], None] = print) -> dict[str, Any
             _hetero_gpu(["check", "--ledger", ledger_url, "--hosts-file", str(hosts_file), "--identity-file",
                          str(cluster.identity_file), "--known-hosts", str(cluster.known_hosts_path)], cpu)
             log(f"the first check filled the ledger in {time.monotonic() - check:.0f} s")
-            (root / "teams.yaml").write_text(TEAMS_YAML)
+            (root / "teams.yaml").write_text(contention.TEAMS_YAML if cfg.contended_hosts else TEAMS_YAML)
             _hetero_gpu(["teams", "apply", str(root / "teams.yaml"), "--ledger", ledger_url], cpu)
+            if cfg.contended_hosts:
+                opened, drained = contention.split_hosts(specs, cfg.contended_hosts)
+                _hetero_gpu(["drain", *drained, "--reason", "maintenance (the fleet day's contended corner)",
+                             "--ledger", ledger_url], cpu)
+                day.no_faults_on = {*opened, *drained}
+                log(f"{contention.CARD}: {len(opened)} hosts open ({', '.join(opened)}), {len(drained)} drained")
             day.final.update(_deploy_and_stream(day, cfg, cluster, pg, redis, metadata_url, ledger_url, results,
                                                 cpu, log, CeleryDeployment, hosts_file=hosts_file))
             day.times["ended"] = time.time()
@@ -290,6 +309,7 @@ def _environment(cfg: DayConfig, cluster, pg, ledger_url: str, results: Path, ho
             "thresholds": {"unreachable_checks": cfg.unreachable_checks,
                            "readmit_after_healthy_checks": cfg.readmit_checks},
             "capacity_timeout": cfg.settle_timeout + cfg.stream_seconds,
+            "lease_seconds": cfg.lease_seconds,
             # a try launched on a host that went down before the watch evicted it fails; its retry
             # comes once the watch has evicted the host
             "retry_delay": cfg.watch_interval * (cfg.unreachable_checks + 1)}),

@@ -67,6 +67,18 @@ def watch_checks(ledger_url: str) -> list[float]:
     return [_ts(b) - _ts(a) for a, b in rows]
 
 
+def job_end(day, job: str) -> float | None:
+    """When ``job``'s command would end: its last start (the ``.start`` file's last line: a job
+    restarted on a replaced GPU or after a preemption starts again) plus the seconds it sleeps."""
+    run = next((info for info in day.runs.values() if info["job"] == job), None)
+    try:
+        lines = (day.root / "results" / f"{job}.start").read_text().split("\n")
+        last = [ln for ln in lines if ln.strip()][-1]
+        return float(last.split()[0]) + float(run["conf"]["seconds"]) if run else None
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def fault_outcomes(day, ledger_url: str) -> list[dict[str, Any]]:
     """Per injected fault: when the ledger recorded it (an eviction of the GPU, every GPU of a host
     that stopped answering evicted, a readmission of the host that came back) and the replacement
@@ -93,9 +105,13 @@ def fault_outcomes(day, ledger_url: str) -> list[dict[str, Any]]:
             hits = [e for e in after if e.kind == "readmitted"]
             seen = _ts(hits[0].at) if hits else None
         replaced = [e for e in after if e.kind == "replaced" and e.gpu_index == f.index] if f.job else []
+        ends = job_end(day, f.job) if f.job else None
         out.append({"kind": f.kind, "host": f.host, "index": f.index, "job": f.job, "injected_at": f.at,
                     "seen_at": seen, "seconds": None if seen is None else seen - f.at,
-                    "replaced": bool(replaced)})
+                    "replaced": bool(replaced), "job_ends": ends,
+                    # the job still ran when the eviction was recorded (a job that ended just
+                    # before has nothing to replace)
+                    "held_at_eviction": bool(f.job and seen is not None and ends is not None and ends > seen + 5.0)})
     return out
 
 
@@ -124,6 +140,27 @@ def leftovers(ledger_url: str) -> dict[str, int]:
     with Ledger.open_existing(ledger_url) as ledger, ledger._engine.connect() as conn:
         return {name: int(conn.execute(select(func.count()).select_from(table)).scalar_one())
                 for name, table in (("reservations", reservations), ("queue_entries", queue_entries))}
+
+
+def teams_and_preemptions(ledger_url: str) -> dict[str, Any]:
+    """What quotas and preemption did: each team's standing at the end (fair share, decayed
+    borrowed GPU-seconds), the most it held and borrowed at once (the ledger's share samples,
+    one per admission pass), and every preemption of the day (victim, preemptor, reason, state,
+    lost GPU-seconds)."""
+    from datetime import timedelta
+
+    from airflow_hetero_gpu.ledger import Ledger
+
+    with Ledger.open_existing(ledger_url) as ledger:
+        standing = ledger.team_standing()["teams"]
+        samples = ledger.team_samples()
+        preemptions = ledger.preemptions(since=timedelta(days=1))
+    peak: dict[str, dict[str, int]] = {}
+    for s in samples:
+        p = peak.setdefault(s["team"], {"in_use": 0, "borrowed": 0})
+        p["in_use"], p["borrowed"] = max(p["in_use"], s["in_use"]), max(p["borrowed"], s["borrowed"])
+    return {"teams": {team: {**standing.get(team, {}), "peak": peak.get(team)} for team in sorted({*standing, *peak})},
+            "preemptions": preemptions}
 
 
 def _failure_line(log: str) -> str:
@@ -161,6 +198,9 @@ def report(day, ledger_url: str, results: Path) -> dict[str, Any]:
     return {
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(day.cfg).items()},
         "runs": {"triggered": len(day.runs), "states": states, "not succeeded": failed,
+                 "jobs": {info["job"]: {"team": info["conf"]["team"], "gpus": info["conf"]["gpus"],
+                                        "gpu_type": info["conf"].get("gpu_type"), "state": info.get("state")}
+                          for info in day.runs.values()},
                  "gpus_asked": sum(i["conf"]["gpus"] for i in day.runs.values()), "gpu_seconds_asked": gpu_seconds,
                  "stream_seconds": stream_s, "settle_seconds": day.times.get("settled", 0) - day.times.get("stream_end", 0),
                  "trigger_late_max_s": day.times.get("trigger_late_max", 0.0),
@@ -178,6 +218,7 @@ def report(day, ledger_url: str, results: Path) -> dict[str, Any]:
                        "examples": [str(x) for x in (sampler["twice"] + sampler["held_twice"] + sampler["outside"])[:5]],
                        "sampler_error": sampler["error"]},
         "leaked": leftovers(ledger_url),
+        **teams_and_preemptions(ledger_url),
         "orphans": len(day.final.get("orphans", [])),
         "cpu_s": _cpu(day),
         "wall_s": day.times.get("ended", 0) - day.times.get("started", 0),
@@ -215,6 +256,13 @@ def render(r: dict[str, Any]) -> str:
     a = r["admission"]
     lines.append(f"admission passes: {a['passes']} ({a['per_minute']:.1f}/min), p50 {_fmt(a['ms']['p50'], ' ms')} "
                  f"p99 {_fmt(a['ms']['p99'], ' ms')} max {_fmt(a['ms']['max'], ' ms')}, up to {a['max_waiting']} waiting")
+    for team, t in r["teams"].items():
+        peak = t.get("peak") or {"in_use": 0, "borrowed": 0}
+        lines.append(f"team {team}: at most {peak['in_use']} GPUs held, {peak['borrowed']} borrowed at once; "
+                     f"decayed borrowed {t.get('decayed_borrowed_gpu_s', 0):g} GPU-s, fair share {t.get('fair_share', 0):g}")
+    for p in r["preemptions"]:
+        lines.append(f"preemption: {p['victim']} for {p['preemptor']} ({p['reason']}): {p['state']}, "
+                     f"{p['lost_gpu_s'] or 0:.0f} GPU-s lost")
     h = r["held_twice"]
     lines.append(f"GPUs held twice: {h['processes']} (processes), {h['reservations']} (reservations), processes "
                  f"outside their reservation: {h['outside_reservation']} ({h['samples']} samples)")

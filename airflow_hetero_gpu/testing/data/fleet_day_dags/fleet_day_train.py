@@ -1,7 +1,8 @@
 """The training stream of ``hetero-gpu``'s fleet day (airflow_hetero_gpu/testing/fleet_day.py).
 
 Two DAGs, one per priority: ``fleet_day_train`` (priority 0) and ``fleet_day_urgent`` (priority 5).
-Each run trains ``conf["gpus"]`` GPUs for team ``conf["team"]`` for ``conf["seconds"]`` seconds:
+Each run trains ``conf["gpus"]`` GPUs (of ``conf["gpu_type"]`` when given) for team ``conf["team"]``
+for ``conf["seconds"]`` seconds:
 the command appends its start (host clock, host, GPUs) to ``RESULTS/<job id>.start`` and sleeps.
 ``pre_execute`` writes when the task's first ``execute()`` began to ``RESULTS/<run id>.exec``, so
 the day measures execute() -> job running on the same clock. Settings come from the environment
@@ -45,6 +46,7 @@ def training_dag(dag_id: str, priority: int):
         HeteroTrainOperator(
             task_id="train",
             gpu_count="{{ dag_run.conf['gpus'] }}",
+            gpu_type="{{ dag_run.conf.get('gpu_type', '') }}",  # empty: any card
             team="{{ dag_run.conf['team'] }}",
             command=["sh", "-c", COMMAND, "fleet-day-job", "{{ dag_run.conf['seconds'] }}"],
             priority=priority,
