@@ -178,9 +178,9 @@ def _admit(uow: UnitOfWork, rows: list[Any], reserved: Any) -> AdmissionResult |
         if cluster is None:
             _note_all(conn, now, rows, NO_INVENTORY)
             return None
-        adm = Admission(cluster, evicted=uow.evictions.evicted(uow), aging_interval_s=uow.db.queue_aging_interval_s,
+        adm = Admission(cluster, evicted=uow.evictions.evicted(uow), aging_interval_s=uow.db.settings.queue_aging_interval_s,
                         drained=uow.drains.drained(uow))
-        rules = uow.db.preemption
+        rules = uow.db.settings.preemption
         quotas = uow.teams.quota_input(uow)
         cards = pool_cards(cluster)
         running = () if rules is None else uow.preemptions.running_jobs(

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
+from airflow_hetero_gpu.core.admission.defaults import DEFAULT_AGING_INTERVAL_S
 from airflow_hetero_gpu.ledger import guard, migrations
 from airflow_hetero_gpu.ledger.checks import first_line
 from airflow_hetero_gpu.ledger.db import db_now, make_engine
@@ -44,29 +45,47 @@ def require_existing(url: Any) -> None:
         raise MissingLedger(f"no ledger at {mask(parsed)} (no such file): {FILL_HINT}")
 
 
+class AdmissionSettings:
+    """The admission pass's settings: the aging interval of the queue's order and the preemption
+    rules. ``Ledger`` is one (set them on the ledger, or on a subclass)."""
+
+    #: seconds of waiting worth one priority level (None: strict priority); see docs/queue.md
+    queue_aging_interval_s: float | None = DEFAULT_AGING_INTERVAL_S
+    _preemption: Any = ()  # not read yet
+
+    @property
+    def preemption(self) -> PreemptionRules | None:
+        """The admission pass's preemption rules (None: off): ``[hetero_gpu] preemption``,
+        ``preemption_min_runtime`` and ``preemption_delay`` (docs/preemption.md) unless set here."""
+        if self._preemption == ():
+            from airflow_hetero_gpu.settings import preemption_settings
+
+            self._preemption = preemption_settings()
+        return self._preemption
+
+    @preemption.setter
+    def preemption(self, rules: PreemptionRules | None) -> None:
+        self._preemption = rules
+
+
 class LedgerDatabase:
-    """The database, its schema, its transactions and the admission pass's settings; the
-    repositories of :class:`~airflow_hetero_gpu.ledger.unit_of_work.Rooms` work through it.
+    """The database, its schema and its transactions; the repositories of
+    :class:`~airflow_hetero_gpu.ledger.unit_of_work.Rooms` work through it.
 
     ``create``: make the database (SQLite file) and its tables when missing; ``migrate``: apply
     missing schema steps. ``clock`` replaces the lease clock (tests); ``before_commit(action,
     job_id)`` runs inside the reserve and replace transactions just before they commit (tests use
-    it to die mid-way).
+    it to die mid-way). ``settings``: the admission pass's (the defaults when None).
     """
 
-    #: seconds of waiting worth one priority level (None: strict priority); see docs/queue.md
-    queue_aging_interval_s: float | None
-
     def __init__(self, url: str | None = None, *, create: bool = True, migrate: bool = True,
-                 clock: Clock | None = None, before_commit: CommitHook | None = None):
-        from airflow_hetero_gpu.core.admission import DEFAULT_AGING_INTERVAL_S
-
+                 clock: Clock | None = None, before_commit: CommitHook | None = None,
+                 settings: AdmissionSettings | None = None):
         self.url = parse_url(url)
         self.clock = clock
         self.before_commit = before_commit
-        self.queue_aging_interval_s = DEFAULT_AGING_INTERVAL_S
+        self.settings = settings if settings is not None else AdmissionSettings()
         self.rooms: Rooms | None = None  # the repositories, set by whoever composes them (``Ledger``)
-        self._preemption: Any = ()  # not read yet
         self.engine = None
         if not create:
             require_existing(self.url)
@@ -86,21 +105,7 @@ class LedgerDatabase:
         if self.engine is not None:
             self.engine.dispose()
 
-    # --- the admission pass's settings ------------------------------------------------------------
-    @property
-    def preemption(self) -> PreemptionRules | None:
-        """The admission pass's preemption rules (None: off): ``[hetero_gpu] preemption``,
-        ``preemption_min_runtime`` and ``preemption_delay`` (docs/preemption.md) unless set here."""
-        if self._preemption == ():
-            from airflow_hetero_gpu.settings import preemption_settings
-
-            self._preemption = preemption_settings()
-        return self._preemption
-
-    @preemption.setter
-    def preemption(self, rules: PreemptionRules | None) -> None:
-        self._preemption = rules
-
+    # --- the admission pass's cluster -----------------------------------------------------------
     @property
     def clusters(self) -> ClusterCache:
         """The process's cache of the stored inventory's cluster for this ledger."""

@@ -244,7 +244,7 @@ class Queue:
         running job could be its victim (passes otherwise run only when GPUs free up, which a
         full fleet of long jobs does not do); one indexed read decides."""
         conn, now = uow.conn, uow.now
-        rules = self.db.preemption
+        rules = self.db.settings.preemption
         if rules is None or row.state != WAITING or (now - row.enqueued_at).total_seconds() < rules.delay_s:
             return False
         victim = select(res_t.c.job_id).where(

@@ -30,8 +30,7 @@ from typing import Any, Callable, Iterator
 
 from sqlalchemy.engine import Connection
 
-from airflow_hetero_gpu.core.admission import PreemptionRules
-from airflow_hetero_gpu.ledger.base import Clock, CommitHook, LedgerDatabase
+from airflow_hetero_gpu.ledger.base import AdmissionSettings, Clock, CommitHook, LedgerDatabase
 from airflow_hetero_gpu.ledger.drains import Drains
 from airflow_hetero_gpu.ledger.fleet import Inventory
 from airflow_hetero_gpu.ledger.health import Evictions
@@ -54,7 +53,7 @@ def _in(room: str, method: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-class Ledger:
+class Ledger(AdmissionSettings):
     """GPU reservations, leases, evictions and the fleet's inventory in their own SQL database
     (SPEC §8, §9).
 
@@ -65,12 +64,14 @@ class Ledger:
     ``create``: make the database (SQLite file) and its tables when missing; ``migrate``: apply
     missing schema steps. ``clock`` replaces the lease clock (tests); ``before_commit(action,
     job_id)`` runs inside the reserve and replace transactions just before they commit (tests use
-    it to die mid-way). ``db`` is the database and ``rooms`` its repositories, one per concern.
+    it to die mid-way). ``db`` is the database and ``rooms`` its repositories, one per concern;
+    ``queue_aging_interval_s`` and ``preemption`` are the admission pass's settings.
     """
 
     def __init__(self, url: str | None = None, *, create: bool = True, migrate: bool = True,
                  clock: Clock | None = None, before_commit: CommitHook | None = None):
-        self.db = LedgerDatabase(url, create=create, migrate=migrate, clock=clock, before_commit=before_commit)
+        self.db = LedgerDatabase(url, create=create, migrate=migrate, clock=clock, before_commit=before_commit,
+                                 settings=self)
         self.url = self.db.url
         db = self.db
         self.rooms = db.rooms = Rooms(reservations=Reservations(db), queue=Queue(db), preemptions=Preemptions(db),
@@ -126,26 +127,6 @@ class Ledger:
 
     def schema_version(self) -> int:
         return self.db.schema_version()
-
-    # --- the admission pass's settings ------------------------------------------------------------
-    @property
-    def queue_aging_interval_s(self) -> float | None:
-        """Seconds of waiting worth one priority level (None: strict priority); see docs/queue.md."""
-        return self.db.queue_aging_interval_s
-
-    @queue_aging_interval_s.setter
-    def queue_aging_interval_s(self, seconds: float | None) -> None:
-        self.db.queue_aging_interval_s = seconds
-
-    @property
-    def preemption(self) -> PreemptionRules | None:
-        """The admission pass's preemption rules (None: off): ``[hetero_gpu] preemption``,
-        ``preemption_min_runtime`` and ``preemption_delay`` (docs/preemption.md) unless set here."""
-        return self.db.preemption
-
-    @preemption.setter
-    def preemption(self, rules: PreemptionRules | None) -> None:
-        self.db.preemption = rules
 
     # --- one transaction, for tests and tools that read or write rows themselves -----------------
     @contextmanager
