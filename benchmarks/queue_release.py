@@ -42,13 +42,19 @@ class TimedLedger(Ledger):
 
     lock_times: list[float] = []
 
-    @contextmanager
-    def _write(self, action: str):
-        t0 = time.perf_counter()
-        with super()._write(action) as got:
-            yield got
-        if action.startswith("release"):
-            self.lock_times.append(time.perf_counter() - t0)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        locked = self.db.locked
+
+        @contextmanager
+        def timed(action: str):
+            t0 = time.perf_counter()
+            with locked(action) as uow:
+                yield uow
+            if action.startswith("release"):
+                self.lock_times.append(time.perf_counter() - t0)
+
+        self.db.locked = timed  # type: ignore[method-assign]
 
 
 def p95(xs: list[float]) -> float:

@@ -15,6 +15,9 @@ Each admitted entry gets its reservation in the same transaction (the rows ``Led
 writes, with the entry's lease) and the state ``admitted``; every waiting entry gets its
 position, standing, reason and claim. A pass that cannot run (no inventory, an unreadable stored
 file) writes that reason on the waiting entries and never fails the write that called it.
+
+The pass works on the write's unit of work (:class:`~airflow_hetero_gpu.ledger.unit_of_work.UnitOfWork`)
+and reads and writes through its repositories' public methods.
 """
 
 from __future__ import annotations
@@ -24,13 +27,12 @@ import logging
 import threading
 import time
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.engine import Connection
 
 from airflow_hetero_gpu.core.admission import Admission, AdmissionResult, QueueEntry
-from airflow_hetero_gpu.ledger.drains import drained_map
 from airflow_hetero_gpu.core.cluster import Cluster
 from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
 from airflow_hetero_gpu.errors import HeteroGpuError
@@ -38,6 +40,9 @@ from airflow_hetero_gpu.ledger import inventory
 from airflow_hetero_gpu.ledger.records import TaskIdentity
 from airflow_hetero_gpu.ledger.schema import queue_entries as q_t
 from airflow_hetero_gpu.ledger.schema import reservations as r_t
+
+if TYPE_CHECKING:
+    from airflow_hetero_gpu.ledger.unit_of_work import UnitOfWork
 
 log = logging.getLogger(__name__)
 
@@ -133,17 +138,19 @@ def entry_of(row: Any) -> QueueEntry:
                       row.enqueued_at.timestamp(), claim, row.team or None)
 
 
-def run_pass(ledger: Any, conn: Connection, now: datetime) -> AdmissionResult | None:
-    """One admission pass over the waiting entries (see the module docstring). None when nobody
-    waits or the pass could not run (the reason is then on every waiting entry)."""
-    from airflow_hetero_gpu.ledger.teams import pool_cards, record_usage
+def run_pass(uow: UnitOfWork) -> AdmissionResult | None:
+    """One admission pass over the waiting entries, in the unit of work's write (see the module
+    docstring). None when nobody waits or the pass could not run (the reason is then on every
+    waiting entry)."""
+    from airflow_hetero_gpu.ledger.teams import pool_cards
 
+    conn, now = uow.conn, uow.now
     rows = waiting_rows(conn)
     if not rows:
-        record_usage(conn, now, pool_cards(ledger._queue_clusters.get(conn, now)))
+        uow.teams.record_usage(uow, pool_cards(uow.db.clusters.get(conn, now)))
         return None
-    ledger._expire_reservations(conn, now)  # nothing expired may block a GPU or a job id
-    reserved = ledger._reserved_map(conn, now)
+    uow.reservations.expire_due(uow)  # nothing expired may block a GPU or a job id
+    reserved = uow.reservations.held(uow)
     held = set(reserved.values())
     for row in [r for r in rows if r.job_id in held]:  # it reserved on its own meanwhile: that counts
         conn.execute(update(q_t).where(q_t.c.job_id == row.job_id).values(
@@ -151,32 +158,33 @@ def run_pass(ledger: Any, conn: Connection, now: datetime) -> AdmissionResult | 
             reason="admitted: the job holds a reservation of its own", admission=None))
     rows = [r for r in rows if r.job_id not in held]
     if not rows:
-        record_usage(conn, now, pool_cards(ledger._queue_clusters.get(conn, now)))
+        uow.teams.record_usage(uow, pool_cards(uow.db.clusters.get(conn, now)))
         return None
     began = time.perf_counter()
-    result = _admit(ledger, conn, now, rows, reserved)
+    result = _admit(uow, rows, reserved)
     if result is not None:
         log.info("ledger: admission pass at %s: %d waiting, %d admitted, %.1f ms", now.isoformat(), len(rows),
                   len(result.admitted), 1000.0 * (time.perf_counter() - began))
     return result
 
 
-def _admit(ledger: Any, conn: Connection, now: datetime, rows: list[Any], reserved: Any) -> AdmissionResult | None:
+def _admit(uow: UnitOfWork, rows: list[Any], reserved: Any) -> AdmissionResult | None:
     """The pass proper over the waiting ``rows``: the rule, then its admissions and standings written."""
-    from airflow_hetero_gpu.ledger.teams import borrowing_now, pool_cards, quota_input, record_usage
+    from airflow_hetero_gpu.ledger.teams import pool_cards
 
+    conn, now = uow.conn, uow.now
     try:
-        cluster = ledger._queue_clusters.get(conn, now)
+        cluster = uow.db.clusters.get(conn, now)
         if cluster is None:
             _note_all(conn, now, rows, NO_INVENTORY)
             return None
-        adm = Admission(cluster, evicted=ledger._evicted_map(conn), aging_interval_s=ledger.queue_aging_interval_s,
-                        drained=drained_map(conn))
-        rules = ledger.preemption
-        quotas = quota_input(conn, now)
+        adm = Admission(cluster, evicted=uow.evictions.evicted(uow), aging_interval_s=uow.db.settings.queue_aging_interval_s,
+                        drained=uow.drains.drained(uow))
+        rules = uow.db.settings.preemption
+        quotas = uow.teams.quota_input(uow)
         cards = pool_cards(cluster)
-        running = () if rules is None else ledger._running_jobs(
-            conn, now, max(int(r.priority) for r in rows), reclaim=quotas is not None and borrowing_now(conn, now, cards))
+        running = () if rules is None else uow.preemptions.running_jobs(
+            uow, max(int(r.priority) for r in rows), reclaim=quotas is not None and uow.teams.borrowing_now(uow, cards))
         result = adm.run([entry_of(r) for r in rows], now=now.timestamp(), reserved=reserved,
                          quotas=quotas, running=running, preemption=rules)
     except HeteroGpuError as err:  # a stored file that no longer parses: the queue waits, the write goes on
@@ -193,9 +201,9 @@ def _admit(ledger: Any, conn: Connection, now: datetime, rows: list[Any], reserv
             continue
         lease = timedelta(seconds=float(row.lease_seconds))
         ident = _identity(row)
-        ledger._insert(conn, now, a.job_id, a.decision, PlanRequest(**dict(row.request)), lease, ident,
-                       {"priority": int(row.priority), "preemptible": bool(row.preemptible),
-                        "enqueued_at": row.enqueued_at})
+        uow.reservations.insert(uow, a.job_id, a.decision, PlanRequest(**dict(row.request)), lease, ident,
+                                {"priority": int(row.priority), "preemptible": bool(row.preemptible),
+                                 "enqueued_at": row.enqueued_at})
         if a.team is not None or row.team:
             conn.execute(update(r_t).where(r_t.c.job_id == a.job_id).values(
                 team=a.team or row.team, borrowed=a.borrowed))
@@ -203,12 +211,12 @@ def _admit(ledger: Any, conn: Connection, now: datetime, rows: list[Any], reserv
             state=ADMITTED, admitted_at=now, admission=a.to_json(), checked_at=now, position=None,
             standing=None, reason=f"admitted: {a.pool} on {_gpus(a)}", claim=None,
             renewed_at=now, expires_at=now + lease))
-    ledger._mark_preemptions(conn, now, result)
+    uow.preemptions.mark(uow, result)
     if result.waiting:  # one statement for every waiting entry (executemany)
         conn.execute(_STANDING, [{"b_job": w.job_id, "b_now": now, "b_position": w.position, "b_standing": w.state,
                                   "b_reason": w.reason, "b_claim": w.claim.to_json() if w.claim else None}
                                  for w in result.waiting])
-    record_usage(conn, now, cards)
+    uow.teams.record_usage(uow, cards)
     return result
 
 

@@ -1,7 +1,7 @@
-"""Opening the ledger, its schema and its transactions (what every part of the ``Ledger`` uses).
+"""The ledger's database: opening it, its schema, its transactions and clock (what every repository uses).
 
-Readers never create or change a database: :meth:`LedgerBase.open_existing` opens a ledger that
-exists and has the current schema, and refuses anything else with one line saying what to do.
+Readers never create or change a database: ``Ledger.open_existing`` opens a ledger that exists
+and has the current schema, and refuses anything else with one line saying what to do.
 Writers (``Ledger.from_url``) create the database on first use and apply missing schema steps;
 ``create=False`` keeps a writer from creating one (``hetero-gpu release`` on a mistyped URL
 must not make an empty ledger).
@@ -12,16 +12,22 @@ from __future__ import annotations
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
+from airflow_hetero_gpu.core.admission.defaults import DEFAULT_AGING_INTERVAL_S
 from airflow_hetero_gpu.ledger import guard, migrations
 from airflow_hetero_gpu.ledger.checks import first_line
-from airflow_hetero_gpu.ledger.db import db_now, make_engine, read_transaction, write_transaction
+from airflow_hetero_gpu.ledger.db import db_now, make_engine
 from airflow_hetero_gpu.ledger.errors import LedgerError, LedgerUpgraded, MissingLedger
 from airflow_hetero_gpu.ledger.url import is_memory, mask, parse_url
+
+if TYPE_CHECKING:
+    from airflow_hetero_gpu.core.admission import PreemptionRules
+    from airflow_hetero_gpu.ledger.admission import ClusterCache
+    from airflow_hetero_gpu.ledger.unit_of_work import Rooms, UnitOfWork
 
 Clock = Callable[[], datetime]
 CommitHook = Callable[[str, str], None]
@@ -39,43 +45,52 @@ def require_existing(url: Any) -> None:
         raise MissingLedger(f"no ledger at {mask(parsed)} (no such file): {FILL_HINT}")
 
 
-class LedgerBase:
-    """The database, its schema and its transactions. See :class:`airflow_hetero_gpu.ledger.Ledger`.
+class AdmissionSettings:
+    """The admission pass's settings: the aging interval of the queue's order and the preemption
+    rules. ``Ledger`` is one (set them on the ledger, or on a subclass)."""
+
+    #: seconds of waiting worth one priority level (None: strict priority); see docs/queue.md
+    queue_aging_interval_s: float | None = DEFAULT_AGING_INTERVAL_S
+    _preemption: Any = ()  # not read yet
+
+    @property
+    def preemption(self) -> PreemptionRules | None:
+        """The admission pass's preemption rules (None: off): ``[hetero_gpu] preemption``,
+        ``preemption_min_runtime`` and ``preemption_delay`` (docs/preemption.md) unless set here."""
+        if self._preemption == ():
+            from airflow_hetero_gpu.settings import preemption_settings
+
+            self._preemption = preemption_settings()
+        return self._preemption
+
+    @preemption.setter
+    def preemption(self, rules: PreemptionRules | None) -> None:
+        self._preemption = rules
+
+
+class LedgerDatabase:
+    """The database, its schema and its transactions; the repositories of
+    :class:`~airflow_hetero_gpu.ledger.unit_of_work.Rooms` work through it.
 
     ``create``: make the database (SQLite file) and its tables when missing; ``migrate``: apply
     missing schema steps. ``clock`` replaces the lease clock (tests); ``before_commit(action,
     job_id)`` runs inside the reserve and replace transactions just before they commit (tests use
-    it to die mid-way).
+    it to die mid-way). ``settings``: the admission pass's (the defaults when None).
     """
 
     def __init__(self, url: str | None = None, *, create: bool = True, migrate: bool = True,
-                 clock: Clock | None = None, before_commit: CommitHook | None = None):
+                 clock: Clock | None = None, before_commit: CommitHook | None = None,
+                 settings: AdmissionSettings | None = None):
         self.url = parse_url(url)
-        self._clock = clock
-        self._before_commit = before_commit
+        self.clock = clock
+        self.before_commit = before_commit
+        self.settings = settings if settings is not None else AdmissionSettings()
+        self.rooms: Rooms | None = None  # the repositories, set by whoever composes them (``Ledger``)
+        self.engine = None
         if not create:
             require_existing(self.url)
-        self._engine = make_engine(self.url, create=create)
-        try:
-            self._ensure_schema(create=create, migrate=migrate)
-        except BaseException:
-            self.close()
-            raise
-
-    @classmethod
-    def from_url(cls, url: str | None = None, **kwargs: Any):
-        """Open the ledger at ``url`` (SQLite path or URL, PostgreSQL URL; None: the default file),
-        creating or upgrading it as needed (writers)."""
-        return cls(url, **kwargs)
-
-    @classmethod
-    def open_existing(cls, url: str | None = None, **kwargs: Any):
-        """Open an existing ledger with the current schema, creating and changing nothing (readers).
-
-        A missing database, one that holds no ledger, or one with an older or newer schema is a
-        one-line :class:`LedgerError` saying what to do.
-        """
-        return cls(url, create=False, migrate=False, **kwargs)
+        self.engine = make_engine(self.url, create=create)
+        self.create, self.migrate = create, migrate
 
     @property
     def display_url(self) -> str:
@@ -83,26 +98,33 @@ class LedgerBase:
 
     @property
     def dialect(self) -> str:
-        return self._engine.dialect.name
+        return self.engine.dialect.name
 
     def close(self) -> None:
         """Close every pooled connection."""
-        engine = getattr(self, "_engine", None)
-        if engine is not None:
-            engine.dispose()
+        if self.engine is not None:
+            self.engine.dispose()
 
-    def __enter__(self):
-        return self
+    # --- the admission pass's cluster -----------------------------------------------------------
+    @property
+    def clusters(self) -> ClusterCache:
+        """The process's cache of the stored inventory's cluster for this ledger."""
+        from airflow_hetero_gpu.ledger.admission import cluster_cache
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        key = self.url.render_as_string(hide_password=False)
+        return cluster_cache(f"{key}#{id(self)}" if is_memory(self.url) else key)
 
-    def __repr__(self) -> str:
-        return f"Ledger({self.display_url!r})"
+    def warm(self) -> None:
+        """Parse the stored inventory for the next pass before taking the ledger lock (only when
+        someone waits and the inventory changed since this process last parsed it)."""
+        with self.read("read the inventory for the queue") as uow:
+            self.clusters.warm(uow.conn, uow.now)
 
     # --- transactions ---------------------------------------------------------------------------
     @contextmanager
-    def _errors(self, action: str) -> Iterator[None]:
+    def errors(self, action: str) -> Iterator[None]:
+        """A database error of ``action`` as one line (:class:`LedgerUpgraded` when a newer
+        release's guard refused the write)."""
         try:
             yield
         except DBAPIError as err:
@@ -115,33 +137,51 @@ class LedgerBase:
             raise LedgerError(f"ledger {self.display_url}: {action} failed: {first_line(err)}") from err
 
     @contextmanager
-    def _write(self, action: str) -> Iterator[tuple[Connection, datetime]]:
-        with self._errors(action), write_transaction(self._engine) as conn:
-            yield conn, self._now(conn)
+    def write(self, action: str, *, warm: bool = False) -> Iterator[UnitOfWork]:
+        """One write: a unit of work holding the ledger lock until it commits
+        (:mod:`~airflow_hetero_gpu.ledger.unit_of_work`). ``warm``: parse the stored inventory for
+        its admission pass first, outside the lock."""
+        if warm:
+            self.warm()
+        with self.locked(action) as uow:
+            yield uow
 
-    @contextmanager
-    def _read(self, action: str) -> Iterator[tuple[Connection, datetime]]:
-        with self._errors(action), read_transaction(self._engine) as conn:
-            yield conn, self._now(conn)
+    def locked(self, action: str) -> ContextManager[UnitOfWork]:
+        """The write's unit of work proper: from taking the ledger lock to the commit
+        (:func:`~airflow_hetero_gpu.ledger.unit_of_work.open_write`)."""
+        from airflow_hetero_gpu.ledger.unit_of_work import open_write
 
-    def _now(self, conn: Connection) -> datetime:
-        return self._clock() if self._clock else db_now(conn)
+        return open_write(self, action)
+
+    def read(self, action: str) -> ContextManager[UnitOfWork]:
+        """One read over a consistent snapshot, taking no lock
+        (:func:`~airflow_hetero_gpu.ledger.unit_of_work.open_read`)."""
+        from airflow_hetero_gpu.ledger.unit_of_work import open_read
+
+        return open_read(self, action)
+
+    def now_in(self, conn: Connection) -> datetime:
+        """The transaction's time (the clock given, else the database's)."""
+        return self.clock() if self.clock else db_now(conn)
 
     def now(self) -> datetime:
         """The ledger's clock (the PostgreSQL server's, or this machine's for SQLite)."""
-        with self._read("read the clock") as (_conn, now):
-            return now
+        with self.read("read the clock") as uow:
+            return uow.now
 
-    def _hook(self, action: str, job_id: str) -> None:
-        if self._before_commit is not None:
-            self._before_commit(action, job_id)
+    def hook(self, action: str, job_id: str) -> None:
+        """``before_commit(action, job_id)``, when given."""
+        if self.before_commit is not None:
+            self.before_commit(action, job_id)
 
     # --- schema -----------------------------------------------------------------------------------
     def schema_version(self) -> int:
-        with self._read("read the schema version") as (conn, _):
-            return migrations.current_version(conn)
+        with self.read("read the schema version") as uow:
+            return migrations.current_version(uow.conn)
 
-    def _ensure_schema(self, *, create: bool = True, migrate: bool = True) -> None:
+    def ensure_schema(self) -> None:
+        """Check the schema, creating or upgrading it when this database allows (``create``,
+        ``migrate``); a one-line :class:`LedgerError` otherwise."""
         version = self.schema_version()
         if version == migrations.LATEST:
             return
@@ -149,16 +189,16 @@ class LedgerBase:
             raise LedgerError(
                 f"ledger {self.display_url} has schema version {version}, newer than this airflow-hetero-gpu "
                 f"supports ({migrations.LATEST}); upgrade the package")
-        if version == 0 and not create:
+        if version == 0 and not self.create:
             raise LedgerError(f"{self.display_url} holds no ledger (no schema_version table): {FILL_HINT}")
-        if not migrate:
+        if not self.migrate:
             raise LedgerError(
                 f"ledger {self.display_url} has schema version {version}, older than this airflow-hetero-gpu's "
                 f"({migrations.LATEST}): upgrade it with `hetero-gpu ledger init URL` (any writer also does)")
-        with self._write("create or upgrade the schema") as (conn, now):
-            version = migrations.current_version(conn)  # again, now under the lock
+        with self.write("create or upgrade the schema") as uow:
+            version = migrations.current_version(uow.conn)  # again, now under the lock
             if version > migrations.LATEST:
                 raise LedgerError(
                     f"ledger {self.display_url} has schema version {version}, newer than this airflow-hetero-gpu "
                     f"supports ({migrations.LATEST}); upgrade the package")
-            migrations.upgrade(conn, now)
+            migrations.upgrade(uow.conn, uow.now)

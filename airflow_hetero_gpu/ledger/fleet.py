@@ -1,25 +1,24 @@
-"""The fleet's inventory in the ledger (part of ``Ledger``): store collections, read them back.
+"""The fleet's inventory in the ledger: the inventory's repository, storing collections and reading them back.
 
 Two ways in, each one locked transaction:
 
-* :meth:`FleetMixin.store_collection` — what ``hetero-gpu collect --ledger`` and a training task
+* :meth:`Inventory.store_collection` — what ``hetero-gpu collect --ledger`` and a training task
   that refreshed its stale hosts do: upsert the hosts' raw outputs, act on new kernel-log Xid
   lines (a new line evicts its GPU once), record the collection, keep history;
-* :meth:`FleetMixin.record_health_check` — what a health check does (sensor, trigger,
+* :meth:`Inventory.record_health_check` — what a health check does (sensor, trigger,
   ``hetero-gpu check``): the same, plus the watch's judgement of every GPU (evict, count healthy
   checks, readmit) from the same stored outputs.
 
-Readers call :meth:`FleetMixin.inventory`, which parses the stored texts as a capture set.
+Readers call :meth:`Inventory.inventory`, which parses the stored texts as a capture set.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, Sequence
 
 from sqlalchemy import delete, insert, select
-from sqlalchemy.engine import Connection
 
 from airflow_hetero_gpu.capture.directory import CaptureSet
 from airflow_hetero_gpu.core.config import ClusterConfig, config_from_text
@@ -28,13 +27,15 @@ from airflow_hetero_gpu.core.health import GpuFacts
 from airflow_hetero_gpu.core.model import GpuKey
 from airflow_hetero_gpu.core.watch import Evaluation, Step, WatchPolicy, evaluate
 from airflow_hetero_gpu.errors import CaptureError
-from airflow_hetero_gpu.ledger import history, inventory, watch
-from airflow_hetero_gpu.ledger.drains import end_past_deadline
+from airflow_hetero_gpu.ledger import inventory
 from airflow_hetero_gpu.ledger.errors import LedgerError
-from airflow_hetero_gpu.ledger.history import GpuEvent, HostSample
 from airflow_hetero_gpu.ledger.inventory import HostRecord, StoredHost, StoredInventory
 from airflow_hetero_gpu.ledger.schema import watch_runs as runs_t
 from airflow_hetero_gpu.settings import DEFAULT_HISTORY_INTERVAL_S, DEFAULT_HISTORY_RETENTION_S
+
+if TYPE_CHECKING:
+    from airflow_hetero_gpu.ledger.base import LedgerDatabase
+    from airflow_hetero_gpu.ledger.unit_of_work import UnitOfWork
 
 #: ``judge(captures, new_xids, fleet_files) -> (Evaluation, WatchPolicy)``: the health check's
 #: pure judgement of the stored outputs (``fleet_files``: the stored cluster.yaml and topology.conf).
@@ -56,8 +57,11 @@ class Stored:
     stored_at: datetime | None = None  # the transaction's time
 
 
-class FleetMixin:
-    """The inventory, its history, and what health sensors keep between pokes (part of ``Ledger``)."""
+class Inventory:
+    """The inventory, and what health sensors keep between pokes."""
+
+    def __init__(self, db: LedgerDatabase):
+        self.db = db
 
     # --- writing -------------------------------------------------------------------------------
     def store_collection(self, records: Sequence[HostRecord], *, collector: str,
@@ -68,19 +72,19 @@ class FleetMixin:
         """Store one collection (see the module docstring). A new Xid line evicts its GPU once
         (reasons ``xid-<n>``, application Xids excepted)."""
         records = _checked(records)
-        with self._write(f"store a collection of {len(records)} host(s)") as (conn, now):
-            stored = self._store(conn, now, records, collector, fleet_files, started_at)
-            caps, files = self._captures(conn, now, stored)
+        with self.db.write(f"store a collection of {len(records)} host(s)") as uow:
+            stored = self._store(uow, records, collector, fleet_files, started_at)
+            caps, files = self._captures(uow, stored)
             ev = evaluate(caps, config or _stored_config(files), stored.new_xids)
             for key, xids in stored.new_xids.items():
                 reasons = tuple(xid_rule(GpuFacts(xids=xids), None) or ())  # type: ignore[arg-type]
                 if reasons:
-                    self._evict(conn, now, key, _uuid(ev, key), reasons)
+                    uow.evictions.record(uow, key, _uuid(ev, key), reasons)
                     stored.xid_evictions.append((key, reasons))
             stored.evaluation = ev
-            self._keep_history(conn, now, ev, records, history_interval, history_retention)
-            self._admit(conn, now)  # a changed inventory (hosts back, loads gone) goes to the queue
-            return stored
+            self._keep_history(uow, ev, records, history_interval, history_retention)
+            uow.admit_before_commit()  # a changed inventory (hosts back, loads gone) goes to the queue
+        return stored
 
     def record_health_check(self, records: Sequence[HostRecord], *, collector: str, judge: Judge,
                             fleet_files: Mapping[str, str] | None = None,
@@ -101,21 +105,22 @@ class FleetMixin:
         in every part).
         """
         records = _checked(records)
-        with self._write(f"record a health check of {len(records)} host(s)") as (conn, now):
-            stored = self._store(conn, now, records, collector, fleet_files, started_at, collection_id)
-            caps, files = self._captures(conn, now, stored)
+        with self.db.write(f"record a health check of {len(records)} host(s)") as uow:
+            stored = self._store(uow, records, collector, fleet_files, started_at, collection_id)
+            caps, files = self._captures(uow, stored)
             ev, policy = judge(caps, stored.new_xids, files)
             stored.evaluation, stored.policy = ev, policy
-            stored.steps = watch.apply_check(conn, now, ev.observations, policy, self._evict)
-            self._keep_history(conn, now, ev, records, history_interval,
+            stored.steps = uow.evictions.apply_check(uow, ev.observations, policy)
+            self._keep_history(uow, ev, records, history_interval,
                                history_retention if collection_id is None else None)
             if admit:
-                self._admit(conn, now)  # evictions and readmissions change what the queue can have
-            return stored
+                uow.admit_before_commit()  # evictions and readmissions change what the queue can have
+        return stored
 
-    def _store(self, conn: Connection, now: datetime, records: Sequence[HostRecord], collector: str,
+    def _store(self, uow: UnitOfWork, records: Sequence[HostRecord], collector: str,
                fleet_files: Mapping[str, str] | None, started_at: datetime | None,
                collection_id: int | None = None) -> Stored:
+        conn, now = uow.conn, uow.now
         if not isinstance(collector, str) or not collector.strip():
             raise LedgerError(f"collector: expected a name saying who collected, got {collector!r}")
         existing = inventory.read_for_store(conn, records)
@@ -126,18 +131,18 @@ class FleetMixin:
         except ValueError as err:
             raise LedgerError(str(err)) from None
         cid = inventory.record_collection(conn, started_at or now, now, collector[:500], records, collection_id)
-        end_past_deadline(conn, now)  # jobs on drained hosts past the deadline (the admission pass follows)
+        uow.drains.end_past_deadline(uow)  # jobs on drained hosts past the deadline (the admission pass follows)
         return Stored(cid, rows, new_xids=news.by_gpu, stored_at=now)
 
-    def _captures(self, conn: Connection, now: datetime, stored: Stored) -> tuple[CaptureSet, dict[str, str]]:
+    def _captures(self, uow: UnitOfWork, stored: Stored) -> tuple[CaptureSet, dict[str, str]]:
         """The collected hosts' stored outputs (a failed host: its last good ones) as a capture set."""
-        stored.fleet_files = files = inventory.read_fleet_files(conn)
-        return _stored_captures(stored.hosts, files, now), files
+        stored.fleet_files = files = inventory.read_fleet_files(uow.conn)
+        return _stored_captures(stored.hosts, files, uow.now), files
 
-    def _keep_history(self, conn: Connection, now: datetime, ev: Evaluation, records: Sequence[HostRecord],
+    def _keep_history(self, uow: UnitOfWork, ev: Evaluation, records: Sequence[HostRecord],
                       interval: float, retention: float | None) -> None:
-        reserved = self._reserved_map(conn, now)
-        evicted = self._evicted_map(conn)
+        reserved = uow.reservations.held(uow)
+        evicted = uow.evictions.evicted(uow)
         by_host: dict[str, list[dict[str, Any]]] = {r.host: [] for r in records}
         for g in ev.cluster.gpus:
             if g.host in by_host:
@@ -149,58 +154,42 @@ class FleetMixin:
                     **({} if g.instance is None else {"instance": g.instance}),  # a MIG instance
                 })
         ok = {r.host: r.ok for r in records}
-        history.store_samples(conn, now, {h: (ok[h], gpus) for h, gpus in by_host.items()}, interval)
-        if retention is not None:  # None: a further part of a collection, pruned with its first
-            history.prune(conn, now, retention)
+        # retention None: a further part of a collection, pruned with its first
+        uow.history.keep_samples(uow, {h: (ok[h], gpus) for h, gpus in by_host.items()}, interval, retention)
 
     # --- reading -------------------------------------------------------------------------------
     def inventory(self, hosts: Collection[str] | None = None) -> StoredInventory:
         """The stored inventory of ``hosts`` (every host when None), with the fleet's files."""
-        with self._read("read the inventory") as (conn, now):
-            return StoredInventory(inventory.read_hosts(conn, hosts), inventory.read_fleet_files(conn), now)
+        with self.db.read("read the inventory") as uow:
+            return StoredInventory(inventory.read_hosts(uow.conn, hosts), inventory.read_fleet_files(uow.conn), uow.now)
 
     def inventory_version(self) -> tuple[int, datetime | None]:
         """(hosts, newest collection time) of the inventory: changes whenever a collection is stored
         (readers cache the parsed inventory on it)."""
-        with self._read("read the inventory") as (conn, _now):
-            return inventory.version(conn)
+        with self.db.read("read the inventory") as uow:
+            return inventory.version(uow.conn)
 
     def has_inventory(self) -> bool:
-        with self._read("read the inventory") as (conn, _now):
-            return inventory.has_inventory(conn)
-
-    def host_samples(self, since: datetime, until: datetime | None = None,
-                     hosts: Collection[str] | None = None) -> list[HostSample]:
-        """History samples of ``hosts`` (all when None) collected in [since, until]."""
-        with self._read("read history samples") as (conn, _now):
-            return history.read_samples(conn, since, until, hosts)
-
-    def gpu_events(self, since: datetime, until: datetime | None = None, host: str | None = None) -> list[GpuEvent]:
-        """Evictions, readmissions, uncordons and replacements in [since, until]."""
-        with self._read("read GPU events") as (conn, _now):
-            return history.read_events(conn, since, until, host)
-
-    def collections(self, since: datetime) -> list[dict[str, Any]]:
-        """The collections stored since ``since`` (who, when, how many hosts answered)."""
-        with self._read("read collections") as (conn, _now):
-            return history.read_collections(conn, since)
+        with self.db.read("read the inventory") as uow:
+            return inventory.has_inventory(uow.conn)
 
     # --- what a rescheduled health sensor keeps between pokes -----------------------------------
     def watch_run_state(self, run_key: str) -> dict[str, Any] | None:
-        with self._read("read a health sensor's record") as (conn, _now):
-            row = conn.execute(select(runs_t.c.state).where(runs_t.c.run_key == run_key)).first()
+        with self.db.read("read a health sensor's record") as uow:
+            row = uow.conn.execute(select(runs_t.c.state).where(runs_t.c.run_key == run_key)).first()
         return dict(row.state) if row is not None else None
 
     def save_watch_run_state(self, run_key: str, state: Mapping[str, Any] | None) -> None:
         """Keep (or, with None, forget) a sensor run's record."""
-        with self._write("keep a health sensor's record") as (conn, now):
+        with self.db.write("keep a health sensor's record") as uow:
+            conn, now = uow.conn, uow.now
             conn.execute(delete(runs_t).where(runs_t.c.run_key == run_key))
             if state is not None:
                 conn.execute(insert(runs_t).values(run_key=run_key, state=dict(state), updated_at=now))
 
 
 def judge_parts(parts: Sequence[Stored], judge: Judge) -> tuple[Evaluation, WatchPolicy]:
-    """The judgement of a collection stored in ``parts`` (:meth:`FleetMixin.record_health_check`
+    """The judgement of a collection stored in ``parts`` (:meth:`Inventory.record_health_check`
     with ``collection_id``) as one: every part's hosts, with the Xid lines each part found new and
     the newest part's fleet files. Pure: the steps were applied part by part; this is the cluster
     the check reports on (pools, gates, replacements). One part is its own judgement."""
@@ -242,4 +231,4 @@ def _uuid(ev: Evaluation, key: GpuKey) -> str | None:
     return ev.cluster.gpus[pos].uuid if pos is not None else None
 
 
-__all__ = ["FleetMixin", "HostRecord", "Judge", "Stored", "StoredHost", "StoredInventory"]
+__all__ = ["Inventory", "HostRecord", "Judge", "Stored", "StoredHost", "StoredInventory"]

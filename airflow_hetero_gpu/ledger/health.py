@@ -1,4 +1,4 @@
-"""Evictions (SPEC §8, S11) and the health watch's records: the ``Ledger``'s health side.
+"""Evictions (SPEC §8, S11) and the health watch's records: the evictions' repository.
 
 An evicted GPU leaves every pool until readmitted: after ``readmit_after_healthy_checks``
 consecutive healthy checks, or at once with ``uncordon``. Every eviction, readmission and
@@ -8,22 +8,29 @@ uncordon is also an event of the history (:mod:`airflow_hetero_gpu.ledger.histor
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from sqlalchemy import and_, delete, insert, select, update
 from sqlalchemy.engine import Connection
 
 from airflow_hetero_gpu.core.model import GpuKey
 from airflow_hetero_gpu.core.watch import Observation, Step, WatchPolicy
-from airflow_hetero_gpu.ledger import history, watch
+from airflow_hetero_gpu.ledger import watch
 from airflow_hetero_gpu.ledger.checks import check_key, check_reasons
 from airflow_hetero_gpu.ledger.errors import LedgerError
 from airflow_hetero_gpu.ledger.records import Eviction
 from airflow_hetero_gpu.ledger.schema import evictions as ev_t
 
+if TYPE_CHECKING:
+    from airflow_hetero_gpu.ledger.base import LedgerDatabase
+    from airflow_hetero_gpu.ledger.unit_of_work import UnitOfWork
 
-class HealthMixin:
-    """Evictions, readmissions and the watch's memory (part of ``Ledger``)."""
+
+class Evictions:
+    """Evictions, readmissions and the watch's memory."""
+
+    def __init__(self, db: LedgerDatabase):
+        self.db = db
 
     # --- evictions (S11) ------------------------------------------------------------------------
     def evict(self, key: tuple[str, int], uuid: str | None = None, reasons: Iterable[str] | str = ()) -> Eviction:
@@ -33,19 +40,21 @@ class HealthMixin:
         is a GPU's: a MIG instance's key evicts its GPU, and so every instance of it.
         """
         key = check_key(key).gpu
-        with self._write(f"evict GPU {key}") as (conn, now):
-            out = self._evict(conn, now, key, uuid, check_reasons(reasons))
-            self._admit(conn, now)  # a claim on it moves
-            return out
+        with self.db.write(f"evict GPU {key}") as uow:
+            out = self.record(uow, key, uuid, check_reasons(reasons))
+            uow.admit_before_commit()  # a claim on it moves
+        return out
 
-    def _evict(self, conn: Connection, now: datetime, key: GpuKey, uuid: str | None,
-               reasons: tuple[str, ...]) -> Eviction:
+    def record(self, uow: UnitOfWork, key: GpuKey, uuid: str | None, reasons: tuple[str, ...]) -> Eviction:
+        """Evict ``key`` (or add ``reasons`` to its eviction and restart its healthy-check count)
+        in the caller's write; an eviction is also an event of the history."""
+        conn, now = uow.conn, uow.now
         where = and_(ev_t.c.host == key.host, ev_t.c.gpu_index == key.index)
         row = conn.execute(select(ev_t).where(where)).first()
         if row is None:
             conn.execute(insert(ev_t).values(host=key.host, gpu_index=key.index, uuid=uuid, reasons=list(reasons),
                                              evicted_at=now, checked_at=now, healthy_checks=0))
-            history.record_event(conn, now, "evicted", key, uuid, reasons)
+            uow.history.record_event(uow, "evicted", key, uuid, reasons)
         else:
             merged = list(dict.fromkeys([*row.reasons, *reasons]))
             conn.execute(update(ev_t).where(where).values(reasons=merged, checked_at=now, healthy_checks=0,
@@ -72,19 +81,20 @@ class HealthMixin:
         if isinstance(readmit_after, bool) or not isinstance(readmit_after, int) or readmit_after < 1:
             raise LedgerError(f"readmit_after: expected a positive integer, got {readmit_after!r}")
         where = and_(ev_t.c.host == key.host, ev_t.c.gpu_index == key.index)
-        with self._write(f"record a check of GPU {key}") as (conn, now):
+        with self.db.write(f"record a check of GPU {key}") as uow:
+            conn, now = uow.conn, uow.now
             row = conn.execute(select(ev_t).where(where)).first()
             if not healthy:
-                out = self._evict(conn, now, key, uuid, check_reasons(reasons))
-                self._admit(conn, now)
+                out = self.record(uow, key, uuid, check_reasons(reasons))
+                uow.admit_before_commit()
                 return out
             if row is None:
                 return None
             count = row.healthy_checks + 1
             if count >= readmit_after:
                 conn.execute(delete(ev_t).where(where))
-                history.record_event(conn, now, "readmitted", key, row.uuid, row.reasons)
-                self._admit(conn, now)  # the readmitted GPU goes to the queue
+                uow.history.record_event(uow, "readmitted", key, row.uuid, row.reasons)
+                uow.admit_before_commit()  # the readmitted GPU goes to the queue
                 return None
             conn.execute(update(ev_t).where(where).values(healthy_checks=count, checked_at=now))
             return _eviction(conn.execute(select(ev_t).where(where)).one())
@@ -100,23 +110,24 @@ class HealthMixin:
         where = ev_t.c.host == host
         if index is not None:
             where = and_(where, ev_t.c.gpu_index == check_key((host, index)).index)
-        with self._write(f"uncordon {host}" + ("" if index is None else f":{index}")) as (conn, now):
+        with self.db.write(f"uncordon {host}" + ("" if index is None else f":{index}")) as uow:
+            conn = uow.conn
             rows = list(conn.execute(select(ev_t.c.host, ev_t.c.gpu_index, ev_t.c.uuid, ev_t.c.reasons).where(where)))
             keys = [GpuKey(r.host, r.gpu_index) for r in rows]
             if keys:
                 conn.execute(delete(ev_t).where(where))
             for r in rows:
-                history.record_event(conn, now, "uncordoned", GpuKey(r.host, r.gpu_index), r.uuid, r.reasons)
+                uow.history.record_event(uow, "uncordoned", GpuKey(r.host, r.gpu_index), r.uuid, r.reasons)
             watch.forget_streaks(conn, host, index)
             if keys:
-                self._admit(conn, now)
+                uow.admit_before_commit()
         return sorted(keys)
 
     # --- the health watch (docs/health.md) --------------------------------------------------------
     def watch_streaks(self) -> dict[GpuKey, dict[str, int]]:
         """GPU -> consecutive bad checks per soft fault (temperature, hw-slowdown, unreachable)."""
-        with self._read("read soft-fault streaks") as (conn, _now):
-            return watch.read_streaks(conn)
+        with self.db.read("read soft-fault streaks") as uow:
+            return watch.read_streaks(uow.conn)
 
     def apply_watch_check(self, observations: Sequence[Observation], policy: WatchPolicy) -> list[Step]:
         """Record one health check of every observed GPU in one locked transaction.
@@ -126,23 +137,33 @@ class HealthMixin:
         count of bad checks in a row), count a healthy check, readmit, or nothing. Returns the
         steps, in the order of ``observations``.
         """
-        with self._write(f"record a health check of {len(observations)} GPU(s)") as (conn, now):
-            steps = watch.apply_check(conn, now, observations, policy, self._evict)
-            self._admit(conn, now)
-            return steps
+        with self.db.write(f"record a health check of {len(observations)} GPU(s)") as uow:
+            steps = self.apply_check(uow, observations, policy)
+            uow.admit_before_commit()
+        return steps
+
+    def apply_check(self, uow: UnitOfWork, observations: Sequence[Observation], policy: WatchPolicy) -> list[Step]:
+        """:func:`airflow_hetero_gpu.ledger.watch.apply_check` in the caller's write, its
+        evictions through :meth:`record`."""
+        def evict(_conn: Connection, _now: datetime, key: GpuKey, uuid: str | None,
+                  reasons: tuple[str, ...]) -> Eviction:
+            return self.record(uow, key, uuid, reasons)
+
+        return watch.apply_check(uow.conn, uow.now, observations, policy, evict)
 
     def evicted_map(self) -> dict[GpuKey, tuple[str, ...]]:
         """GPU -> reasons for every evicted GPU."""
-        with self._read("read evictions") as (conn, _now):
-            return self._evicted_map(conn)
+        with self.db.read("read evictions") as uow:
+            return self.evicted(uow)
 
     def evictions(self) -> list[Eviction]:
         """Every evicted GPU, by (host, index)."""
-        with self._read("list evictions") as (conn, _now):
-            return [_eviction(r) for r in conn.execute(select(ev_t).order_by(ev_t.c.host, ev_t.c.gpu_index))]
+        with self.db.read("list evictions") as uow:
+            return [_eviction(r) for r in uow.conn.execute(select(ev_t).order_by(ev_t.c.host, ev_t.c.gpu_index))]
 
-    def _evicted_map(self, conn: Connection) -> dict[GpuKey, tuple[str, ...]]:
-        rows = conn.execute(select(ev_t.c.host, ev_t.c.gpu_index, ev_t.c.reasons))
+    def evicted(self, uow: UnitOfWork) -> dict[GpuKey, tuple[str, ...]]:
+        """GPU -> reasons for every evicted GPU, in the caller's transaction."""
+        rows = uow.conn.execute(select(ev_t.c.host, ev_t.c.gpu_index, ev_t.c.reasons))
         return {GpuKey(r.host, r.gpu_index): tuple(r.reasons) for r in rows}
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Collection, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Collection, Iterable, Mapping, Sequence
 
 from sqlalchemy import and_, delete, func, insert, select
 from sqlalchemy.engine import Connection
@@ -23,6 +23,10 @@ from airflow_hetero_gpu.ledger.schema import collections as coll_t
 from airflow_hetero_gpu.ledger.schema import gpu_events as events_t
 from airflow_hetero_gpu.ledger.schema import host_samples as samples_t
 from airflow_hetero_gpu.ledger.schema import team_samples as team_samples_t
+
+if TYPE_CHECKING:
+    from airflow_hetero_gpu.ledger.base import LedgerDatabase
+    from airflow_hetero_gpu.ledger.unit_of_work import UnitOfWork
 
 EVENT_KINDS = ("evicted", "readmitted", "uncordoned", "replaced")
 
@@ -146,3 +150,43 @@ def read_collections(conn: Connection, since: datetime) -> list[dict[str, Any]]:
     stmt = select(coll_t).where(coll_t.c.finished_at >= since).order_by(coll_t.c.finished_at)
     return [{"id": r.id, "started_at": r.started_at.isoformat(), "finished_at": r.finished_at.isoformat(),
              "collector": r.collector, "hosts": r.hosts, "ok": r.ok, "failed": r.failed} for r in conn.execute(stmt)]
+
+
+class History:
+    """The history's repository: samples and events written in the caller's write, and read back."""
+
+    def __init__(self, db: LedgerDatabase):
+        self.db = db
+
+    # --- inside a write ------------------------------------------------------------------------
+    def record_event(self, uow: UnitOfWork, kind: str, key: GpuKey, uuid: str | None = None,
+                     reasons: Iterable[str] = (), job_id: str | None = None,
+                     detail: Mapping[str, Any] | None = None) -> None:
+        """An eviction, readmission, uncordon or replacement of ``key``, now (:func:`record_event`)."""
+        record_event(uow.conn, uow.now, kind, key, uuid, reasons, job_id, detail)
+
+    def keep_samples(self, uow: UnitOfWork, samples: Mapping[str, tuple[bool, list[dict[str, Any]]]],
+                     interval: float, retention: float | None) -> int:
+        """Write the samples that are due (:func:`store_samples`), then prune what is older than
+        ``retention`` seconds (None: keep). Returns how many samples were written."""
+        written = store_samples(uow.conn, uow.now, samples, interval)
+        if retention is not None:
+            prune(uow.conn, uow.now, retention)
+        return written
+
+    # --- reading -------------------------------------------------------------------------------
+    def host_samples(self, since: datetime, until: datetime | None = None,
+                     hosts: Collection[str] | None = None) -> list[HostSample]:
+        """History samples of ``hosts`` (all when None) collected in [since, until]."""
+        with self.db.read("read history samples") as uow:
+            return read_samples(uow.conn, since, until, hosts)
+
+    def gpu_events(self, since: datetime, until: datetime | None = None, host: str | None = None) -> list[GpuEvent]:
+        """Evictions, readmissions, uncordons and replacements in [since, until]."""
+        with self.db.read("read GPU events") as uow:
+            return read_events(uow.conn, since, until, host)
+
+    def collections(self, since: datetime) -> list[dict[str, Any]]:
+        """The collections stored since ``since`` (who, when, how many hosts answered)."""
+        with self.db.read("read collections") as uow:
+            return read_collections(uow.conn, since)

@@ -60,7 +60,7 @@ from sqlalchemy.schema import ExecutableDDLElement
 
 from airflow_hetero_gpu.ledger import guard
 from airflow_hetero_gpu.ledger.schema import (
-    _V10_COLUMNS, NAME, WHOLE_GPU, UtcDateTime, _v4_tables, _v6_tables, _v8_tables, _v9_tables, preemptions,
+    V10_COLUMNS, NAME, WHOLE_GPU, UtcDateTime, v4_tables, v6_tables, v8_tables, v9_tables, preemptions,
     reservations, schema_version,
 )
 
@@ -149,7 +149,7 @@ def _v3(conn: Connection) -> None:
 
 def _v4(conn: Connection) -> None:
     m = MetaData()
-    _v4_tables(m)
+    v4_tables(m)
     m.create_all(conn)
 
 
@@ -188,7 +188,7 @@ def _v5(conn: Connection) -> None:
 
 def _v6(conn: Connection) -> None:
     m = MetaData()
-    _v6_tables(m)
+    v6_tables(m)
     m.create_all(conn)
 
 
@@ -201,18 +201,18 @@ def _v8(conn: Connection) -> None:
     conn.execute(AddColumn("reservations", Column("team", String(NAME), nullable=True)))
     conn.execute(AddColumn("reservations", Column("borrowed", Integer, nullable=True)))
     m = MetaData()
-    _v8_tables(m)
+    v8_tables(m)
     m.create_all(conn)
 
 
 def _v9(conn: Connection) -> None:
     m = MetaData()
-    _v9_tables(m)
+    v9_tables(m)
     m.create_all(conn)
 
 
 def _v10(conn: Connection) -> None:
-    for table, name, type_ in _V10_COLUMNS:
+    for table, name, type_ in V10_COLUMNS:
         conn.execute(AddColumn(table, Column(name, type_, nullable=True)))
     preemptions.to_metadata(MetaData()).create(conn)
 

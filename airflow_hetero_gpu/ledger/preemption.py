@@ -1,10 +1,10 @@
-"""Preemption in the ledger (part of ``Ledger``; docs/preemption.md).
+"""Preemption in the ledger: the preemptions' repository (docs/preemption.md).
 
 The admission pass (:mod:`airflow_hetero_gpu.ledger.admission`) gives the core's preemption rule
-the running jobs (:meth:`PreemptionMixin._running_jobs`) and, for each victim it chose, marks the
+the running jobs (:meth:`Preemptions.running_jobs`) and, for each victim it chose, marks the
 victim's reservation ``preempting`` and opens a row of ``preemptions``, in its own transaction.
 The victim's holder sees the mark at its next lease renewal (``Reservation.preempting``), stops
-the job, and calls :meth:`PreemptionMixin.finish_preemption`: in one transaction its GPUs are
+the job, and calls :meth:`Preemptions.finish_preemption`: in one transaction its GPUs are
 freed, the record is closed with the lost work, the job is back in the queue with its original
 priority and time enqueued, and an admission pass runs (the preemptor starts). So a victim is
 never half-stopped in the ledger: it holds its GPUs, or it waits in the queue.
@@ -13,12 +13,12 @@ never half-stopped in the ledger: it holds its GPUs, or it waits in the queue.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from sqlalchemy import and_, delete, func, insert, select, update
 from sqlalchemy.engine import Connection
 
-from airflow_hetero_gpu.core.admission import PreemptionRules, RunningJob
+from airflow_hetero_gpu.core.admission import RunningJob
 from airflow_hetero_gpu.ledger.checks import check_job_id, check_lease
 from airflow_hetero_gpu.ledger.errors import LedgerError, NoLiveReservation
 from airflow_hetero_gpu.ledger.schema import preemptions as pre_t
@@ -26,47 +26,16 @@ from airflow_hetero_gpu.ledger.schema import queue_entries as q_t
 from airflow_hetero_gpu.ledger.schema import reservation_gpus as gpu_t
 from airflow_hetero_gpu.ledger.schema import reservations as res_t
 
+if TYPE_CHECKING:
+    from airflow_hetero_gpu.ledger.base import LedgerDatabase
+    from airflow_hetero_gpu.ledger.unit_of_work import UnitOfWork
+
 OUTCOMES = ("exited", "killed")
 #: How a record closes when its victim's reservation goes another way than a finished preemption.
 RELEASED, LEASE_EXPIRED, DRAIN_DEADLINE = "released", "lease expired", "drain deadline"
 #: A record left open by a removal that did not close it (an earlier release): closed when its
 #: victim's reservation goes, or when the same job id is preempted again.
 ABANDONED = "abandoned"
-
-
-def open_record(conn: Connection, now: datetime, victim: str, mark: dict[str, Any]) -> int:
-    """Mark ``victim``'s reservation ``preempting`` (``mark``, with the id of its record) and
-    open its record; returns the record's id. A record of the same job id still open is stale
-    (the job runs unmarked): it closes as ``abandoned`` and is never taken for this one."""
-    close_records(conn, now, [victim], ABANDONED)
-    gpus = [[h, i] for h, i in conn.execute(select(gpu_t.c.host, gpu_t.c.gpu_index)
-                                            .where(gpu_t.c.job_id == victim).order_by(gpu_t.c.slot))]
-    record = int(conn.execute(insert(pre_t).values(victim=victim, preemptor=mark["by"], reason=mark["reason"],
-                                                   gpus=gpus, decided_at=now)).inserted_primary_key[0])
-    conn.execute(update(res_t).where(res_t.c.job_id == victim).values(preempting={**mark, "record": record}))
-    return record
-
-
-def close_records(conn: Connection, now: datetime, job_ids: Sequence[str], outcome: str) -> None:
-    """Close the open records of ``job_ids`` as ``outcome`` (their reservations went)."""
-    if job_ids:
-        conn.execute(update(pre_t).where(pre_t.c.victim.in_(list(job_ids)), pre_t.c.ended_at.is_(None))
-                     .values(ended_at=now, outcome=outcome))
-
-
-def drop_reservations(conn: Connection, now: datetime, job_ids: Sequence[str], outcome: str) -> int:
-    """Delete the reservations of ``job_ids`` with their GPU rows and close their open preemption
-    records as ``outcome``, in the caller's transaction. Every removal of a reservation goes
-    through here (release, leaving the queue, a lease expiry, a drain's deadline, a finished
-    preemption), so no victim's record stays "in progress" once its GPUs are gone. Returns the
-    number of reservations deleted."""
-    ids = list(job_ids)
-    if not ids:
-        return 0
-    conn.execute(delete(gpu_t).where(gpu_t.c.job_id.in_(ids)))
-    gone = conn.execute(delete(res_t).where(res_t.c.job_id.in_(ids))).rowcount
-    close_records(conn, now, ids, outcome)
-    return gone
 
 
 def _own_record(conn: Connection, job_id: str, mark: dict[str, Any]) -> Any:
@@ -88,37 +57,44 @@ def may_be_preempted(cols, below: int):
     return and_(cols.preemptible.is_(True), func.coalesce(cols.priority, 0) < int(below))
 
 
-class PreemptionMixin:
+class Preemptions:
     """Preemption's rows: the marks on victims, their ending, the record."""
 
-    _preemption: Any = ()  # not read yet
+    def __init__(self, db: LedgerDatabase):
+        self.db = db
 
-    @property
-    def preemption(self) -> PreemptionRules | None:
-        """The admission pass's preemption rules (None: off): ``[hetero_gpu] preemption``,
-        ``preemption_min_runtime`` and ``preemption_delay`` (docs/preemption.md) unless set here."""
-        if self._preemption == ():
-            from airflow_hetero_gpu.settings import preemption_settings
+    # --- inside a write ------------------------------------------------------------------------
+    def open_record(self, uow: UnitOfWork, victim: str, mark: dict[str, Any]) -> int:
+        """Mark ``victim``'s reservation ``preempting`` (``mark``, with the id of its record) and
+        open its record; returns the record's id. A record of the same job id still open is stale
+        (the job runs unmarked): it closes as ``abandoned`` and is never taken for this one."""
+        conn, now = uow.conn, uow.now
+        self.close_records(uow, [victim], ABANDONED)
+        gpus = [[h, i] for h, i in conn.execute(select(gpu_t.c.host, gpu_t.c.gpu_index)
+                                                .where(gpu_t.c.job_id == victim).order_by(gpu_t.c.slot))]
+        record = int(conn.execute(insert(pre_t).values(victim=victim, preemptor=mark["by"], reason=mark["reason"],
+                                                       gpus=gpus, decided_at=now)).inserted_primary_key[0])
+        conn.execute(update(res_t).where(res_t.c.job_id == victim).values(preempting={**mark, "record": record}))
+        return record
 
-            self._preemption = preemption_settings()
-        return self._preemption
+    def close_records(self, uow: UnitOfWork, job_ids: Sequence[str], outcome: str) -> None:
+        """Close the open records of ``job_ids`` as ``outcome`` (their reservations went)."""
+        if job_ids:
+            uow.conn.execute(update(pre_t).where(pre_t.c.victim.in_(list(job_ids)), pre_t.c.ended_at.is_(None))
+                             .values(ended_at=uow.now, outcome=outcome))
 
-    @preemption.setter
-    def preemption(self, rules: PreemptionRules | None) -> None:
-        self._preemption = rules
-
-    # --- inside the admission pass -------------------------------------------------------------
-    def _running_jobs(self, conn: Connection, now: datetime, below: int, *, reclaim: bool = False) -> list[RunningJob]:
+    def running_jobs(self, uow: UnitOfWork, below: int, *, reclaim: bool = False) -> list[RunningJob]:
         """The running jobs for the pass's preemption rule; none (one indexed read) when no
         preemptible job runs at a priority below ``below``, the highest waiting priority, unless
         ``reclaim`` (some team holds above its quota now: its jobs are a reclaim's candidates;
         the pass works out which)."""
+        conn, now = uow.conn, uow.now
         if not reclaim:
             some = select(res_t.c.job_id).where(may_be_preempted(res_t.c, below), res_t.c.expires_at > now).limit(1)
             if conn.execute(some).first() is None:
                 return []
         out = []
-        for res in self._load(conn, now):
+        for res in uow.reservations.load(uow):
             row = res.preemption or {}
             start = res.created_at.timestamp()
             ckpt = row.get("checkpoint_at")
@@ -129,19 +105,20 @@ class PreemptionMixin:
                                   enqueued.timestamp() if enqueued else None))
         return out
 
-    def _mark_preemptions(self, conn: Connection, now: datetime, result: Any) -> None:
+    def mark(self, uow: UnitOfWork, result: Any) -> None:
         """Mark every victim of the pass's preemptions and open its record."""
         for pre in getattr(result, "preemptions", ()):
             for victim in pre.victims:
-                mark = {"by": pre.preemptor, "reason": pre.reasons[victim], "at": now.isoformat(),
+                mark = {"by": pre.preemptor, "reason": pre.reasons[victim], "at": uow.now.isoformat(),
                         "priority": pre.priority, "team": pre.team}
-                open_record(conn, now, victim, mark)
+                self.open_record(uow, victim, mark)
 
     # --- the victim's holder -------------------------------------------------------------------
     def note_checkpoint(self, job_id: str, at: datetime | None = None) -> None:
         """The job wrote a checkpoint (at ``at``, default now): the work before it is not lost."""
         job_id = check_job_id(job_id)
-        with self._write(f"note a checkpoint of job {job_id!r}") as (conn, now):
+        with self.db.write(f"note a checkpoint of job {job_id!r}") as uow:
+            conn, now = uow.conn, uow.now
             conn.execute(update(res_t).where(res_t.c.job_id == job_id).values(checkpoint_at=at or now))
 
     def finish_preemption(self, job_id: str, *, outcome: str, exited_after_s: float,
@@ -152,9 +129,9 @@ class PreemptionMixin:
         job_id = check_job_id(job_id)
         if outcome not in OUTCOMES:
             raise LedgerError(f"finish_preemption: outcome: expected one of {', '.join(OUTCOMES)}, got {outcome!r}")
-        self._warm_admission()
-        with self._write(f"finish the preemption of job {job_id!r}") as (conn, now):
-            self._expire(conn, now, admit=False)
+        with self.db.write(f"finish the preemption of job {job_id!r}", warm=True) as uow:
+            conn, now = uow.conn, uow.now
+            uow.expire(admit=False)
             row = conn.execute(select(res_t).where(res_t.c.job_id == job_id)).first()
             if row is None or not row.preempting:
                 raise NoLiveReservation(job_id, "finish the preemption of")
@@ -166,7 +143,7 @@ class PreemptionMixin:
             conn.execute(update(pre_t).where(_own_record(conn, job_id, mark)).values(
                 ended_at=now, outcome=outcome, exited_after_s=round(float(exited_after_s), 3),
                 lost_gpu_s=round(lost, 3), checkpoint=checkpoint))
-            drop_reservations(conn, now, [job_id], ABANDONED)  # any other open record of the job is stale
+            uow.reservations.drop(uow, [job_id], ABANDONED)  # any other open record of the job is stale
             ident = {f: getattr(row, f) for f in ("dag_id", "run_id", "task_id", "map_index", "try_number")}
             conn.execute(delete(q_t).where(q_t.c.job_id == job_id))
             conn.execute(insert(q_t).values(
@@ -174,7 +151,7 @@ class PreemptionMixin:
                 enqueued_at=row.enqueued_at or row.created_at, renewed_at=now, expires_at=now + lease,
                 lease_seconds=lease.total_seconds(), state="waiting", preemptible=bool(row.preemptible), team=row.team,
                 **ident))
-            self._admit(conn, now)
+            uow.admit_before_commit()
             mark.pop("record", None)
             return {**mark, "victim": job_id, "lost_gpu_s": round(lost, 3), "outcome": outcome,
                     "exited_after_s": round(float(exited_after_s), 3), "checkpoint": checkpoint,
@@ -183,7 +160,8 @@ class PreemptionMixin:
     # --- reading -------------------------------------------------------------------------------
     def preemptions(self, since: timedelta = timedelta(days=1)) -> list[dict]:
         """Preemptions in progress and those decided within ``since``, newest first."""
-        with self._read("read the preemptions") as (conn, now):
+        with self.db.read("read the preemptions") as uow:
+            conn, now = uow.conn, uow.now
             rows = conn.execute(select(pre_t).where((pre_t.c.ended_at.is_(None)) | (pre_t.c.decided_at >= now - since))
                                 .order_by(pre_t.c.decided_at.desc(), pre_t.c.id.desc()))
 

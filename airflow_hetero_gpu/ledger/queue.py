@@ -1,13 +1,13 @@
-"""The queue of jobs waiting for GPUs (part of ``Ledger``; docs/queue.md).
+"""The queue of jobs waiting for GPUs: the queue's repository (docs/queue.md).
 
-A task that cannot be placed now enqueues its request (:meth:`QueueMixin.enqueue`) and keeps its
-entry alive with a lease, as reservations do (:meth:`QueueMixin.renew_queue_entry`); an entry
+A task that cannot be placed now enqueues its request (:meth:`Queue.enqueue`) and keeps its
+entry alive with a lease, as reservations do (:meth:`Queue.renew_queue_entry`); an entry
 whose lease passes is swept by the next write. Admission is not a daemon: every write that frees
 or changes GPUs runs one pass of the core's admission rule in its own transaction
 (:mod:`airflow_hetero_gpu.ledger.admission`), so the entry of a job that may start is
 ``admitted`` — its reservation already written — by the time its holder looks
-(:meth:`QueueMixin.queue_entry`, one row). The holder then takes it
-(:meth:`QueueMixin.take_admission`) or leaves (:meth:`QueueMixin.leave_queue`, which also
+(:meth:`Queue.queue_entry`, one row). The holder then takes it
+(:meth:`Queue.take_admission`) or leaves (:meth:`Queue.leave_queue`, which also
 frees an admission it did not take).
 """
 
@@ -15,23 +15,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from sqlalchemy import delete, func, insert, select, update
-from sqlalchemy.engine import Connection
 
-from airflow_hetero_gpu.core.admission import DEFAULT_AGING_INTERVAL_S, AdmissionResult
+from airflow_hetero_gpu.core.admission import AdmissionResult
 from airflow_hetero_gpu.core.admission.teams import DEFAULT_TEAM
 from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
-from airflow_hetero_gpu.ledger import admission
-from airflow_hetero_gpu.ledger.admission import ADMITTED, WAITING, ClusterCache
+from airflow_hetero_gpu.ledger.admission import ADMITTED, WAITING
 from airflow_hetero_gpu.ledger.checks import check_job_id, check_lease, check_priority, check_team
 from airflow_hetero_gpu.ledger.errors import LedgerError, ReservationConflict
-from airflow_hetero_gpu.ledger.preemption import RELEASED, drop_reservations, may_be_preempted
+from airflow_hetero_gpu.ledger.preemption import RELEASED, may_be_preempted
 from airflow_hetero_gpu.ledger.records import Reservation, TaskIdentity
-from airflow_hetero_gpu.ledger.teams import borrowing_now, pool_cards
+from airflow_hetero_gpu.ledger.teams import pool_cards
 from airflow_hetero_gpu.ledger.schema import queue_entries as q_t
 from airflow_hetero_gpu.ledger.schema import reservations as res_t
+
+if TYPE_CHECKING:
+    from airflow_hetero_gpu.ledger.base import LedgerDatabase
+    from airflow_hetero_gpu.ledger.unit_of_work import UnitOfWork
 
 DEFAULT_QUEUE_LEASE_SECONDS = 120.0
 
@@ -103,24 +105,11 @@ class QueueRecord:
         return out
 
 
-class QueueMixin:
+class Queue:
     """The queue: enqueue, renew, leave, read; the admission pass in every capacity write."""
 
-    #: seconds of waiting worth one priority level (None: strict priority); see docs/queue.md
-    queue_aging_interval_s: float | None = DEFAULT_AGING_INTERVAL_S
-
-    @property
-    def _queue_clusters(self) -> ClusterCache:
-        from airflow_hetero_gpu.ledger.url import is_memory
-
-        key = self.url.render_as_string(hide_password=False)
-        return admission.cluster_cache(f"{key}#{id(self)}" if is_memory(self.url) else key)
-
-    def _warm_admission(self) -> None:
-        """Parse the stored inventory for the next pass before taking the ledger lock (only when
-        someone waits and the inventory changed since this process last parsed it)."""
-        with self._read("read the inventory for the queue") as (conn, now):
-            self._queue_clusters.warm(conn, now)
+    def __init__(self, db: LedgerDatabase):
+        self.db = db
 
     # --- writing -------------------------------------------------------------------------------
     def enqueue(self, job_id: str, request: PlanRequest, *, priority: int = 0,
@@ -147,9 +136,9 @@ class QueueMixin:
         team = check_team(team)
         values: dict[str, Any] = {"request": request.to_json(), "priority": priority, "team": team, "preemptible": bool(preemptible),
                                   "lease_seconds": lease.total_seconds(), **(ident.to_json() if ident else {})}
-        self._warm_admission()
-        with self._write(f"enqueue job {job_id!r}") as (conn, now):
-            self._expire(conn, now, admit=False)
+        with self.db.write(f"enqueue job {job_id!r}", warm=True) as uow:
+            conn, now = uow.conn, uow.now
+            uow.expire(admit=False)
             held = conn.execute(select(res_t.c.request).where(res_t.c.job_id == job_id)).first()
             if held is not None and held.request is not None and held.request != request.to_json():
                 raise ReservationConflict(f"job {job_id!r} already holds a reservation for a different request "
@@ -165,16 +154,16 @@ class QueueMixin:
             if held is not None:  # its reservation renewed like the entry: the holder takes it next
                 conn.execute(update(res_t).where(res_t.c.job_id == job_id)
                              .values(renewed_at=now, expires_at=now + lease, **(ident.to_json() if ident else {})))
-            self._admit(conn, now)
+            uow.admit()
             return _record(conn.execute(select(q_t).where(q_t.c.job_id == job_id)).one())
 
     def renew_queue_entry(self, job_id: str, lease_seconds: float | None = None) -> QueueRecord:
         """Extend the entry's lease (and, once admitted, its reservation's) to now + ``lease_seconds``
         (default: the lease it was enqueued with). :class:`NoQueueEntry` when the entry is gone."""
         job_id = check_job_id(job_id)
-        self._warm_admission()
-        with self._write(f"renew the queue entry of job {job_id!r}") as (conn, now):
-            self._expire(conn, now)
+        with self.db.write(f"renew the queue entry of job {job_id!r}", warm=True) as uow:
+            conn, now = uow.conn, uow.now
+            uow.expire()
             row = conn.execute(select(q_t).where(q_t.c.job_id == job_id)).first()
             if row is None:
                 raise NoQueueEntry(job_id, "renew the queue entry of")
@@ -183,8 +172,8 @@ class QueueMixin:
             if row.state == ADMITTED:
                 conn.execute(update(res_t).where(res_t.c.job_id == job_id)
                              .values(renewed_at=now, expires_at=now + lease))
-            elif self._may_preempt(conn, row, now):  # its preemption delay passed: a pass may preempt for it
-                self._admit(conn, now)
+            elif self.may_preempt(uow, row):  # its preemption delay passed: a pass may preempt for it
+                uow.admit()
             return _record(conn.execute(select(q_t).where(q_t.c.job_id == job_id)).one())
 
     def take_admission(self, job_id: str) -> Reservation:
@@ -192,71 +181,75 @@ class QueueMixin:
         the reservation's lease starts again. :class:`NoQueueEntry` when the entry is gone (its
         lease expired: the reservation went with it), :class:`LedgerError` while it still waits."""
         job_id = check_job_id(job_id)
-        with self._write(f"take the admission of job {job_id!r}") as (conn, now):
-            self._expire(conn, now)
+        with self.db.write(f"take the admission of job {job_id!r}") as uow:
+            conn, now = uow.conn, uow.now
+            uow.expire()
             row = conn.execute(select(q_t).where(q_t.c.job_id == job_id)).first()
             if row is None:
                 raise NoQueueEntry(job_id, "take the admission of")
             if row.state != ADMITTED:
                 raise LedgerError(f"job {job_id!r} is not admitted yet: {row.reason or 'waiting'}")
-            found = self._load(conn, now, job_id)
+            found = uow.reservations.load(uow, job_id)
             conn.execute(delete(q_t).where(q_t.c.job_id == job_id))
             if not found:
                 raise LedgerError(f"job {job_id!r} was admitted but its reservation is gone (released from outside)")
             lease = check_lease(float(row.lease_seconds))
             conn.execute(update(res_t).where(res_t.c.job_id == job_id).values(renewed_at=now, expires_at=now + lease))
-            return self._load(conn, now, job_id)[0]
+            return uow.reservations.load(uow, job_id)[0]
 
     def leave_queue(self, job_id: str, *, release_admitted: bool = True) -> bool:
         """Take ``job_id`` out of the queue (its task was killed, cleared, or timed out); returns
         whether it had an entry. An admission it did not take is released too (unless
         ``release_admitted`` is False). Runs an admission pass: a head's claim goes with it."""
         job_id = check_job_id(job_id)
-        self._warm_admission()
-        with self._write(f"leave the queue: job {job_id!r}") as (conn, now):
-            self._expire(conn, now, admit=False)
+        with self.db.write(f"leave the queue: job {job_id!r}", warm=True) as uow:
+            conn = uow.conn
+            uow.expire(admit=False)
             row = conn.execute(select(q_t.c.state).where(q_t.c.job_id == job_id)).first()
             if row is None:
                 return False
             conn.execute(delete(q_t).where(q_t.c.job_id == job_id))
             if row.state == ADMITTED and release_admitted:  # a victim's record closes with it
-                drop_reservations(conn, now, [job_id], RELEASED)
-            self._admit(conn, now)
-            return True
+                uow.reservations.drop(uow, [job_id], RELEASED)
+            uow.admit_before_commit()
+        return True
 
     def run_admission(self) -> AdmissionResult | None:
         """One admission pass now, in its own transaction (every capacity write already runs one;
         a health check runs this after its last part)."""
-        self._warm_admission()
-        with self._write("run an admission pass") as (conn, now):
-            self._expire(conn, now, admit=False)
-            return self._admit(conn, now)
+        with self.db.write("run an admission pass", warm=True) as uow:
+            uow.expire(admit=False)
+            uow.admit_before_commit()
+        return uow.admission
 
     # --- reading -------------------------------------------------------------------------------
     def queue_entry(self, job_id: str) -> QueueRecord | None:
         """The job's entry (one row), or None when it has none or its lease passed."""
         job_id = check_job_id(job_id)
-        with self._read("read a queue entry") as (conn, now):
+        with self.db.read("read a queue entry") as uow:
+            conn, now = uow.conn, uow.now
             row = conn.execute(select(q_t).where(q_t.c.job_id == job_id, q_t.c.expires_at > now)).first()
         return _record(row) if row is not None else None
 
     def queue(self) -> list[QueueRecord]:
         """Every live entry: the admitted ones not taken yet, then the waiting ones in queue order
         (as the last pass placed them; entries no pass has seen yet last, by time enqueued)."""
-        with self._read("read the queue") as (conn, now):
+        with self.db.read("read the queue") as uow:
+            conn, now = uow.conn, uow.now
             rows = [_record(r) for r in conn.execute(select(q_t).where(q_t.c.expires_at > now))]
         return sorted(rows, key=lambda r: (r.state != ADMITTED, r.position is None, r.position or 0,
                                            r.enqueued_at, r.job_id))
 
     # --- inside the ledger's transactions ------------------------------------------------------
-    def _may_preempt(self, conn: Connection, row: Any, now: datetime) -> bool:
+    def may_preempt(self, uow: UnitOfWork, row: Any) -> bool:
         """A waiting entry's renewal runs a pass once it waited the preemption delay and some
         running job could be its victim (passes otherwise run only when GPUs free up, which a
         full fleet of long jobs does not do): a preemptible job of lower priority (one indexed
         read), or, with teams, a job of another team while some team holds more than its quota
         (a reclaim, whatever the priorities; the pass works out whether the entry is within its
         quota and which jobs borrow)."""
-        rules = getattr(self, "preemption", None)
+        conn, now = uow.conn, uow.now
+        rules = self.db.settings.preemption
         if rules is None or row.state != WAITING or (now - row.enqueued_at).total_seconds() < rules.delay_s:
             return False
         ran = (res_t.c.created_at <= now - timedelta(seconds=rules.min_runtime_s), res_t.c.expires_at > now)
@@ -266,22 +259,20 @@ class QueueMixin:
         team = row.team or DEFAULT_TEAM
         other = select(res_t.c.job_id).where(func.coalesce(res_t.c.team, DEFAULT_TEAM) != team, *ran).limit(1)
         return (conn.execute(other).first() is not None
-                and borrowing_now(conn, now, pool_cards(self._queue_clusters.get(conn, now))))
+                and uow.teams.borrowing_now(uow, pool_cards(self.db.clusters.get(conn, now))))
 
-    def _admit(self, conn: Connection, now: datetime) -> AdmissionResult | None:
-        return admission.run_pass(self, conn, now)
-
-    def _sweep_queue(self, conn: Connection, now: datetime) -> list[str]:
+    def sweep(self, uow: UnitOfWork) -> list[str]:
         """Delete entries whose lease passed (an admitted one's reservation expires with it)."""
+        conn, now = uow.conn, uow.now
         ids = list(conn.execute(select(q_t.c.job_id).where(q_t.c.expires_at <= now)).scalars())
         if ids:
             conn.execute(delete(q_t).where(q_t.c.job_id.in_(ids)))
         return sorted(ids)
 
-    def _claimed_map(self, conn: Connection, *, but: str | None = None) -> dict[GpuKey, str]:
+    def claimed(self, uow: UnitOfWork, *, but: str | None = None) -> dict[GpuKey, str]:
         """GPU -> "claimed for <head>" for every GPU the last pass claimed for a head."""
         out: dict[GpuKey, str] = {}
-        for row in conn.execute(select(q_t.c.job_id, q_t.c.claim).where(q_t.c.state == WAITING)):
+        for row in uow.conn.execute(select(q_t.c.job_id, q_t.c.claim).where(q_t.c.state == WAITING)):
             if row.job_id != but and row.claim:
                 for k in (row.claim or {}).get("gpus") or ():
                     out[GpuKey(*k)] = f"claimed for {row.job_id}"
@@ -298,4 +289,4 @@ def _record(row: Any) -> QueueRecord:
         claim=row.claim, admitted_at=row.admitted_at, admission=row.admission, team=row.team)
 
 
-__all__ = ["DEFAULT_QUEUE_LEASE_SECONDS", "NoQueueEntry", "QueueMixin", "QueueRecord"]
+__all__ = ["DEFAULT_QUEUE_LEASE_SECONDS", "NoQueueEntry", "Queue", "QueueRecord"]

@@ -1,4 +1,4 @@
-"""Reservations with leases, and replacements of a job's GPU (SPEC §8, §9): the ``Ledger``'s claims.
+"""Reservations with leases, and replacements of a job's GPU (SPEC §8, §9): the reservations' repository.
 
 ``reserve`` is planning and claiming in one transaction under the ledger lock (see
 :mod:`airflow_hetero_gpu.ledger.db`): expire stale leases, read the live reservations and the
@@ -10,7 +10,7 @@ its k GPU rows, commit. Nobody else can plan in between, and the GPU rows' prima
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.engine import Connection
@@ -20,21 +20,30 @@ from airflow_hetero_gpu.core.config import ClusterConfig
 from airflow_hetero_gpu.core.model import Decision, Gpu, GpuKey, PlanRequest, PlanResult, Score
 from airflow_hetero_gpu.core.planner import plan as core_plan
 from airflow_hetero_gpu.core.planner import replacement as core_replacement
-from airflow_hetero_gpu.ledger import history
 from airflow_hetero_gpu.ledger.checks import check_job_id, check_priority, check_team, check_key, check_lease, check_reasons, instance_column, instance_of
-from airflow_hetero_gpu.ledger.drains import drained_map, end_past_deadline
 from airflow_hetero_gpu.ledger.errors import LedgerError, NoLiveReservation, ReservationConflict
-from airflow_hetero_gpu.ledger.preemption import LEASE_EXPIRED, RELEASED, drop_reservations
+from airflow_hetero_gpu.ledger.preemption import LEASE_EXPIRED, RELEASED
 from airflow_hetero_gpu.ledger.records import Reservation, ReservedGpu, TaskIdentity
 from airflow_hetero_gpu.ledger.schema import job_hosts as job_hosts_t
 from airflow_hetero_gpu.ledger.schema import reservation_gpus as gpu_t
 from airflow_hetero_gpu.ledger.schema import reservations as res_t
 
+if TYPE_CHECKING:
+    from airflow_hetero_gpu.ledger.base import LedgerDatabase
+    from airflow_hetero_gpu.ledger.unit_of_work import UnitOfWork
+
 DEFAULT_LEASE_SECONDS = 600.0
 
 
-class ReservationsMixin:
-    """Reservations, leases, replacements and the hosts each job ran on (part of ``Ledger``)."""
+class Reservations:
+    """Reservations, leases, replacements and the hosts each job ran on.
+
+    The operations (``reserve``, ``renew``, ...) each run one unit of work of ``db``; the methods
+    taking a ``uow`` work inside the caller's.
+    """
+
+    def __init__(self, db: LedgerDatabase):
+        self.db = db
 
     def reserve(
         self,
@@ -68,9 +77,10 @@ class ReservationsMixin:
         priority = check_priority(priority, job_id)
         lease = check_lease(lease_seconds)
         ident = TaskIdentity.coerce(identity)
-        with self._write(f"reserve job {job_id!r}") as (conn, now):
-            self._expire(conn, now)
-            existing = self._load(conn, now, job_id)
+        with self.db.write(f"reserve job {job_id!r}") as uow:
+            conn, now = uow.conn, uow.now
+            uow.expire()
+            existing = self.load(uow, job_id)
             if existing:
                 res = existing[0]
                 if res.request is not None and res.request != request.to_json():
@@ -84,22 +94,24 @@ class ReservationsMixin:
                 conn.execute(update(res_t).where(res_t.c.job_id == job_id).values(**values))
                 return existing_result(res, cluster, request)
             # GPUs claimed for the queue's heads are not given out past the queue
-            reserved = {**self._claimed_map(conn, but=job_id), **self._reserved_map(conn, now)}
-            reserved.update(self._held_by_uuid(conn, now, cluster, reserved))
-            result = core_plan(cluster, request, reserved=reserved, evicted=self._evicted_map(conn), config=config,
-                               drained=drained_map(conn))
+            reserved = {**uow.queue.claimed(uow, but=job_id), **self.held(uow)}
+            reserved.update(self.held_by_uuid(uow, cluster, reserved))
+            result = core_plan(cluster, request, reserved=reserved, evicted=uow.evictions.evicted(uow), config=config,
+                               drained=uow.drains.drained(uow))
             if result.decision is None:
                 return result
-            borrowed = _quota_check(conn, now, cluster, reserved, result, team)
-            self._insert(conn, now, job_id, result.decision, request, lease, ident,
+            borrowed = _quota_check(uow, cluster, reserved, result, team)
+            self.insert(uow, job_id, result.decision, request, lease, ident,
                          {"priority": int(priority), "preemptible": bool(preemptible), "enqueued_at": now})
             if team is not None or borrowed is not None:
                 conn.execute(update(res_t).where(res_t.c.job_id == job_id).values(team=team, borrowed=borrowed))
-            self._hook("reserve", job_id)
+            uow.hook("reserve", job_id)
         return result
 
-    def _insert(self, conn: Connection, now: datetime, job_id: str, decision: Decision, request: PlanRequest,
-                lease: timedelta, ident: TaskIdentity | None, extra: Mapping[str, Any] | None = None) -> None:
+    def insert(self, uow: UnitOfWork, job_id: str, decision: Decision, request: PlanRequest,
+               lease: timedelta, ident: TaskIdentity | None, extra: Mapping[str, Any] | None = None) -> None:
+        """Write the reservation of ``decision`` for ``job_id`` with its GPU rows."""
+        conn, now = uow.conn, uow.now
         ident_values = {**(ident.to_json() if ident else {}), **(extra or {})}
         conn.execute(insert(res_t).values(
             job_id=job_id, pool=decision.pool, gpu_count=len(decision.gpus), score=decision.score.to_json(),
@@ -120,12 +132,13 @@ class ReservationsMixin:
         """
         job_id = check_job_id(job_id)
         lease = check_lease(lease_seconds)
-        with self._write(f"renew job {job_id!r}") as (conn, now):
-            self._expire(conn, now)
+        with self.db.write(f"renew job {job_id!r}") as uow:
+            conn, now = uow.conn, uow.now
+            uow.expire()
             done = conn.execute(
                 update(res_t).where(res_t.c.job_id == job_id).values(renewed_at=now, expires_at=now + lease)
             ).rowcount
-            found = self._load(conn, now, job_id) if done else []
+            found = self.load(uow, job_id) if done else []
         if not found:
             raise NoLiveReservation(job_id, "renew")
         return found[0]
@@ -133,58 +146,67 @@ class ReservationsMixin:
     def release(self, job_id: str) -> bool:
         """Free the job's GPUs. Idempotent: returns whether a live reservation was freed."""
         job_id = check_job_id(job_id)
-        self._warm_admission()
-        with self._write(f"release job {job_id!r}") as (conn, now):
-            self._expire(conn, now, admit=False)
-            freed = drop_reservations(conn, now, [job_id], RELEASED) > 0
-            self._admit(conn, now)  # the freed GPUs go to the queue in the same transaction
-            return freed
+        with self.db.write(f"release job {job_id!r}", warm=True) as uow:
+            uow.expire(admit=False)
+            freed = self.drop(uow, [job_id], RELEASED) > 0
+            uow.admit_before_commit()  # the freed GPUs go to the queue in the same transaction
+        return freed
 
     def expire(self) -> list[str]:
         """Free every reservation whose lease has passed; returns their job ids.
 
         Every write does this first, so a dead holder's GPUs come back at the next reserve.
         """
-        with self._write("expire leases") as (conn, now):
-            return self._expire(conn, now)
+        with self.db.write("expire leases") as uow:
+            return uow.expire()
 
-    def _expire(self, conn: Connection, now: datetime, *, admit: bool = True) -> list[str]:
-        """Sweep expired reservations and queue entries; when anything went, run an admission
-        pass (``admit``), since GPUs or claims were freed."""
-        ids = self._expire_reservations(conn, now)
-        gone = self._sweep_queue(conn, now)
-        if admit and (ids or gone):
-            self._admit(conn, now)
-        return ids
-
-    def _expire_reservations(self, conn: Connection, now: datetime) -> list[str]:
+    def expire_due(self, uow: UnitOfWork) -> list[str]:
+        """Drop the reservations whose lease passed, and end the jobs of drained hosts past their
+        deadline; returns the job ids of both."""
+        conn, now = uow.conn, uow.now
         ids = list(conn.execute(select(res_t.c.job_id).where(res_t.c.expires_at <= now)).scalars())
-        drop_reservations(conn, now, ids, LEASE_EXPIRED)
-        return sorted(set(ids) | set(end_past_deadline(conn, now)))  # drained hosts past their deadline
+        self.drop(uow, ids, LEASE_EXPIRED)
+        return sorted(set(ids) | set(uow.drains.end_past_deadline(uow)))  # drained hosts past their deadline
+
+    def drop(self, uow: UnitOfWork, job_ids: Sequence[str], outcome: str) -> int:
+        """Delete the reservations of ``job_ids`` with their GPU rows and close their open
+        preemption records as ``outcome``. Every removal of a reservation goes through here
+        (release, leaving the queue, a lease expiry, a drain's deadline, a finished preemption),
+        so no victim's record stays "in progress" once its GPUs are gone. Returns the number of
+        reservations deleted."""
+        ids = list(job_ids)
+        if not ids:
+            return 0
+        uow.conn.execute(delete(gpu_t).where(gpu_t.c.job_id.in_(ids)))
+        gone = uow.conn.execute(delete(res_t).where(res_t.c.job_id.in_(ids))).rowcount
+        uow.preemptions.close_records(uow, ids, outcome)
+        return gone
 
     def get(self, job_id: str) -> Reservation | None:
         """The job's live reservation, or None."""
-        with self._read("read a reservation") as (conn, now):
-            found = self._load(conn, now, check_job_id(job_id))
+        with self.db.read("read a reservation") as uow:
+            found = self.load(uow, check_job_id(job_id))
         return found[0] if found else None
 
     def live_reservations(self) -> list[Reservation]:
         """Every reservation whose lease has not expired, by job id."""
-        with self._read("list reservations") as (conn, now):
-            return self._load(conn, now)
+        with self.db.read("list reservations") as uow:
+            return self.load(uow)
 
     def reserved_map(self) -> dict[GpuKey, str]:
         """GPU -> job id for every GPU held by a live reservation."""
-        with self._read("read reserved GPUs") as (conn, now):
-            return self._reserved_map(conn, now)
+        with self.db.read("read reserved GPUs") as uow:
+            return self.held(uow)
 
     def plan(self, cluster: Cluster, request: PlanRequest, *, config: ClusterConfig | None = None) -> PlanResult:
         """Plan against the ledger's live reservations, evictions and drains without reserving anything."""
-        with self._read("read the ledger state") as (conn, now):
-            reserved, evicted, drained = self._reserved_map(conn, now), self._evicted_map(conn), drained_map(conn)
+        with self.db.read("read the ledger state") as uow:
+            reserved, evicted, drained = self.held(uow), uow.evictions.evicted(uow), uow.drains.drained(uow)
         return core_plan(cluster, request, reserved=reserved, evicted=evicted, config=config, drained=drained)
 
-    def _load(self, conn: Connection, now: datetime, job_id: str | None = None) -> list[Reservation]:
+    def load(self, uow: UnitOfWork, job_id: str | None = None) -> list[Reservation]:
+        """The live reservations (of ``job_id`` only, when given), by job id."""
+        conn, now = uow.conn, uow.now
         stmt = (
             select(res_t, gpu_t.c.host, gpu_t.c.gpu_index, gpu_t.c.mig_instance, gpu_t.c.uuid, gpu_t.c.slot)
             .select_from(res_t.outerjoin(gpu_t, gpu_t.c.job_id == res_t.c.job_id))
@@ -198,7 +220,9 @@ class ReservationsMixin:
             rows.setdefault(row.job_id, []).append(row)
         return [_reservation(group) for group in rows.values()]
 
-    def _reserved_map(self, conn: Connection, now: datetime) -> dict[GpuKey, str]:
+    def held(self, uow: UnitOfWork) -> dict[GpuKey, str]:
+        """GPU -> job id for every GPU held by a live reservation."""
+        conn, now = uow.conn, uow.now
         stmt = (
             select(gpu_t.c.host, gpu_t.c.gpu_index, gpu_t.c.mig_instance, gpu_t.c.job_id)
             .join(res_t, res_t.c.job_id == gpu_t.c.job_id)
@@ -207,10 +231,10 @@ class ReservationsMixin:
         return {GpuKey(host, index, instance_of(instance)): job
                 for host, index, instance, job in conn.execute(stmt)}
 
-    def _held_by_uuid(self, conn: Connection, now: datetime, cluster: Cluster,
-                      reserved: Mapping[GpuKey, str]) -> dict[GpuKey, str]:
+    def held_by_uuid(self, uow: UnitOfWork, cluster: Cluster, reserved: Mapping[GpuKey, str]) -> dict[GpuKey, str]:
         """GPUs of ``cluster`` a live reservation holds under another host name (one machine
         listed twice: the same UUID): they count as held, so no GPU is ever reserved twice."""
+        conn, now = uow.conn, uow.now
         stmt = (select(gpu_t.c.uuid, gpu_t.c.job_id).join(res_t, res_t.c.job_id == gpu_t.c.job_id)
                 .where(res_t.c.expires_at > now, gpu_t.c.uuid.is_not(None)))
         by_uuid = {uuid: job for uuid, job in conn.execute(stmt) if uuid}
@@ -241,22 +265,23 @@ class ReservationsMixin:
         if bad not in cluster.position:
             raise LedgerError(f"replace: GPU {bad} is not in the cluster inventory, so its pool is unknown")
         why = check_reasons(reasons)
-        with self._write(f"replace GPU {bad} of job {job_id!r}") as (conn, now):
-            self._expire(conn, now)
-            found = self._load(conn, now, job_id)
+        with self.db.write(f"replace GPU {bad} of job {job_id!r}") as uow:
+            conn = uow.conn
+            uow.expire()
+            found = self.load(uow, job_id)
             if not found:
                 raise NoLiveReservation(job_id, "replace a GPU of")
             res = found[0]
             if bad not in res.keys:
                 held = ", ".join(str(k) for k in res.keys)
                 raise LedgerError(f"replace: GPU {bad} is not held by job {job_id!r} (it holds {held})")
-            evicted = self._evicted_map(conn)
+            evicted = uow.evictions.evicted(uow)
             evicted.setdefault(bad.gpu, why)  # not a sibling instance of a faulty GPU either
-            reserved = self._reserved_map(conn, now)
-            reserved.update(self._held_by_uuid(conn, now, cluster, reserved))
+            reserved = self.held(uow)
+            reserved.update(self.held_by_uuid(uow, cluster, reserved))
             new = core_replacement(
                 cluster, res.keys, bad, reserved=reserved, evicted=evicted, config=config,
-                gpu_memory_mib=(res.request or {}).get("gpu_memory_mib"), drained=drained_map(conn),
+                gpu_memory_mib=(res.request or {}).get("gpu_memory_mib"), drained=uow.drains.drained(uow),
             )
             if new is None:
                 return None
@@ -270,36 +295,39 @@ class ReservationsMixin:
             )
             # health is a GPU's: a MIG instance's fault evicts its GPU (and with it every instance)
             gpu_uuid = uuid or (old.uuid if bad.instance is None else cluster.gpu(bad).gpu_uuid)
-            self._evict(conn, now, bad.gpu, gpu_uuid, why)
+            uow.evictions.record(uow, bad.gpu, gpu_uuid, why)
             replacement = {"host": new.host, "index": new.index}
             if new.instance is not None:
                 replacement["instance"] = new.instance
-            history.record_event(conn, now, "replaced", bad.gpu, gpu_uuid, why, job_id, {"replacement": replacement})
-            add_job_hosts(conn, now, job_id, [new.host])
-            self._admit(conn, now)  # the evicted GPU may have been claimed for a head
-            self._hook("replace", job_id)
+            uow.history.record_event(uow, "replaced", bad.gpu, gpu_uuid, why, job_id, {"replacement": replacement})
+            self.note_hosts(uow, job_id, [new.host])
+            uow.admit()  # the evicted GPU may have been claimed for a head
+            uow.hook("replace", job_id)
         return new
-
 
     # --- the hosts a job ran on -----------------------------------------------------------------
     def add_job_hosts(self, job_id: str, hosts: Iterable[str]) -> None:
         """Remember that ``job_id`` runs (or ran) on ``hosts``: a retry of the job sweeps its
         leftovers exactly there, not on the whole fleet."""
         job_id = check_job_id(job_id)
-        with self._write(f"record the hosts of job {job_id!r}") as (conn, now):
-            add_job_hosts(conn, now, job_id, hosts)
+        with self.db.write(f"record the hosts of job {job_id!r}") as uow:
+            self.note_hosts(uow, job_id, hosts)
 
     def job_hosts(self, job_id: str) -> list[str]:
         """Every host an earlier try of ``job_id`` ran on (or was placed on)."""
         job_id = check_job_id(job_id)
-        with self._read(f"read the hosts of job {job_id!r}") as (conn, _now):
-            return sorted(conn.execute(select(job_hosts_t.c.host).where(job_hosts_t.c.job_id == job_id)).scalars())
+        with self.db.read(f"read the hosts of job {job_id!r}") as uow:
+            return sorted(uow.conn.execute(select(job_hosts_t.c.host).where(job_hosts_t.c.job_id == job_id)).scalars())
 
     def forget_job_hosts(self, job_id: str) -> None:
         """The job ended cleanly everywhere: nothing is left to sweep."""
         job_id = check_job_id(job_id)
-        with self._write(f"forget the hosts of job {job_id!r}") as (conn, _now):
-            conn.execute(delete(job_hosts_t).where(job_hosts_t.c.job_id == job_id))
+        with self.db.write(f"forget the hosts of job {job_id!r}") as uow:
+            uow.conn.execute(delete(job_hosts_t).where(job_hosts_t.c.job_id == job_id))
+
+    def note_hosts(self, uow: UnitOfWork, job_id: str, hosts: Iterable[str]) -> None:
+        """Add ``hosts`` to those ``job_id`` ran on (:meth:`add_job_hosts` in the caller's write)."""
+        add_job_hosts(uow.conn, uow.now, job_id, hosts)
 
 
 def add_job_hosts(conn: Connection, now: datetime, job_id: str, hosts: Iterable[str]) -> None:
@@ -348,16 +376,14 @@ def existing_result(res: Reservation, cluster: Cluster, request: PlanRequest) ->
     return PlanResult(request, Decision(res.pool, [gpu(g) for g in res.gpus], score, distance), [])
 
 
-def _quota_check(conn: Connection, now: datetime, cluster: Cluster, reserved: Mapping[GpuKey, str],
+def _quota_check(uow: UnitOfWork, cluster: Cluster, reserved: Mapping[GpuKey, str],
                  result: PlanResult, team: str | None) -> int | None:
     """How many GPUs of a direct reservation's decision are borrowed (None: no teams configured);
     :class:`QuotaRefused` when its team's quota does not allow it now."""
     from airflow_hetero_gpu.core.admission.quota import QuotaBook
     from airflow_hetero_gpu.core.admission.rules.max_jobs import max_jobs_rule
     from airflow_hetero_gpu.ledger.errors import QuotaRefused
-    from airflow_hetero_gpu.ledger.teams import quota_input
-
-    quotas = quota_input(conn, now)
+    quotas = uow.teams.quota_input(uow)
     if quotas is None:
         return None
     card_of = {pool.id: pool.card_type for pool in cluster.pools}

@@ -115,7 +115,7 @@ gpu_watch = Table(
 
 
 # version 4
-def _v4_tables(m: MetaData) -> tuple[Table, ...]:
+def v4_tables(m: MetaData) -> tuple[Table, ...]:
     """The fleet inventory's tables. Version 4 creates exactly these: a later step that changes one
     of them must first freeze this definition inside ``_v4``, as ``_v1`` is frozen."""
     return (
@@ -191,13 +191,13 @@ def _v4_tables(m: MetaData) -> tuple[Table, ...]:
 
 
 (inventory_hosts, inventory_files, collections, host_samples, gpu_events, job_hosts,
- watch_runs) = _v4_tables(metadata)
+ watch_runs) = v4_tables(metadata)
 # version 7: the parsed query.csv beside the texts (a cache of them; NULL: parse the text)
 inventory_hosts.append_column(Column("facts", JSON, nullable=True))
 
 
 # version 9
-def _v9_tables(m: MetaData) -> tuple[Table, ...]:
+def v9_tables(m: MetaData) -> tuple[Table, ...]:
     """The drains' table. Version 9 creates exactly this."""
     return (
         Table(
@@ -212,11 +212,11 @@ def _v9_tables(m: MetaData) -> tuple[Table, ...]:
     )
 
 
-(host_drains,) = _v9_tables(metadata)
+(host_drains,) = v9_tables(metadata)
 
 
 # version 6
-def _v6_tables(m: MetaData) -> tuple[Table, ...]:
+def v6_tables(m: MetaData) -> tuple[Table, ...]:
     """The queue's table. Version 6 creates exactly this (freeze it inside ``_v6`` before a later
     step changes it)."""
     return (
@@ -247,17 +247,17 @@ def _v6_tables(m: MetaData) -> tuple[Table, ...]:
     )
 
 
-(queue_entries,) = _v6_tables(metadata)
+(queue_entries,) = v6_tables(metadata)
 # version 8: teams
 queue_entries.append_column(Column("team", String(NAME), nullable=True))
 reservations.append_column(Column("team", String(NAME), nullable=True))
 reservations.append_column(Column("borrowed", Integer, nullable=True))
 
 # version 10: preemption (NULL priority: 0; NULL preemptible: no; NULL enqueued_at: created_at)
-_V10_COLUMNS = (("reservations", "priority", Integer), ("reservations", "preemptible", Boolean),
+V10_COLUMNS = (("reservations", "priority", Integer), ("reservations", "preemptible", Boolean),
                 ("reservations", "enqueued_at", UtcDateTime), ("reservations", "checkpoint_at", UtcDateTime),
                 ("reservations", "preempting", JSON), ("queue_entries", "preemptible", Boolean))
-for _table, _name, _type in _V10_COLUMNS:
+for _table, _name, _type in V10_COLUMNS:
     metadata.tables[_table].append_column(Column(_name, _type, nullable=True))
 preemptions = Table(  # as version 10 creates it (freeze it inside _v10 before a later step changes it)
     "preemptions", metadata,
@@ -275,7 +275,7 @@ preemptions = Table(  # as version 10 creates it (freeze it inside _v10 before a
 )
 
 
-def _v8_tables(m: MetaData) -> tuple[Table, ...]:
+def v8_tables(m: MetaData) -> tuple[Table, ...]:
     """The teams' tables. Version 8 creates exactly these."""
     return (
         Table("teams", m, Column("name", String(NAME), primary_key=True),
@@ -291,4 +291,4 @@ def _v8_tables(m: MetaData) -> tuple[Table, ...]:
     )
 
 
-teams, team_settings, team_usage, team_samples = _v8_tables(metadata)
+teams, team_settings, team_usage, team_samples = v8_tables(metadata)

@@ -1,14 +1,14 @@
-"""Teams in the ledger (part of ``Ledger``; docs/teams.md): the applied quotas, the fair-share
+"""Teams in the ledger: the teams' repository (docs/teams.md): the applied quotas, the fair-share
 history, and each team's standing.
 
-* :meth:`TeamsMixin.apply_teams` replaces every team's quota in one transaction (atomic; applying
+* :meth:`TeamQuotas.apply_teams` replaces every team's quota in one transaction (atomic; applying
   the same file again changes nothing) after checking every pattern against the fleet's card
   types, and runs an admission pass (quotas changed what may start).
 * Inside every admission pass (:mod:`airflow_hetero_gpu.ledger.admission`) :func:`quota_input`
   reads the quotas, the team of every reservation and the decayed history, and
   :func:`record_usage` brings ``team_usage`` up to now (the borrowed GPUs held since the last
   pass, decayed by the half-life) and adds a ``team_samples`` row per team whose use changed.
-* :meth:`TeamsMixin.team_standing` reads, per team and pattern: quota, in use, borrowed, lent,
+* :meth:`TeamQuotas.team_standing` reads, per team and pattern: quota, in use, borrowed, lent,
   waiting, and each team's fair-share value.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 from datetime import datetime
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.engine import Connection
@@ -35,6 +35,10 @@ from airflow_hetero_gpu.ledger.schema import queue_entries as q_t
 from airflow_hetero_gpu.ledger.schema import reservations as res_t
 from airflow_hetero_gpu.ledger.schema import team_samples, team_settings, team_usage
 from airflow_hetero_gpu.ledger.schema import teams as teams_t
+
+if TYPE_CHECKING:
+    from airflow_hetero_gpu.ledger.base import LedgerDatabase
+    from airflow_hetero_gpu.ledger.unit_of_work import UnitOfWork
 
 HALF_LIFE_KEY = "usage_half_life_s"
 #: The most decayed borrowed GPU-seconds a team can have: every GPU of a fleet at the bound borrowed
@@ -167,8 +171,24 @@ def record_usage(conn: Connection, now: datetime, pool_cards: Mapping[str, str] 
                                                      borrowed=values["borrowed"]))
 
 
-class TeamsMixin:
-    """Apply and read the teams' quotas."""
+class TeamQuotas:
+    """Apply and read the teams' quotas; what the admission pass reads of them."""
+
+    def __init__(self, db: LedgerDatabase):
+        self.db = db
+
+    # --- inside a write ------------------------------------------------------------------------
+    def quota_input(self, uow: UnitOfWork) -> QuotaInput | None:
+        """:func:`quota_input` in the unit of work."""
+        return quota_input(uow.conn, uow.now)
+
+    def borrowing_now(self, uow: UnitOfWork, cards: Mapping[str, str] | None = None) -> bool:
+        """:func:`borrowing_now` in the unit of work."""
+        return borrowing_now(uow.conn, uow.now, cards)
+
+    def record_usage(self, uow: UnitOfWork, cards: Mapping[str, str] | None = None) -> None:
+        """:func:`record_usage` in the unit of work."""
+        record_usage(uow.conn, uow.now, cards)
 
     def apply_teams(self, teams: Teams, source: str = "teams") -> bool:
         """Replace every team's quota by ``teams`` in one transaction; True when something changed.
@@ -176,9 +196,9 @@ class TeamsMixin:
         bounds of docs/teams.md (``teams`` built in code, not read from a file), is a TeamsError
         (nothing is applied). Runs an admission pass."""
         teams = teams_from_mapping(teams.to_json(), source)  # the file's bounds, whoever built it
-        self._warm_admission()
-        with self._write("apply the teams") as (conn, now):
-            cluster = self._queue_clusters.get(conn, now)
+        with self.db.write("apply the teams", warm=True) as uow:
+            conn, now = uow.conn, uow.now
+            cluster = self.db.clusters.get(conn, now)
             if cluster is not None:
                 teams.check_fleet([p.card_type for p in cluster.pools], source)
             old = read_teams(conn)
@@ -190,22 +210,23 @@ class TeamsMixin:
                                                for n, t in sorted(teams.teams.items())])
             conn.execute(delete(team_settings).where(team_settings.c.key == HALF_LIFE_KEY))
             conn.execute(insert(team_settings).values(key=HALF_LIFE_KEY, value=teams.usage_half_life_s))
-            self._expire(conn, now, admit=False)
-            self._admit(conn, now)
-            return True
+            uow.expire(admit=False)
+            uow.admit_before_commit()
+        return True
 
     def teams(self) -> Teams | None:
-        with self._read("read the teams") as (conn, _):
-            return read_teams(conn)
+        with self.db.read("read the teams") as uow:
+            return read_teams(uow.conn)
 
     def team_standing(self) -> dict[str, Any]:
         """``{"now", "usage_half_life_s", "rows": [per team and pattern], "teams": {team: {...}}}``
         (empty rows when no team is configured)."""
-        with self._read("read the teams") as (conn, now):
+        with self.db.read("read the teams") as uow:
+            conn, now = uow.conn, uow.now
             teams = read_teams(conn)
             if teams is None:
                 return {"now": now.isoformat(), "usage_half_life_s": None, "rows": [], "teams": {}}
-            cluster = self._queue_clusters.get(conn, now)
+            cluster = self.db.clusters.get(conn, now)
             cards = [p.card_type for p in cluster.pools] if cluster is not None else []
             fleet: dict[str, int] = {}
             if cluster is not None:
@@ -237,7 +258,8 @@ class TeamsMixin:
 
     def team_samples(self, since: datetime | None = None) -> list[dict[str, Any]]:
         """The share-over-time history: ``[{at, team, in_use, borrowed}]``, oldest first."""
-        with self._read("read the team samples") as (conn, _):
+        with self.db.read("read the team samples") as uow:
+            conn = uow.conn
             stmt = select(team_samples).order_by(team_samples.c.at, team_samples.c.id)
             if since is not None:
                 stmt = stmt.where(team_samples.c.at >= since)

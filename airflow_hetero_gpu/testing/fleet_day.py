@@ -366,7 +366,7 @@ def _watch_checks(ledger_url: str) -> int:
     from airflow_hetero_gpu.ledger import Ledger
     from airflow_hetero_gpu.ledger.schema import collections as coll_t
 
-    with Ledger.open_existing(ledger_url) as ledger, ledger._engine.connect() as conn:
+    with Ledger.open_existing(ledger_url) as ledger, ledger.db.engine.connect() as conn:
         return int(conn.execute(select(func.count()).select_from(coll_t).where(
             coll_t.c.collector.like(f"GpuHealthSensor {WATCH_DAG}/%"))).scalar_one())
 

@@ -61,7 +61,7 @@ def watch_checks(ledger_url: str) -> list[float]:
     from airflow_hetero_gpu.ledger import Ledger
     from airflow_hetero_gpu.ledger.schema import collections as coll_t
 
-    with Ledger.open_existing(ledger_url) as ledger, ledger._engine.connect() as conn:
+    with Ledger.open_existing(ledger_url) as ledger, ledger.db.engine.connect() as conn:
         rows = conn.execute(select(coll_t.c.started_at, coll_t.c.finished_at).where(
             coll_t.c.collector.like(f"GpuHealthSensor {WATCH_DAG}/%")).order_by(coll_t.c.started_at)).all()
     return [_ts(b) - _ts(a) for a, b in rows]
@@ -88,7 +88,7 @@ def fault_outcomes(day, ledger_url: str) -> list[dict[str, Any]]:
     from airflow_hetero_gpu.ledger import Ledger
     from airflow_hetero_gpu.ledger.schema import gpu_events as ev_t
 
-    with Ledger.open_existing(ledger_url) as ledger, ledger._engine.connect() as conn:
+    with Ledger.open_existing(ledger_url) as ledger, ledger.db.engine.connect() as conn:
         events = conn.execute(select(ev_t.c.at, ev_t.c.host, ev_t.c.gpu_index, ev_t.c.kind, ev_t.c.job_id)
                               .order_by(ev_t.c.at)).all()
     out = []
@@ -137,7 +137,7 @@ def leftovers(ledger_url: str) -> dict[str, int]:
     from airflow_hetero_gpu.ledger import Ledger
     from airflow_hetero_gpu.ledger.schema import queue_entries, reservations
 
-    with Ledger.open_existing(ledger_url) as ledger, ledger._engine.connect() as conn:
+    with Ledger.open_existing(ledger_url) as ledger, ledger.db.engine.connect() as conn:
         return {name: int(conn.execute(select(func.count()).select_from(table)).scalar_one())
                 for name, table in (("reservations", reservations), ("queue_entries", queue_entries))}
 
