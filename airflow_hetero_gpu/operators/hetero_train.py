@@ -2,8 +2,9 @@
 
 ``execute()``:
 
-1. validates the (templated) arguments: a user mistake fails the task at once, without retries,
-   with one line naming the argument;
+1. groups the (rendered) arguments into typed specs (:mod:`~airflow_hetero_gpu.operators.specs`),
+   which the steps below take instead of the operator: a user mistake fails the task at once,
+   without retries, with one line naming the argument;
 2. reads the fleet's inventory from the ledger, collecting only the hosts whose inventory is
    missing or older than ``inventory_max_age`` (:mod:`~airflow_hetero_gpu.operators.placement`),
    then plans and reserves in one ledger transaction; logs every pool's stage, reason and score
