@@ -106,7 +106,6 @@ def test_a_deferred_capacity_wait_names_the_ledger_connection_not_its_password(m
 
     from airflow.sdk.exceptions import TaskDeferred
 
-    from airflow_hetero_gpu.core.model import PlanRequest
     from airflow_hetero_gpu.operators.hetero_train import HeteroTrainOperator
     from airflow_hetero_gpu.operators.placement import Placement
     from airflow_hetero_gpu.operators.queue_wait import QueueWait
@@ -116,12 +115,9 @@ def test_a_deferred_capacity_wait_names_the_ledger_connection_not_its_password(m
     monkeypatch.setenv("AIRFLOW__HETERO_GPU__LEDGER_CONN_ID", "ledger_t")
     op = HeteroTrainOperator(task_id="t", gpu_count=2, script="train.py", ssh_conn_ids=["a"],
                              wait_for_capacity=True, deferrable=True)
-    from airflow_hetero_gpu.operators.durable import resolve_lease
-
-    resolve_lease(op)  # as execute() does first (a durable task's lease follows unattended_timeout)
-    request = PlanRequest(2)
+    specs = op._validate()  # as execute() does first (a durable task's lease follows unattended_timeout)
     with pytest.raises(TaskDeferred) as deferred:
-        QueueWait(Placement(op, {}, "job", request)).defer(time.time(), time.time() + 3600)
+        QueueWait(Placement(specs, op.runtime, {}, "job")).defer(time.time(), time.time() + 3600)
     classpath, kwargs = deferred.value.trigger.serialize()
     assert classpath == "airflow_hetero_gpu.triggers.queue.QueueTrigger" and kwargs["job_id"] == "job"
     assert (kwargs["ledger_conn_id"], kwargs["ledger_url"]) == ("ledger_t", None)

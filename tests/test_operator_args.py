@@ -51,7 +51,6 @@ def test_bad_arguments_fail_without_retry(changes, message):
     op = HeteroTrainOperator(**{**BASE, **changes})
     with pytest.raises(AirflowFailException) as err:
         op._validate()
-        op._request()
     assert str(err.value) == message
 
 
@@ -68,8 +67,7 @@ def test_bad_arguments_fail_without_retry(changes, message):
 )
 def test_rendered_strings_become_a_request(kwargs, expected):
     op = HeteroTrainOperator(**{**BASE, **kwargs})
-    op._validate()
-    assert op._request().to_json() == expected
+    assert op._validate().request.plan.to_json() == expected
 
 
 def test_default_job_id_is_stable_and_valid():
@@ -142,7 +140,7 @@ def test_the_default_sqlite_ledger_is_refused_under_a_distributed_executor(monke
 
 
 def test_preemption_signal_names_and_numbers():
-    from airflow_hetero_gpu.operators.preempt import signal_name
+    from airflow_hetero_gpu.operators.specs import signal_name
 
     assert [signal_name(v) for v in ("SIGTERM", "term", "USR1", 15, "SIGNOPE", True)] == [
         "TERM", "TERM", "USR1", "TERM", None, None]

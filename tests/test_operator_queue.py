@@ -29,10 +29,10 @@ def url(tmp_path):
 def _waiting(url: str, **kwargs) -> tuple[HeteroTrainOperator, QueueWait]:
     op = HeteroTrainOperator(task_id="t", gpu_count=8, script="train.py", ssh_conn_ids=["node01", "node02"],
                              ledger_url=url, wait_for_capacity=True, **kwargs)
-    op._validate()  # as execute() does first: the lease is resolved there
-    wait = QueueWait(Placement(op, {}, "gang", PlanRequest(8)))
-    entry = op.ledger.enqueue("gang", PlanRequest(8), priority=op.priority, lease_seconds=op.lease_seconds)
-    op._waiting_job, op._placement = "gang", wait.placement
+    specs = op._validate()  # as execute() does first: the lease is resolved there
+    wait = QueueWait(Placement(specs, op.runtime, {}, "gang"))
+    entry = op.ledger.enqueue("gang", PlanRequest(8), priority=op.priority, lease_seconds=specs.lifecycle.lease_seconds)
+    op.runtime.waiting_job, op._placement = "gang", wait.placement
     assert entry.standing == "head"
     with Ledger.from_url(url) as led:
         assert led.enqueue("small", PlanRequest(1), lease_seconds=3600).state == "waiting"  # behind the claim
@@ -43,7 +43,7 @@ def test_a_wait_that_times_out_leaves_the_queue(url, caplog):
     op, wait = _waiting(url, capacity_timeout=1.0, capacity_poll_interval=0.2, priority=2)
     with pytest.raises(AirflowException, match=r"job gang: not admitted within 1 s: head of the queue: claims"):
         wait.wait(op.ledger.queue_entry("gang"))
-    assert op._waiting_job is None
+    assert op.runtime.waiting_job is None
     with Ledger.open_existing(url) as led:
         assert led.queue_entry("gang") is None
         assert led.queue_entry("small").admitted  # the claimed free GPU went on at once

@@ -116,7 +116,7 @@ def test_a_team_naming_another_fails_before_anything_is_queued_or_reserved(url, 
     monkeypatch.setenv("AIRFLOW__CORE__MULTI_TEAM", "True")
     op = _op(url, cls, team="team_b")
     with pytest.raises(AirflowFailException) as err:
-        QueueWait(Placement(op, {**_context("team_a"), "ti": None}, "j", PlanRequest(2))).place()
+        QueueWait(Placement(op.specs, op.runtime, {**_context("team_a"), "ti": None}, "j")).place()
     assert str(err.value) == A_VS_B
     with Ledger.open_existing(url) as led:
         assert [e.job_id for e in led.queue()] == [] and led.get("j") is None
@@ -127,7 +127,7 @@ def test_a_team_naming_another_fails_before_anything_is_queued_or_reserved(url, 
 def test_the_airflow_team_is_charged_to_its_fleet_team(url, monkeypatch, run, expected):
     monkeypatch.setenv("AIRFLOW__CORE__MULTI_TEAM", "True")
     op = _op(url)
-    placement = Placement(op, {**_context(run), "ti": None}, "j", PlanRequest(2))
+    placement = Placement(op.specs, op.runtime, {**_context(run), "ti": None}, "j")
     assert (placement.airflow_team, placement.team) == (run, expected)
     entry = op.ledger.enqueue("j", PlanRequest(2), team=placement.team)  # as QueueWait.enqueue passes it
     assert entry.team == expected
@@ -140,7 +140,7 @@ def test_two_airflow_teams_draw_on_one_quota(url, monkeypatch):
     states = []
     for job, run in (("cv", "research_cv"), ("nlp", "research_nlp"), ("cv2", "research_cv")):
         op = _op(url)
-        team = Placement(op, {**_context(run), "ti": None}, job, PlanRequest(2)).team
+        team = Placement(op.specs, op.runtime, {**_context(run), "ti": None}, job).team
         entry = op.ledger.enqueue(job, PlanRequest(2), team=team)
         states.append((team, entry.state))
         if entry.admitted:

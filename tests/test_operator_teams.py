@@ -43,7 +43,7 @@ def test_the_team_is_the_argument_else_the_setting_else_default(url, monkeypatch
     else:
         monkeypatch.delenv("AIRFLOW__HETERO_GPU__DEFAULT_TEAM", raising=False)
     op = _op(url, team=argument)
-    placement = Placement(op, {}, "j", PlanRequest(2))
+    placement = Placement(op.specs, op.runtime, {}, "j")
     entry = op.ledger.enqueue("j", PlanRequest(2), team=placement.team)  # as QueueWait.enqueue passes it
     assert entry.team == expected and entry.state == "waiting"
     op.ledger.leave_queue("j")
@@ -53,7 +53,7 @@ def test_the_team_is_the_argument_else_the_setting_else_default(url, monkeypatch
 def test_a_malformed_team_fails_before_anything_is_enqueued(url, team):
     op = _op(url, team=team)
     with pytest.raises(AirflowFailException, match=r"team: expected a team name .* got " + re.escape(repr(team))):
-        QueueWait(Placement(op, {"ti": None}, "j", PlanRequest(2))).enqueue()
+        QueueWait(Placement(op.specs, op.runtime, {"ti": None}, "j")).enqueue()
     with Ledger.open_existing(url) as led:
         assert [e.job_id for e in led.queue()] == []
 
@@ -74,8 +74,9 @@ def test_a_team_the_teams_file_does_not_name_runs_with_one_warning(url, monkeypa
     warned = []
     log = type("Log", (), {"warning": lambda self, *a: warned.append(a[0] % a[1:])})()
     monkeypatch.setattr(Placement, "log", property(lambda self: log))
-    placement = Placement(op, {}, "j", PlanRequest(2))
+    placement = Placement(op.specs, op.runtime, {}, "j")
     assert placement.team == "visoin" and placement.team == "visoin"
     assert warned == ["job j: team 'visoin' is not in the teams file (its teams: prod, vision); did you mean "
                       "'vision'? A team the file does not name has quota 0: its jobs only borrow"]
-    assert Placement(_op(url, team="vision"), {}, "j", PlanRequest(2)).unknown_team("vision") is None
+    op = _op(url, team="vision")
+    assert Placement(op.specs, op.runtime, {}, "j").unknown_team("vision") is None

@@ -105,15 +105,9 @@ class HeteroTrainDecoratedOperator(DecoratedOperator, HeteroTrainOperator):
                       self.python_callable.__name__, len(self._payload) / 1024)
 
     def _launch_spec(self, job_id: str):
-        from airflow_hetero_gpu.launch.command import PAYLOAD_SCRIPT, LaunchSpec, Torchrun
+        from airflow_hetero_gpu.launch.command import PAYLOAD_SCRIPT
 
-        args = ("--checkpoint-dir", self.checkpoint_dir) if self.checkpoint_dir else ()
-        program = Torchrun(PAYLOAD_SCRIPT, args, max_restarts=0, launcher=tuple(self.launcher))
-        try:
-            return LaunchSpec(job_id, program, env=dict(self.env or {}), workdir=self.workdir,
-                              payload=self._payload)
-        except ValueError as err:
-            raise self._fail(str(err)) from None
+        return self.specs.program.launch_spec(job_id, script=PAYLOAD_SCRIPT, payload=self._payload)
 
     # --- what comes back ----------------------------------------------------------------------
     def _on_line(self, host: str, rank: int, stream: str, line: str) -> None:

@@ -13,10 +13,13 @@ taken from ``workdir``, else the login directory.
 
 from __future__ import annotations
 
-import posixpath
 import shlex
 import time
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+
+if TYPE_CHECKING:
+    from airflow_hetero_gpu.operators.runtime import Runtime
+    from airflow_hetero_gpu.operators.specs import LifecycleSpec, ProgramSpec
 
 CHUNK = 1 << 20
 HOST_VAR = ("${HETERO_GPU_HOST}", "$HETERO_GPU_HOST")
@@ -97,22 +100,21 @@ def _copy(src: Any, src_dir: str, dst: Any, dst_dir: str, names: list[str], keep
     return out.channel.recv_exit_status() == 0 and done.channel.recv_exit_status() == 0
 
 
-def before_launch(op: Any, job_id: str, earlier: Iterable[str], hosts: Sequence[str],
-                  connect: Callable[[str], Any]) -> None:
+def before_launch(program: ProgramSpec, lifecycle: LifecycleSpec, runtime: Runtime, job_id: str,
+                  earlier: Iterable[str], hosts: Sequence[str], connect: Callable[[str], Any]) -> None:
     """With ``checkpoint_storage="host"``: carry the newest checkpoint to the job's ``hosts``."""
-    if op.checkpoint_storage == "host" and op.checkpoint_dir:
-        directory = op.checkpoint_dir
-        if not posixpath.isabs(directory) and op.workdir:
-            directory = posixpath.join(op.workdir, directory)
-        last = [time.monotonic()]
+    directory = program.carried_checkpoint_dir()
+    if directory is None:
+        return
+    last = [time.monotonic()]
 
-        def keepalive() -> None:  # renew the lease every third of it while the copy runs
-            now = time.monotonic()
-            if now - last[0] >= float(op.lease_seconds) / 3:
-                op.ledger.renew(job_id, op.lease_seconds)
-                op._lease_from = last[0] = now
+    def keepalive() -> None:  # renew the lease every third of it while the copy runs
+        now = time.monotonic()
+        if now - last[0] >= lifecycle.lease_seconds / 3:
+            runtime.ledger.renew(job_id, lifecycle.lease_seconds)
+            runtime.lease_from = last[0] = now
 
-        carry(job_id, directory, earlier, hosts, connect, op.log, keepalive)
-        started = time.monotonic()  # taken before the call: the lease surely lasts from here
-        op.ledger.renew(job_id, op.lease_seconds)  # the launch starts with a whole lease
-        op._lease_from = started
+    carry(job_id, directory, earlier, hosts, connect, runtime.log, keepalive)
+    started = time.monotonic()  # taken before the call: the lease surely lasts from here
+    runtime.ledger.renew(job_id, lifecycle.lease_seconds)  # the launch starts with a whole lease
+    runtime.lease_from = started

@@ -18,76 +18,23 @@ A handle of another format version: the task fails in one line, nothing launched
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_hetero_gpu.launch.supervisor import LEASE_MARGIN_S
+if TYPE_CHECKING:
+    from airflow_hetero_gpu.operators.placement import Placement
+    from airflow_hetero_gpu.operators.runtime import Runtime
+    from airflow_hetero_gpu.operators.specs import LifecycleSpec
 
 #: The task state store key of the job's handle (like ResumableJobMixin's ``external_id_key``:
 #: renaming it breaks the retries of tasks in flight).
 HANDLE_KEY = "hetero_gpu_job"
 #: The handle format this code writes and reads.
 HANDLE_VERSION = 1
-#: The longest ``unattended_timeout``: a job left alone for a month is not watched any more (and its
-#: lease, the switch plus the grace, stays within the 365 days every duration is bounded by).
-MAX_UNATTENDED_S = 30 * 86400.0
-#: ``unattended_timeout``'s default: 15 min outlasts a Celery worker's warm shutdown and restart
-#: in a deploy and a worker pod's rescheduling, so a deploy never stops a training; a task cleared
-#: or marked failed while its worker is gone is stopped at most that (plus the grace) later.
-DEFAULT_UNATTENDED_S = 900.0
-#: The lease of a task that does not run durable and gives none (as before).
-PLAIN_LEASE_S = 120.0
-
-
-def _seconds(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return None
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return out if math.isfinite(out) else None
-
-
-def resolve_lease(op: Any) -> None:
-    """Before the other checks: ``lease_seconds=None`` becomes the lease that fits (durable:
-    ``unattended_timeout`` + ``preemption_grace`` + the margin; else 120 s)."""
-    if op.lease_seconds is not None:
-        return
-    unattended, grace = _seconds(op.unattended_timeout), _seconds(op.preemption_grace)
-    if (op.durable and unattended is not None and grace is not None and 1 <= unattended <= MAX_UNATTENDED_S
-            and grace >= 0):
-        op.lease_seconds = unattended + grace + LEASE_MARGIN_S
-    else:
-        op.lease_seconds = PLAIN_LEASE_S
-
-
-def check_args(op: Any) -> None:
-    """``durable`` a bool, ``unattended_timeout`` seconds >= 1, and the lease outliving the
-    dead-man switch: one line naming the values, before anything is launched or reserved."""
-    if not isinstance(op.durable, bool):
-        raise AirflowFailException(f"durable: expected True or False, got {op.durable!r}")
-    unattended = _seconds(op.unattended_timeout)
-    if unattended is None or unattended < 1:
-        raise AirflowFailException(f"unattended_timeout: expected a number of seconds >= 1, got {op.unattended_timeout!r}")
-    if unattended > MAX_UNATTENDED_S:
-        raise AirflowFailException(f"unattended_timeout: expected at most {MAX_UNATTENDED_S:.0f} seconds (30 days), "
-                                   f"got {op.unattended_timeout!r}")
-    if not op.durable:
-        return
-    grace = float(op.preemption_grace)
-    need = unattended + grace + LEASE_MARGIN_S
-    if float(op.lease_seconds) < need:
-        raise AirflowFailException(
-            f"lease_seconds {float(op.lease_seconds):g} is shorter than unattended_timeout {unattended:g} + "
-            f"preemption_grace {grace:g} + {LEASE_MARGIN_S:g} s = {need:g} s: a job whose watcher is gone runs "
-            f"until its hosts' dead-man switch stops it, and its lease must not free the GPUs before; raise "
-            f"lease_seconds (or leave it unset) or lower unattended_timeout")
 
 
 def _stats_incr(name: str, tags: Mapping[str, str]) -> None:
@@ -105,14 +52,19 @@ class Resumed:
 
 
 class DurableJob:
-    """The handle of one task instance's job in the task state store (``None`` store: off)."""
+    """The handle of one task instance's job in the task state store (``None`` store: off).
+    ``placement``: the try's placement, when it has one (its team tags the metrics)."""
 
-    def __init__(self, op: Any, context: Any, job_id: str):
-        self.op = op
+    def __init__(self, lifecycle: LifecycleSpec, runtime: Runtime, context: Any, job_id: str,
+                 placement: Placement | None = None):
+        self.lifecycle = lifecycle
+        self.runtime = runtime
+        self.log = runtime.log
+        self.placement = placement
         self.job_id = job_id
-        self.store = context.get("task_state_store") if op.durable else None
-        if op.durable and self.store is None:
-            op.log.warning("job %s: this Airflow has no task state store (it came in Airflow 3.3): a retry "
+        self.store = context.get("task_state_store") if lifecycle.durable else None
+        if lifecycle.durable and self.store is None:
+            self.log.warning("job %s: this Airflow has no task state store (it came in Airflow 3.3): a retry "
                            "cannot reattach to a running job, so the job runs as before, stopped with its "
                            "SSH sessions", job_id)
         self.context = context
@@ -124,8 +76,7 @@ class DurableJob:
         if self._tags is None:
             from airflow_hetero_gpu.operators.task_metrics import team_tags
 
-            self._tags = {"operator": type(self.op).__name__,
-                          **team_tags(self.context, getattr(self.op, "_placement", None))}
+            self._tags = {"operator": self.runtime.operator, **team_tags(self.context, self.placement)}
         return self._tags
 
     @property
@@ -158,7 +109,7 @@ class DurableJob:
             try:
                 self.store.delete(HANDLE_KEY)
             except Exception as err:  # noqa: BLE001 - a stale handle is checked on the hosts anyway
-                self.op.log.warning("job %s: could not delete its handle from the task state store: %s",
+                self.log.warning("job %s: could not delete its handle from the task state store: %s",
                                     self.job_id, err)
 
     def launching(self, launch: str, gpus: list, decision: dict, initial: list, restarts: int) -> None:
@@ -167,7 +118,7 @@ class DurableJob:
                    "gpus": [list(k) for k in gpus], "initial_gpus": [list(k) for k in initial],
                    "reservation": {"job_id": self.job_id, "gpus": [list(k) for k in gpus]},
                    "decision": decision, "restarts": restarts,
-                   "unattended_timeout": float(self.op.unattended_timeout),
+                   "unattended_timeout": self.lifecycle.unattended_timeout,
                    "started_at": datetime.now(timezone.utc).isoformat()})
 
     # --- a retry ------------------------------------------------------------------------------
@@ -176,9 +127,8 @@ class DurableJob:
         from airflow_hetero_gpu.launch.supervisor import host_statuses
         from airflow_hetero_gpu.watching.targets import LazyTargets
 
-        hosts = list(handle["hosts"])
-        return host_statuses(self.job_id, handle["launch"], hosts, LazyTargets(self.op.hook, hosts),
-                             self.op.hook.client_factory(hosts))
+        hosts, hook = list(handle["hosts"]), self.runtime.hook
+        return host_statuses(self.job_id, handle["launch"], hosts, LazyTargets(hook, hosts), hook.client_factory(hosts))
 
     def resume(self) -> Resumed:
         """ResumableJobMixin's decision for this try: reattach, the result, or a fresh launch."""
@@ -188,7 +138,7 @@ class DurableJob:
                 _stats_incr("resumable_job.fresh_submit", self.tags)
             return Resumed()
         _stats_incr("resumable_job.reconnect_attempt", self.tags)
-        log = self.op.log
+        log = self.log
         status = self.host_status(handle)
         states = {s.state for s in status.values()}
         said = "; ".join(f"{h}: {s.state}{' (' + s.detail + ')' if s.detail else ''}" for h, s in status.items())
@@ -211,7 +161,7 @@ class DurableJob:
         _stats_incr("resumable_job.terminal_resubmit", self.tags)
         log.warning("job %s: the earlier try's job cannot be reattached (%s); stopping what is left of it, "
                     "releasing what it held and launching afresh", self.job_id, said)
-        self._abandon(handle)
+        self.abandon(handle)
         return Resumed()
 
     def _take_lease(self) -> bool:
@@ -219,38 +169,39 @@ class DurableJob:
         from airflow_hetero_gpu.ledger.errors import LedgerError, NoLiveReservation
 
         try:
-            self.op.ledger.renew(self.job_id, float(self.op.lease_seconds))
+            self.runtime.ledger.renew(self.job_id, self.lifecycle.lease_seconds)
         except NoLiveReservation:
-            self.op.log.warning("job %s: still running, but its reservation is gone", self.job_id)
+            self.log.warning("job %s: still running, but its reservation is gone", self.job_id)
             return False
         except LedgerError as err:
             raise AirflowException(f"job {self.job_id}: taking over its lease failed: {err}") from None
-        self.op._lease_from = time.monotonic()
+        self.runtime.lease_from = time.monotonic()
         return True
 
-    def _abandon(self, handle: dict) -> None:
+    def abandon(self, handle: dict) -> None:
+        """Stop what is left of the handle's job on its hosts, release its GPUs, forget the handle."""
         from airflow_hetero_gpu.launch.orphans import kill_orphans
         from airflow_hetero_gpu.watching.targets import LazyTargets
 
-        hosts = list(handle["hosts"])
-        targets = LazyTargets(self.op.hook, hosts)
-        grace = float(self.op.preemption_grace)
-        for host, sweep in kill_orphans(self.job_id, [targets[h] for h in hosts], self.op.hook.client_factory(hosts),
+        hosts, hook = list(handle["hosts"]), self.runtime.hook
+        targets = LazyTargets(hook, hosts)
+        grace = self.lifecycle.preemption_grace
+        for host, sweep in kill_orphans(self.job_id, [targets[h] for h in hosts], hook.client_factory(hosts),
                                         grace=min(grace, 30.0)).items():
             if sweep.found:
-                self.op.log.warning("stopped %d leftover process(es) of job %s on %s", len(sweep.found),
-                                    self.job_id, host)
-        self.op._release(self.job_id)
+                self.log.warning("stopped %d leftover process(es) of job %s on %s", len(sweep.found),
+                                 self.job_id, host)
+        self.runtime.release(self.job_id)
         self.forget()
 
     def _finished(self, handle: dict, status: dict) -> dict:
         from airflow_hetero_gpu.launch.supervisor import cleanup_command, quick_exec
 
-        self.op._release(self.job_id)
-        factory = self.op.hook.client_factory(handle["hosts"])
         from airflow_hetero_gpu.watching.targets import LazyTargets
 
-        targets = LazyTargets(self.op.hook, handle["hosts"])
+        self.runtime.release(self.job_id)
+        factory = self.runtime.hook.client_factory(handle["hosts"])
+        targets = LazyTargets(self.runtime.hook, handle["hosts"])
         for host in handle["hosts"]:
             try:
                 client = factory(targets[host])
@@ -259,7 +210,7 @@ class DurableJob:
                 finally:
                     client.close()
             except Exception as err:  # noqa: BLE001 - the next launch replaces them
-                self.op.log.warning("job %s: removing its run files on %s failed: %s", self.job_id, host, err)
+                self.log.warning("job %s: removing its run files on %s failed: %s", self.job_id, host, err)
         started = datetime.fromisoformat(handle["started_at"])
         final = [tuple(k) for k in handle["gpus"]]
         facts = {"hosts": list(handle["hosts"]), "exit_codes": {h: s.exit_code for h, s in status.items()},
@@ -268,15 +219,6 @@ class DurableJob:
                      int(handle.get("restarts", 0)), (datetime.now(timezone.utc) - started).total_seconds())
         self.forget()
         return out
-
-
-def supervision(op: Any, launch: str) -> Any:
-    """How each host's supervisor guards this launch (the operator's dead-man switch and stop)."""
-    from airflow_hetero_gpu.launch.supervisor import Supervision
-    from airflow_hetero_gpu.operators.preempt import signal_name
-
-    return Supervision(float(op.unattended_timeout), signal_name(op.preemption_signal) or "TERM",
-                       float(op.preemption_grace), launch)
 
 
 def output(job_id: str, decision: dict, initial: list, facts: dict, restarts: int, duration_s: float) -> dict:

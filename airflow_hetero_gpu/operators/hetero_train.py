@@ -2,8 +2,9 @@
 
 ``execute()``:
 
-1. validates the (templated) arguments: a user mistake fails the task at once, without retries,
-   with one line naming the argument;
+1. groups the (rendered) arguments into typed specs (:mod:`~airflow_hetero_gpu.operators.specs`),
+   which the steps below take instead of the operator: a user mistake fails the task at once,
+   without retries, with one line naming the argument;
 2. reads the fleet's inventory from the ledger, collecting only the hosts whose inventory is
    missing or older than ``inventory_max_age`` (:mod:`~airflow_hetero_gpu.operators.placement`),
    then plans and reserves in one ledger transaction; logs every pool's stage, reason and score
@@ -39,15 +40,16 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskD
 
 from airflow_hetero_gpu.errors import HeteroGpuError
 from airflow_hetero_gpu.ledger.errors import LedgerError
-from airflow_hetero_gpu.operators import arguments, checkpoint_carry, durable, preempt, run_phase
+from airflow_hetero_gpu.operators import checkpoint_carry, durable, preempt, run_phase
+from airflow_hetero_gpu.operators.runtime import Runtime
+from airflow_hetero_gpu.operators.specs import Specs, fail
 from airflow_hetero_gpu.watching.lease import forget_hosts
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from airflow_hetero_gpu.core.model import PlanRequest, PlanResult
+    from airflow_hetero_gpu.core.model import PlanResult
     from airflow_hetero_gpu.ledger import Ledger
-
 
 
 def default_job_id(dag_id: str, task_id: str, run_id: str, map_index: int | None = None) -> str:
@@ -221,39 +223,56 @@ class HeteroTrainOperator(BaseOperator):
         self.rdzv_host = rdzv_host
         self.inventory_max_age = inventory_max_age
         self.job_id = job_id
+        self._specs: Specs | None = None
+        self._runtime: Runtime | None = None
         self._job = None
-        self._lease_from = time.monotonic()
         self._ledger_obj: Ledger | None = None
         self._placement = None
-        self._waiting_job: str | None = None  # in the ledger's queue
         self._durable_job: Any = None  # operators.durable.DurableJob of this try
 
-    # --- validation ---------------------------------------------------------------------------
+    # --- the arguments, as specs --------------------------------------------------------------
     def _fail(self, message: str) -> AirflowFailException:
-        return AirflowFailException(" ".join(message.split()))
+        return fail(message)
 
-    def _request(self) -> PlanRequest:
-        return arguments.request_of(self)
+    def _arguments(self) -> dict[str, Any]:
+        """Every argument the specs take, as it is now (rendered, in ``execute()``)."""
+        return {name: getattr(self, "training_task_type" if name == "task_type" else name) for name in Specs.ARGUMENTS}
 
-    def _validate(self) -> None:
-        durable.resolve_lease(self)
-        arguments.validate(self)
-        preempt.check_args(self)
-        durable.check_args(self)
+    @property
+    def specs(self) -> Specs:
+        """The arguments grouped into checked specs (:mod:`~airflow_hetero_gpu.operators.specs`):
+        built afresh by ``execute()`` from the rendered arguments."""
+        if self._specs is None:
+            self._specs = Specs.build(self._arguments())
+        return self._specs
+
+    def _validate(self) -> Specs:
+        """The specs of the (rendered) arguments: a mistake fails the task in one line, no retries."""
+        self._specs = None
+        return self.specs
+
+    @property
+    def runtime(self) -> Runtime:
+        """The live objects this task shares with its helpers (the ledger, the hook, the log)."""
+        if self._runtime is None:
+            self._runtime = Runtime(lambda: self.ledger, lambda: self.hook, lambda: self.ledger_hook, self.log,
+                                    self.defer, type(self).__name__)
+        return self._runtime
 
     # --- collaborators ------------------------------------------------------------------------
     @cached_property
     def hook(self):
         from airflow_hetero_gpu.hooks.hetero_gpu import HeteroGpuHook
 
-        return HeteroGpuHook(self.ssh_conn_ids, captures_dir=self.captures_dir, config=self.cluster_config,
-                             topology_conf=self.topology_conf)
+        fleet = self.specs.fleet
+        return HeteroGpuHook(fleet.ssh_conn_ids, captures_dir=fleet.captures_dir, config=fleet.cluster_config,
+                             topology_conf=fleet.topology_conf)
 
     @cached_property
     def ledger_hook(self):
         from airflow_hetero_gpu.hooks.ledger import LedgerHook
 
-        return LedgerHook(ledger_conn_id=self.ledger_conn_id, ledger_url=self.ledger_url)
+        return LedgerHook(ledger_conn_id=self.specs.fleet.ledger_conn_id, ledger_url=self.specs.fleet.ledger_url)
 
     @property
     def ledger(self) -> Ledger:
@@ -271,19 +290,7 @@ class HeteroTrainOperator(BaseOperator):
 
     def max_age(self) -> float:
         """``inventory_max_age``, else ``[hetero_gpu] inventory_max_age``, else 300 s."""
-        from airflow_hetero_gpu.collect.freshness import DEFAULT_MAX_AGE_S
-        from airflow_hetero_gpu.settings import setting
-
-        value = self.inventory_max_age if self.inventory_max_age is not None else setting("inventory_max_age")
-        if value is None:
-            return DEFAULT_MAX_AGE_S
-        try:
-            seconds = float(value)
-        except (TypeError, ValueError):
-            seconds = -1.0
-        if isinstance(value, bool) or not seconds >= 0:
-            raise self._fail(f"inventory_max_age: expected seconds >= 0, got {value!r}")
-        return seconds
+        return self.specs.fleet.inventory_max_age
 
     # --- execute ------------------------------------------------------------------------------
     def execute(self, context: Context) -> dict[str, Any]:
@@ -294,10 +301,13 @@ class HeteroTrainOperator(BaseOperator):
         enqueue again; ``capacity``: a trigger of an earlier release, enqueue)."""
         event = event or {}
         if event.get("phase") == "run":  # the deferred run phase's trigger (operators/run_phase.py)
-            return run_phase.resume(self, context, event)
+            specs = self._validate()
+            run_phase.take_back(event, durable.DurableJob(specs.lifecycle, self.runtime, context, self._job_id(context)))
+            return self._place_and_run(context, resume=True)
         status = event.get("status")
         if status == "timeout":
-            raise AirflowException(f"not admitted within {float(self.capacity_timeout):g} s: {event.get('message', '')}")
+            raise AirflowException(f"not admitted within {self.specs.lifecycle.capacity_timeout:g} s: "
+                                   f"{event.get('message', '')}")
         if status not in ("admitted", "gone", "capacity"):
             raise AirflowException(f"waiting for capacity failed: {event.get('message', event)}")
         return self._place_and_run(context, waiting_since=event.get("started_at"), admitted=status == "admitted")
@@ -307,30 +317,29 @@ class HeteroTrainOperator(BaseOperator):
         from airflow_hetero_gpu.operators.placement import Placement
         from airflow_hetero_gpu.operators.queue_wait import QueueWait
 
-        self._validate()
-        request = self._request()
+        specs = self._validate()
         self._mask_env()
         job_id = self._job_id(context)
-        placement = self._placement = Placement(self, context, job_id, request)
-        self._durable_job = durable.DurableJob(self, context, job_id)
+        placement = self._placement = Placement(specs, self.runtime, context, job_id)
+        self._durable_job = durable.DurableJob(specs.lifecycle, self.runtime, context, job_id, placement)
         found = self._durable_job.resume() if resume else durable.Resumed()
         if found.result is not None:  # it ended successfully while no task watched it
             return found.result
         if found.handle is not None:  # still running: reattach, nothing launched or reserved
             out = self._run(job_id, None, context, attach=found.handle)
             while out.get("preempted"):
-                out = self._run(job_id, preempt.requeue(self, placement), context)
+                out = self._run(job_id, preempt.requeue(placement), context)
             return out
         if admitted:
             result = QueueWait(placement).resume(waiting_since)
-        elif self.wait_for_capacity:
+        elif specs.lifecycle.wait_for_capacity:
             result = QueueWait(placement).place(waiting_since)
         else:
             result = placement.reserve()
             if result.decision is None:
                 result = placement.wait(result, waiting_since)
         while (out := self._run(job_id, result, context)).get("preempted"):  # back in the queue: run again
-            result = preempt.requeue(self, placement)
+            result = preempt.requeue(placement)
         return out
 
     def _job_id(self, context: Context) -> str:
@@ -344,35 +353,17 @@ class HeteroTrainOperator(BaseOperator):
         ti = context["ti"]
         return default_job_id(ti.dag_id, ti.task_id, ti.run_id, getattr(ti, "map_index", None))
 
-    def _identity(self, context: Context) -> dict[str, Any]:
-        ti = context["ti"]
-        map_index = getattr(ti, "map_index", None)
-        return {"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id,
-                "try_number": int(ti.try_number),
-                "map_index": None if map_index is None or map_index < 0 else int(map_index)}
-
     def _mask_env(self) -> None:
         from airflow.sdk.log import mask_secret
 
-        for value in (self.env or {}).values():
+        for value in (self.specs.program.env or {}).values():
             if isinstance(value, str) and value:
                 mask_secret(value)
 
     # --- running ------------------------------------------------------------------------------
     def _launch_spec(self, job_id: str):
-        from airflow_hetero_gpu.launch.command import Command, LaunchSpec, Torchrun
-
-        args = list(self.script_args or [])
-        if self.checkpoint_dir:
-            args += ["--checkpoint-dir", self.checkpoint_dir]
-        if self.script:
-            program = Torchrun(self.script, tuple(args), max_restarts=0, launcher=tuple(self.launcher))
-        else:
-            program = Command(tuple(self.command))
-        try:
-            return LaunchSpec(job_id, program, env=dict(self.env or {}), workdir=self.workdir)
-        except ValueError as err:
-            raise self._fail(str(err)) from None
+        """The job's :class:`~airflow_hetero_gpu.launch.command.LaunchSpec` (what runs on the hosts)."""
+        return self.specs.program.launch_spec(job_id)
 
     def _on_line(self, host: str, rank: int, stream: str, line: str) -> None:
         self.log.info("[%s rank %d] %s", host, rank, line)
@@ -399,6 +390,8 @@ class HeteroTrainOperator(BaseOperator):
         started = time.monotonic()
         factory = None
         dj = self._durable_job
+        specs, runtime = self.specs, self.runtime
+        lifecycle = specs.lifecycle
         try:
             if attach is None:
                 # only the hosts this try runs on, and those earlier tries of the job ran on, are
@@ -421,25 +414,28 @@ class HeteroTrainOperator(BaseOperator):
                         self.log.warning("stopped %d leftover process(es) of job %s on %s", len(sweep.found),
                                          job_id, host)
                 check_launch_paths(self._launch_spec(job_id), [targets[h] for h in chosen], factory)
-                checkpoint_carry.before_launch(self, job_id, earlier, chosen, lambda h: factory(targets[h]))
+                checkpoint_carry.before_launch(specs.program, lifecycle, runtime, job_id, earlier, chosen,
+                                               lambda h: factory(targets[h]))
             factory.release(set(chosen))
             kill = lambda: self._job.kill() if self._job is not None else None  # noqa: E731
             seen = preempt.CheckpointSeen()
             supervised = dj is not None and dj.on
-            lease = LeaseKeeper(lambda: self.ledger, job_id, self.lease_seconds, log=self.log, kill=kill,
-                                lease_from=self._lease_from, checkpoints=seen,
-                                renew_every=float(self.unattended_timeout) / 2 if supervised else None)
-            gpu_set = GpuSetWatch(lambda: self.ledger, job_id, self.on_no_replacement,
+            lease = LeaseKeeper(lambda: self.ledger, job_id, lifecycle.lease_seconds, log=self.log, kill=kill,
+                                lease_from=runtime.lease_from, checkpoints=seen,
+                                renew_every=lifecycle.renew_every if supervised else None)
+            gpu_set = GpuSetWatch(lambda: self.ledger, job_id, lifecycle.on_no_replacement,
                                   cluster=self._placement.current_cluster, kill=kill, log=self.log)
-            settings = RunSettings(self._launch_spec(job_id), rdzv_port=self.rdzv_port, rdzv_host=self.rdzv_host,
-                                   host_timeout=float(self.host_timeout), max_restarts=self.max_restarts,
+            settings = RunSettings(self._launch_spec(job_id), rdzv_port=specs.program.rdzv_port,
+                                   rdzv_host=specs.program.rdzv_host, host_timeout=lifecycle.host_timeout,
+                                   max_restarts=lifecycle.max_restarts,
                                    on_line=lambda h, r, s, text: (seen.line(h, text), self._on_line(h, r, s, text)),
-                                   on_preempted=lambda job, gpus, mark, lk: preempt.stop(self, job, job_id, mark, lk, seen))
+                                   on_preempted=lambda job, gpus, mark, lk: preempt.stop(
+                                       lifecycle, runtime, self._placement, job, job_id, mark, lk, seen))
             if supervised:
-                settings.supervise = lambda launch: durable.supervision(self, launch)
+                settings.supervise = lifecycle.supervision
                 settings.before_launch = lambda now, launch, restarts: dj.launching(
                     launch, now, decision_json, initial, restarts)
-                settings.defer = run_phase.deferrer(self, job_id, lease)
+                settings.defer = run_phase.deferrer(specs, runtime, job_id)
             run = TrainingRun(job_id, settings, targets, factory, lease=lease, gpu_set=gpu_set, log=self.log,
                               on_job=self._set_job, on_started=factory.settle)
             if attach is None:
@@ -474,12 +470,10 @@ class HeteroTrainOperator(BaseOperator):
     def _release(self, job_id: str, patience: float = 30.0) -> None:
         """Release the job's GPUs, retrying for ``patience`` s while the ledger is unreachable
         (its lease frees them anyway when even that fails)."""
-        from airflow_hetero_gpu.watching.lease import release
-
-        release(lambda: self.ledger, job_id, self.log, patience)
+        self.runtime.release(job_id, patience)
 
     def on_kill(self) -> None:
-        if self._waiting_job is not None:  # killed while waiting in the queue: leave it now
+        if self._runtime is not None and self._runtime.waiting_job is not None:  # in the queue: leave it now
             from airflow_hetero_gpu.operators.queue_wait import QueueWait
 
             QueueWait(self._placement).leave("task killed")

@@ -23,27 +23,39 @@ from airflow_hetero_gpu.operators.team import resolve_team
 if TYPE_CHECKING:
     from airflow_hetero_gpu.collect.freshness import FreshInventory
     from airflow_hetero_gpu.core.cluster import Cluster
-    from airflow_hetero_gpu.core.model import PlanRequest, PlanResult
+    from airflow_hetero_gpu.core.model import PlanResult
+    from airflow_hetero_gpu.operators.runtime import Runtime
+    from airflow_hetero_gpu.operators.specs import Specs
+
+
+def task_identity(context: Any) -> dict[str, Any]:
+    """The task instance a reservation or queue entry belongs to (the ledger keeps it)."""
+    ti = context["ti"]
+    map_index = getattr(ti, "map_index", None)
+    return {"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id, "try_number": int(ti.try_number),
+            "map_index": None if map_index is None or map_index < 0 else int(map_index)}
 
 
 class Placement:
-    """The placement steps of one ``execute()`` of a :class:`HeteroTrainOperator`."""
+    """The placement steps of one ``execute()`` of a :class:`HeteroTrainOperator`: its ``specs``
+    (the request, the fleet, the lease), its ``runtime`` (the ledger, the hook, the log)."""
 
-    def __init__(self, op: Any, context: Any, job_id: str, request: PlanRequest):
-        self.op = op
+    def __init__(self, specs: Specs, runtime: Runtime, context: Any, job_id: str):
+        self.specs = specs
+        self.runtime = runtime
         self.context = context
         self.job_id = job_id
-        self.request = request
+        self.request = specs.request.plan
         self.inventory: FreshInventory | None = None
         self.cluster: Cluster | None = None
         # the task's Airflow team: in multi-team mode a team= naming another fails here, before
         # anything is collected, queued or reserved (operators/team.py)
-        self.airflow_team, self._team_named = resolve_team(op.team, context)
+        self.airflow_team, self._team_named = resolve_team(specs.request.team, context)
         self._team: str | None = None
 
     @property
     def log(self) -> Any:
-        return self.op.log
+        return self.runtime.log
 
     def _fail(self, message: str) -> AirflowFailException:
         return AirflowFailException(" ".join(message.split()))
@@ -55,14 +67,14 @@ class Placement:
         from airflow_hetero_gpu.healthcheck.check import collector_name
         from airflow_hetero_gpu.ledger import LedgerError
 
-        op = self.op
+        rt = self.runtime
         ti = self.context["ti"]
         who = collector_name(f"HeteroTrainOperator {ti.dag_id}/{ti.run_id}/{ti.task_id}")
         try:
-            hosts = list(op.hook.hosts)
-            self.inventory = fresh_inventory(op.ledger, op.hook, hosts, max_age=op.max_age(), collector_name=who,
-                                             logger=self.log)
-            self.cluster = self.inventory.cluster(op.hook.cluster_config())
+            hosts = list(rt.hook.hosts)
+            self.inventory = fresh_inventory(rt.ledger, rt.hook, hosts, max_age=self.specs.fleet.inventory_max_age,
+                                             collector_name=who, logger=self.log)
+            self.cluster = self.inventory.cluster(rt.hook.cluster_config())
         except CollectionConfigError as err:  # undefined connections, unknown or rejected keys: never retried
             raise self._fail(str(err)) from None
         except (LedgerError, NothingCollected) as err:  # unreachable database or hosts: the task's retries apply
@@ -76,8 +88,9 @@ class Placement:
         """The ledger's inventory as it is now, collecting nothing (the replacement path)."""
         from airflow_hetero_gpu.collect.freshness import FreshInventory
 
-        stored = self.op.ledger.inventory(list(self.op.hook.hosts))
-        return FreshInventory(stored, self.op.max_age()).cluster(self.op.hook.cluster_config())
+        rt = self.runtime
+        stored = rt.ledger.inventory(list(rt.hook.hosts))
+        return FreshInventory(stored, self.specs.fleet.inventory_max_age).cluster(rt.hook.cluster_config())
 
     # --- the plan and the reservation ----------------------------------------------------------
     def reserve(self) -> PlanResult:
@@ -87,17 +100,18 @@ class Placement:
         from airflow_hetero_gpu.ledger import LedgerError, LedgerUrlError, ReservationConflict
         from airflow_hetero_gpu.ledger.errors import QuotaRefused
 
-        op = self.op
+        rt, request = self.runtime, self.specs.request
         cluster = self.fresh_cluster()
         mistake = never_satisfiable(cluster, self.request)
         if mistake:  # no wait and no retry can bring a card or task type the fleet does not have
             raise self._fail(mistake)
         try:
             # the lease surely lasts lease_seconds from here (time taken before the call)
-            op._lease_from = time.monotonic()
-            result = op.ledger.reserve(self.job_id, cluster, self.request, lease_seconds=op.lease_seconds,
-                                       identity=op._identity(self.context), config=self._config(cluster),
-                                       team=self.team, priority=op.priority, preemptible=op.preemptible)
+            rt.lease_from = time.monotonic()
+            result = rt.ledger.reserve(self.job_id, cluster, self.request,
+                                       lease_seconds=self.specs.lifecycle.lease_seconds,
+                                       identity=task_identity(self.context), config=self._config(cluster),
+                                       team=self.team, priority=request.priority, preemptible=request.preemptible)
         except QuotaRefused as err:  # no room in the team's quota now: the queue waits, or the task fails
             self.log.info("job %s: %s", self.job_id, err)
             self.quota_refused = str(err)
@@ -144,7 +158,7 @@ class Placement:
         from airflow_hetero_gpu.ledger import LedgerError
 
         try:
-            return self.op.ledger.teams()
+            return self.runtime.ledger.teams()
         except LedgerError as err:
             raise AirflowException(str(err)) from None
 
@@ -154,16 +168,17 @@ class Placement:
         from airflow_hetero_gpu.ledger import LedgerError
 
         try:
-            teams = self.op.ledger.teams()
+            teams = self.runtime.ledger.teams()
         except LedgerError:  # the reservation that follows says what is wrong with the ledger
             return None
         return unknown_team(team, teams.teams if teams else ())
 
     def _config(self, cluster: Cluster):
-        if not self.op.weights:
+        weights = self.specs.request.weights
+        if not weights:
             return None
         try:
-            return cluster.config.with_weights(dict(self.op.weights))
+            return cluster.config.with_weights(dict(weights))
         except HeteroGpuError as err:
             raise self._fail(str(err)) from None
 

@@ -26,71 +26,46 @@ new hosts first (:mod:`~.checkpoint_carry`).
 
 from __future__ import annotations
 
-import signal as signals
 import threading
 import time
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_hetero_gpu.watching.checkpoints import CheckpointSeen
 
-CHECKPOINT_STORAGE = ("shared", "host")
+if TYPE_CHECKING:
+    from airflow_hetero_gpu.operators.placement import Placement
+    from airflow_hetero_gpu.operators.runtime import Runtime
+    from airflow_hetero_gpu.operators.specs import LifecycleSpec
+
 #: how much longer than the grace and the kill's grace the workers are watched (the kill's
 #: wait after SIGKILL, SSH round trips)
 WATCH_MARGIN_S = 30.0
 
 
-def signal_name(value: Any) -> str | None:
-    """``"SIGTERM"``, ``"TERM"``, ``15`` -> ``"TERM"``; None when it names no signal."""
-    try:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return signals.Signals(value).name[3:]
-        if isinstance(value, str):
-            name = value.strip().upper()
-            return signals.Signals[name if name.startswith("SIG") else f"SIG{name}"].name[3:]
-    except (KeyError, ValueError):
-        return None
-    return None
-
-
-def check_args(op: Any) -> None:
-    """The preemption arguments of a :class:`HeteroTrainOperator` (one line per mistake)."""
-    if not isinstance(op.preemptible, bool):
-        raise op._fail(f"preemptible: expected True or False, got {op.preemptible!r}")
-    if signal_name(op.preemption_signal) in (None, "KILL", "STOP"):
-        raise op._fail(f"preemption_signal: expected a signal the job can catch, such as 'SIGTERM' or "
-                       f"'SIGUSR1', got {op.preemption_signal!r}")
-    grace = op.preemption_grace
-    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not grace >= 0:
-        raise op._fail(f"preemption_grace: expected a number of seconds >= 0, got {grace!r}")
-    if not grace <= 86400:  # a victim that may take longer than a day to stop holds its preemptor for ever
-        raise op._fail(f"preemption_grace: expected at most 86400 seconds (a day), got {grace!r}")
-    if op.checkpoint_storage not in CHECKPOINT_STORAGE:
-        raise op._fail(f"checkpoint_storage: expected 'shared' or 'host', got {op.checkpoint_storage!r}")
-    if op.checkpoint_storage == "host" and not op.checkpoint_dir:
-        raise op._fail("checkpoint_storage='host' needs checkpoint_dir (the directory to carry between hosts)")
-
-
-def stop(op: Any, job: Any, job_id: str, mark: dict, lease: Any, seen: CheckpointSeen) -> dict:
+def stop(lifecycle: LifecycleSpec, runtime: Runtime, placement: Placement | None, job: Any, job_id: str,
+         mark: dict, lease: Any, seen: CheckpointSeen) -> dict:
     """Stop the running ``job`` for its preemptor and give its GPUs back (see the module
     docstring); returns the ledger's record of the preemption. The lease (``lease``, a
     :class:`~.lease.LeaseKeeper`) is renewed throughout: a grace longer than the lease must not
-    let the GPUs go to another job while the victim still runs."""
-    sig = signal_name(op.preemption_signal) or "TERM"
-    grace = float(op.preemption_grace)
+    let the GPUs go to another job while the victim still runs. ``placement`` (the try's) tags
+    the count with the task's teams."""
+    sig = lifecycle.preemption_signal
+    grace = lifecycle.preemption_grace
+    log = runtime.log
     signalled = datetime.now(timezone.utc)
-    op.log.warning("job %s: preempted by %s (%s); sending SIG%s to it on every host, %g s to exit",
+    log.warning("job %s: preempted by %s (%s); sending SIG%s to it on every host, %g s to exit",
                    job_id, preemptor(mark), mark.get("reason"), sig, grace)
     # the workers are listed on every host before the signal: when did the script itself end?
     watch = job.watch_workers(grace + float(job.kill_grace) + WATCH_MARGIN_S)
     t0 = time.monotonic()
     for host, sweep in job.signal(sig).items():
         if sweep.error:
-            op.log.warning("job %s: signalling %s: %s", job_id, host, sweep.error)
+            log.warning("job %s: signalling %s: %s", job_id, host, sweep.error)
     if _ended(job, grace, lease):
         outcome = "exited"
     else:
-        op.log.warning("job %s: still running %g s after SIG%s; ending it", job_id, grace, sig)
+        log.warning("job %s: still running %g s after SIG%s; ending it", job_id, grace, sig)
         killer = threading.Thread(target=job.kill, name=f"{job_id}:preempt-kill", daemon=True)
         killer.start()
         while killer.is_alive():
@@ -104,12 +79,13 @@ def stop(op: Any, job: Any, job_id: str, mark: dict, lease: Any, seen: Checkpoin
     if script is not None:  # torchrun waits for its workers: a later note is the watch's own delay
         script = min(script, took)
     if seen.at is not None and seen.at != seen.noted:
-        seen.note(op.ledger, job_id)
+        seen.note(runtime.ledger, job_id)
     checkpoint = f"epoch {seen.epoch}" if seen.epoch is not None else None
-    record = op.ledger.finish_preemption(job_id, outcome=outcome, exited_after_s=took if script is None else script,
-                                         checkpoint=checkpoint, lease_seconds=float(op.lease_seconds))
-    op.log.warning("job %s: %s", job_id, explain(record, signalled, None if script is None else took))
-    _count(op, record)
+    record = runtime.ledger.finish_preemption(job_id, outcome=outcome,
+                                              exited_after_s=took if script is None else script,
+                                              checkpoint=checkpoint, lease_seconds=lifecycle.lease_seconds)
+    log.warning("job %s: %s", job_id, explain(record, signalled, None if script is None else took))
+    _count(placement, record)
     return record
 
 
@@ -166,28 +142,27 @@ def explain(record: dict, signalled: datetime, torchrun_s: float | None = None) 
             f"of work lost; back in the queue with its priority and place, it resumes when admitted")
 
 
-def _count(op: Any, record: dict) -> None:
+def _count(placement: Placement | None, record: dict) -> None:
     """``hetero_gpu.preemptions`` with the outcome and the victim task's teams (:mod:`.task_metrics`)."""
     from airflow_hetero_gpu.healthcheck.metrics import METRIC_PREFIX
     from airflow_hetero_gpu.operators.task_metrics import incr, team_tags
 
-    placement = getattr(op, "_placement", None)
     teams = team_tags(placement.context, placement) if placement is not None else {}
     incr(f"{METRIC_PREFIX}.preemptions", {"outcome": record["outcome"], **teams})
     incr(f"{METRIC_PREFIX}.preemption.{record['outcome']}", {})
 
 
-def requeue(op: Any, placement: Any) -> Any:
+def requeue(placement: Placement) -> Any:
     """Wait in the queue again (the ledger put the entry there) until admitted; the new decision."""
     from airflow.sdk.exceptions import AirflowException
 
     from airflow_hetero_gpu.operators.queue_wait import QueueWait
 
     wait = QueueWait(placement)
-    entry = op.ledger.queue_entry(placement.job_id)
+    entry = placement.runtime.ledger.queue_entry(placement.job_id)
     if entry is None:
         raise AirflowException(f"job {placement.job_id}: preempted, but its queue entry is gone")
-    op._waiting_job = placement.job_id
+    placement.runtime.waiting_job = placement.job_id
     wait.say(entry)
     if entry.admitted:
         return wait.take()

@@ -33,13 +33,15 @@ class QueueWait:
 
     def __init__(self, placement: Placement):
         self.placement = placement
-        self.op = placement.op
+        self.runtime = placement.runtime
+        self.request = placement.specs.request
+        self.lifecycle = placement.specs.lifecycle
         self.job_id = placement.job_id
         self._notes = WaitNotes()
 
     @property
     def log(self) -> Any:
-        return self.op.log
+        return self.runtime.log
 
     def _ledger_call(self, fn, *args, **kwargs):
         from airflow_hetero_gpu.ledger import LedgerError, LedgerUrlError, NoQueueEntry, ReservationConflict
@@ -78,15 +80,18 @@ class QueueWait:
             return self.place(waiting_since)
 
     def enqueue(self) -> QueueRecord:
-        op = self.op
+        from airflow_hetero_gpu.operators.placement import task_identity
+
+        rt = self.runtime
         team = self.placement.team  # a malformed name fails here, before anything is enqueued
-        op._waiting_job = self.job_id
+        rt.waiting_job = self.job_id
         try:
-            entry = self._ledger_call(op.ledger.enqueue, self.job_id, self.placement.request, priority=op.priority,
-                                      lease_seconds=op.lease_seconds, identity=op._identity(self.placement.context),
-                                      team=team, preemptible=op.preemptible)
+            entry = self._ledger_call(rt.ledger.enqueue, self.job_id, self.placement.request,
+                                      priority=self.request.priority, lease_seconds=self.lifecycle.lease_seconds,
+                                      identity=task_identity(self.placement.context), team=team,
+                                      preemptible=self.request.preemptible)
         except BaseException:
-            op._waiting_job = None
+            rt.waiting_job = None
             raise
         self.say(entry)
         return entry
@@ -104,18 +109,18 @@ class QueueWait:
         from airflow_hetero_gpu.ledger import LedgerError, NoQueueEntry
         from airflow_hetero_gpu.ledger.reservations import existing_result
 
-        op = self.op
-        op._lease_from = time.monotonic()  # the lease surely lasts lease_seconds from here
+        rt = self.runtime
+        rt.lease_from = time.monotonic()  # the lease surely lasts lease_seconds from here
         try:
-            res = op.ledger.take_admission(self.job_id)
+            res = rt.ledger.take_admission(self.job_id)
         except NoQueueEntry:
             raise
         except LedgerError as err:  # unreachable or busy: the task's retries apply
             raise AirflowException(str(err)) from None
-        op._waiting_job = None
-        outside = sorted(set(res.hosts) - set(op.hook.hosts))
+        rt.waiting_job = None
+        outside = sorted(set(res.hosts) - set(rt.hook.hosts))
         if outside:  # the queue places on every host of the ledger's inventory: one ledger per fleet
-            op._release(self.job_id)
+            rt.release(self.job_id)
             raise self.placement._fail(
                 f"job {self.job_id}: the ledger's queue admitted it on {', '.join(outside)}, which its ssh_conn_ids "
                 f"do not name; the queue places on every host of the ledger's inventory, so give the task "
@@ -134,23 +139,22 @@ class QueueWait:
         """Leave the queue (best effort: the entry's lease ends it anyway)."""
         from airflow_hetero_gpu.ledger import LedgerError
 
-        self.op._waiting_job = None
+        self.runtime.waiting_job = None
         try:
-            if self.op.ledger.leave_queue(self.job_id):
+            if self.runtime.ledger.leave_queue(self.job_id):
                 self.log.info("job %s: left the queue (%s)", self.job_id, why)
         except LedgerError as err:
             self.log.warning("job %s: leaving the queue failed (%s); its lease ends the entry", self.job_id, err)
 
     def wait(self, entry: QueueRecord, waiting_since: float | None = None) -> PlanResult:
-        op = self.op
         since = float(waiting_since) if waiting_since else time.time()
-        deadline = since + float(op.capacity_timeout)
+        deadline = since + self.lifecycle.capacity_timeout
         try:
             if time.time() >= deadline:
                 raise AirflowException(self.timed_out(entry))
-            if op.deferrable:
+            if self.lifecycle.deferrable:
                 self.defer(since, deadline)
-            poll = min(float(op.capacity_poll_interval), float(op.lease_seconds) / 3)
+            poll = self.lifecycle.queue_poll_interval
             while True:
                 time.sleep(max(0.0, min(poll, deadline - time.time())))
                 entry = self.renew()
@@ -170,28 +174,26 @@ class QueueWait:
         from airflow_hetero_gpu.ledger import NoQueueEntry
 
         try:
-            return self._ledger_call(self.op.ledger.renew_queue_entry, self.job_id)
+            return self._ledger_call(self.runtime.ledger.renew_queue_entry, self.job_id)
         except NoQueueEntry:  # swept (the ledger was out of reach longer than the lease): in again
             self.log.warning("job %s: its queue entry expired; enqueueing again", self.job_id)
             return self.enqueue()
 
     def timed_out(self, entry: QueueRecord) -> str:
-        return (f"job {self.job_id}: not admitted within {float(self.op.capacity_timeout):g} s: "
+        return (f"job {self.job_id}: not admitted within {self.lifecycle.capacity_timeout:g} s: "
                 f"{entry.where()}")
 
     def defer(self, since: float, deadline: float) -> None:
         from airflow_hetero_gpu.triggers.queue import QueueTrigger
 
-        op = self.op
+        lifecycle = self.lifecycle
         self.log.info("job %s: no pool can host the job now; deferring until one can (%.0f s left of %g s)",
-                      self.job_id, deadline - time.time(), float(op.capacity_timeout))
+                      self.job_id, deadline - time.time(), lifecycle.capacity_timeout)
         # a ledger named by a connection is handed to the trigger by name: no password in its row
-        conn_id = op.ledger_hook.conn_id()
-        op.defer(
+        self.runtime.defer(
             trigger=QueueTrigger(
-                job_id=self.job_id, ledger_conn_id=conn_id, ledger_url=None if conn_id else op.ledger_hook.get_url(),
-                poll_interval=min(float(op.capacity_poll_interval), float(op.lease_seconds) / 3),
-                timeout=float(op.capacity_timeout), started_at=since,
+                job_id=self.job_id, **self.runtime.ledger_handover(), poll_interval=lifecycle.queue_poll_interval,
+                timeout=lifecycle.capacity_timeout, started_at=since,
             ),
             method_name="execute_complete",
             timeout=timedelta(seconds=max(0.0, deadline - time.time()) + 60),

@@ -23,68 +23,65 @@ worker: a trigger could not find the job again after a triggerer restart.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from airflow.sdk.exceptions import AirflowException
 
+if TYPE_CHECKING:
+    from airflow_hetero_gpu.operators.durable import DurableJob
+    from airflow_hetero_gpu.operators.runtime import Runtime
+    from airflow_hetero_gpu.operators.specs import Specs
 
-def deferrer(op: Any, job_id: str, lease: Any) -> Callable[[Any, list, int], None] | None:
-    """``settings.defer`` of the run loop for this operator, or None when its run phase stays in
-    the worker (not ``deferrable``; the caller sets it only for a supervised, stored job)."""
-    if not op.deferrable:
+
+def deferrer(specs: Specs, runtime: Runtime, job_id: str) -> Callable[[Any, list, int], None] | None:
+    """``settings.defer`` of the run loop for this task, or None when its run phase stays in the
+    worker (not ``deferrable``; the caller sets it only for a supervised, stored job)."""
+    if not specs.lifecycle.deferrable:
         return None
 
     def defer(job: Any, gpus: list, restarts: int) -> None:
         from airflow_hetero_gpu.operators.messages import fmt_gpus
         from airflow_hetero_gpu.triggers.training import TrainingRunTrigger
 
-        trigger = TrainingRunTrigger(**trigger_kwargs(op, job_id, job.supervision.launch, gpus))
+        trigger = TrainingRunTrigger(**trigger_kwargs(specs, runtime, job_id, job.supervision.launch, gpus))
         offsets = job.detach()
-        op.log.info("job %s: running on %s; deferring: the triggerer watches it until it ends or needs a "
-                    "worker (output relayed up to %s)", job_id, fmt_gpus(gpus),
-                    ", ".join(f"{h} byte {o[0]}/{o[1]}" for h, o in offsets.items()))
-        op.defer(trigger=trigger, method_name="execute_complete")
+        runtime.log.info("job %s: running on %s; deferring: the triggerer watches it until it ends or needs a "
+                         "worker (output relayed up to %s)", job_id, fmt_gpus(gpus),
+                         ", ".join(f"{h} byte {o[0]}/{o[1]}" for h, o in offsets.items()))
+        runtime.defer(trigger=trigger, method_name="execute_complete")
 
     return defer
 
 
-def trigger_kwargs(op: Any, job_id: str, launch: str, gpus: list) -> dict[str, Any]:
+def trigger_kwargs(specs: Specs, runtime: Runtime, job_id: str, launch: str, gpus: list) -> dict[str, Any]:
     """Everything the trigger needs, and a triggerer restart rebuilds it from (no password: a
     ledger named by a connection is handed over by name)."""
-    from airflow_hetero_gpu.operators.preempt import signal_name
-
-    conn_id = op.ledger_hook.conn_id()
-    config = op.cluster_config
+    lifecycle, fleet = specs.lifecycle, specs.fleet
     return {
-        "job_id": job_id, "launch": launch, "gpus": [list(k) for k in gpus], "ssh_conn_ids": dict(op.hook.hosts),
-        "lease_seconds": float(op.lease_seconds), "unattended_timeout": float(op.unattended_timeout),
-        "renew_every": float(op.unattended_timeout) / 2, "preemption_signal": signal_name(op.preemption_signal) or "TERM",
-        "preemption_grace": float(op.preemption_grace), "host_timeout": float(op.host_timeout),
-        "on_no_replacement": op.on_no_replacement, "max_age": op.max_age(),
-        "cluster_config": dict(config) if hasattr(config, "keys") else config, "topology_conf": op.topology_conf,
-        "ledger_conn_id": conn_id, "ledger_url": None if conn_id else op.ledger_hook.get_url(),
+        "job_id": job_id, "launch": launch, "gpus": [list(k) for k in gpus], "ssh_conn_ids": dict(runtime.hook.hosts),
+        "lease_seconds": lifecycle.lease_seconds, "unattended_timeout": lifecycle.unattended_timeout,
+        "renew_every": lifecycle.renew_every, "preemption_signal": lifecycle.preemption_signal,
+        "preemption_grace": lifecycle.preemption_grace, "host_timeout": lifecycle.host_timeout,
+        "on_no_replacement": lifecycle.on_no_replacement, "max_age": fleet.inventory_max_age,
+        "cluster_config": fleet.cluster_config, "topology_conf": fleet.topology_conf, **runtime.ledger_handover(),
     }
 
 
-def resume(op: Any, context: Any, event: dict) -> dict[str, Any]:
-    """The trigger's event, in a worker (see the module docstring)."""
-    from airflow_hetero_gpu.operators.durable import DurableJob
-
+def take_back(event: dict, job: DurableJob) -> None:
+    """The trigger's event, in a worker (see the module docstring): returns when the task is to
+    take the job over (reattach, as a retry does); otherwise cleans up and raises."""
     status = event.get("status")
     message = event.get("message") or f"the trigger watching the job ended with {event!r}"
-    op._validate()
-    job_id = op._job_id(context)
-    dj = DurableJob(op, context, job_id)
-    handle = dj.read()
+    handle = job.read()
     if status in ("exited", "preempted", "restart"):
         if handle is None:
-            raise AirflowException(f"job {job_id}: {message}; but its handle is gone from the task state store, "
+            raise AirflowException(f"job {job.job_id}: {message}; but its handle is gone from the task state store, "
                                    "so the task cannot take it over")
-        op.log.info("%s; resuming in a worker", message)
-        return op._place_and_run(context, resume=True)
+        job.log.info("%s; resuming in a worker", message)
+        return
     if status == "failed":  # stopped already: nothing of it may stay, its GPUs go back
         if handle is not None:
-            dj._abandon(handle)
+            job.abandon(handle)
         else:
-            op._release(job_id)
+            job.runtime.release(job.job_id)
     raise AirflowException(message)

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import contextvars
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_hetero_gpu.watching.look import JobWatch, watch_options
+
+if TYPE_CHECKING:
+    from airflow_hetero_gpu.triggers.training import TrainingRunTrigger
 
 Found = tuple[str, str, dict]
 
@@ -41,7 +44,7 @@ class LineLog:
 class RunWatcher:
     """One trigger's watch of one launch of a job (``trigger``: its arguments and log)."""
 
-    def __init__(self, trigger: Any, ledger_url: str | None, connections: dict[str, Any]):
+    def __init__(self, trigger: TrainingRunTrigger, ledger_url: str | None, connections: dict[str, Any]):
         from airflow_hetero_gpu.hooks.hetero_gpu import HeteroGpuHook
         from airflow_hetero_gpu.watching.checkpoints import CheckpointSeen
 
