@@ -35,8 +35,9 @@ from airflow_hetero_gpu.testing.fleet_day_report import render  # noqa: E402
 from airflow_hetero_gpu.testing.postgres import PostgresServer, PostgresUnavailable  # noqa: E402
 from airflow_hetero_gpu.testing.redis_server import RedisUnavailable, find_redis_server  # noqa: E402
 
-# a whole deployment and 200 hosts on a 2-core machine: it runs alone, after the parallel tests
-pytestmark = [pytest.mark.slow, pytest.mark.serial]
+# A whole deployment and 200 hosts; mostly waiting on its stream's real time (3 min), so it runs
+# beside the other tests, first (tests/conftest.py orders the longest modules first).
+pytestmark = [pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
