@@ -107,7 +107,7 @@ def test_quotas_and_preemption_acted_on_the_contended_card(day):
     # prod's job within its quota of the card took it back from research, which borrowed it
     reclaims = [p for p in pre if p["preemptor"] in prod and p["victim"] in research
                 and p["reason"].endswith("reclaim of prod's quota")]
-    assert reclaims, pre
+    assert reclaims, (pre, {j: jobs[j] for j in sorted(research | prod)})
     assert all(p["state"] in ("exited", "killed") and p["lost_gpu_s"] > 0 for p in reclaims), reclaims
     assert all(jobs[p["victim"]]["state"] == "success" for p in reclaims)  # run again, to the end
     teams = day["teams"]

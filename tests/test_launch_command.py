@@ -6,6 +6,7 @@ import os
 import shlex
 import signal
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -408,3 +409,48 @@ def test_the_signal_sweep_names_its_signal_and_refuses_anything_else():
     assert sweep_command("job-1", "node01", kill=True).endswith(" job-1 node01 kill 100")
     with pytest.raises(ValueError, match="signal: expected a signal name such as TERM or USR1, got 'TERM; rm'"):
         sweep_command("job-1", "node01", kill=False, signal="TERM; rm")
+
+
+def test_the_sweep_signals_each_process_of_the_job_once(tmp_path):
+    """A job of three processes (a shell and its child in one process group, a grandchild in a
+    session of its own, as torchrun's workers are): the signal sweep sends one signal a process
+    group, never a group and then its members again. torchrun's agent, signalled twice, raises its
+    SignalException inside its handling of the first and prints a tangle of tracebacks."""
+    from airflow_hetero_gpu.launch.command import HOST_ENV, JOB_ENV, SCOPE_ENV
+    from airflow_hetero_gpu.launch.orphans import parse_sweep_output, sweep_command
+
+    job_id, ready, calls = f"sig-{uuid.uuid4().hex[:8]}", tmp_path / "ready", tmp_path / "kill-calls"
+    env = {k: v for k, v in os.environ.items() if k != SCOPE_ENV}
+    env.update({JOB_ENV: job_id, HOST_ENV: "node01"})
+    job = subprocess.Popen(
+        ["sh", "-c", f'sleep 300 & setsid sleep 300 & touch {shlex.quote(str(ready))}; wait'],
+        env=env, start_new_session=True)
+    found: list = []
+    clean_env = {k: v for k, v in os.environ.items() if k != SCOPE_ENV}
+    try:
+        deadline = time.monotonic() + 60  # until the three processes stand in their two groups
+        while time.monotonic() < deadline:
+            listed = subprocess.run(["sh", "-c", sweep_command(job_id, "node01", kill=False)],
+                                    capture_output=True, text=True, timeout=60, env=clean_env)
+            found = parse_sweep_output("node01", listed.stdout).found
+            if ready.exists() and len(found) == 3 and len({p.pgid for p in found}) == 2:
+                break
+            time.sleep(0.1)
+        groups = {p.pgid for p in found}
+        assert len(found) == 3 and len(groups) == 2, found
+        sh, flag, script, *args = shlex.split(sweep_command(job_id, "node01", kill=False, signal="USR1"))
+        logged = f'kill() {{ echo "$*" >>{shlex.quote(str(calls))}; command kill "$@"; }}\n'
+        sweep = subprocess.run([sh, flag, logged + script, *args], capture_output=True, text=True, timeout=60,
+                               env=clean_env)
+        assert sweep.returncode == 0, sweep.stderr
+        sent = calls.read_text().splitlines()
+        assert sorted(sent) == sorted(f"-s USR1 -- -{g}" for g in groups), sent  # once a group, no pid again
+        assert job.wait(timeout=60) == -signal.SIGUSR1  # delivered: USR1 ends the shell
+    finally:
+        if job.poll() is None:
+            job.kill()
+        for proc in found:
+            try:
+                os.kill(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

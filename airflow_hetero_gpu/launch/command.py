@@ -104,10 +104,14 @@ find_job() {
   done
 }
 signal_job() {
-  find_job | while read -r pid pgid cmd; do
-    if [ "$pgid" -gt 1 ] && [ "$pgid" != "$mypgid" ]; then kill -s "$1" -- "-$pgid" 2>/dev/null; fi
-    kill -s "$1" "$pid" 2>/dev/null
-  done
+  find_job | { sent=" "; while read -r pid pgid cmd; do
+    case $sent in *" $pgid "*) continue ;; esac
+    if [ "$pgid" -gt 1 ] && [ "$pgid" != "$mypgid" ] && kill -s "$1" -- "-$pgid" 2>/dev/null; then
+      sent="$sent$pgid "
+    else
+      kill -s "$1" "$pid" 2>/dev/null
+    fi
+  done; }
 }
 wait_gone() {
   i=0

@@ -144,8 +144,9 @@ def _hetero_gpu(args: list[str], cpu: CpuMeter, timeout: float = 1800) -> str:
     return done.stdout
 
 
-def _stream_plan(cfg: DayConfig) -> list[tuple[float, str, dict[str, Any]]]:
-    """(seconds after the stream's start, DAG, conf) of every training run."""
+def _stream_plan(cfg: DayConfig) -> list[tuple[float, str, dict[str, Any], tuple[int, ...]]]:
+    """(seconds after the stream's start, DAG, conf, the runs whose jobs must hold their GPUs
+    before it is triggered) of every training run."""
     rng = random.Random(cfg.seed)
     count = max(1, round(cfg.rate * cfg.minutes))
     sizes = [s for s, w in SIZES for _ in range(w)]
@@ -154,7 +155,7 @@ def _stream_plan(cfg: DayConfig) -> list[tuple[float, str, dict[str, Any]]]:
         priority = 5 if rng.random() < cfg.urgent_share else 0
         conf = {"gpus": rng.choice(sizes), "team": TEAMS[n % len(TEAMS)],
                 "seconds": round(rng.uniform(*cfg.job_seconds))}
-        plan.append((n * 60.0 / cfg.rate, TRAIN_DAGS[priority], conf))
+        plan.append((n * 60.0 / cfg.rate, TRAIN_DAGS[priority], conf, ()))
     return plan
 
 
@@ -218,6 +219,16 @@ def _postpone(day: Day, cfg: DayConfig, ledger_url: str, kind: str, at: float) -
         down = [o for o in fault_outcomes(day, ledger_url) if o["kind"] == "host_down"]
         return at < cfg.stream_seconds + 600 and bool(down) and down[0]["seen_at"] is None
     return False
+
+
+def _waits_for_holders(day: Day, cfg: DayConfig, ledger_url: str, after: tuple[int, ...], at: float) -> bool:
+    """Whether a run waits for the jobs of earlier runs (by their index among the day's runs) to
+    hold their GPUs (until half the stream: then it is triggered whatever holds what)."""
+    if not after or at >= 0.5 * cfg.stream_seconds:
+        return False
+    jobs = list(day.runs.values())
+    needed = {jobs[i]["job"] for i in after if i < len(jobs)}
+    return len(needed) < len(after) or not needed <= {j for j, _, _ in _held_gpus(ledger_url)}
 
 
 def _run_states(airflow, dags: list[str]) -> dict[str, str]:
@@ -376,8 +387,8 @@ def _stream(day: Day, cfg: DayConfig, airflow, client, cluster, ledger_url: str,
     faults = _fault_plan(cfg)
     begin = time.monotonic()
     day.times["stream_start"] = time.time()
-    events = sorted([(at, "run", (dag, conf)) for at, dag, conf in plan] + [(at, "fault", kind) for at, kind in faults],
-                    key=lambda e: e[0])
+    events = sorted([(at, "run", (dag, conf, after)) for at, dag, conf, after in plan]
+                    + [(at, "fault", kind) for at, kind in faults], key=lambda e: e[0])
     late = []
     n = -1
     while n + 1 < len(events):
@@ -394,7 +405,10 @@ def _stream(day: Day, cfg: DayConfig, airflow, client, cluster, ledger_url: str,
                 continue
             _inject(day, cluster, ledger_url, data, log)
             continue
-        dag_id, conf = data
+        dag_id, conf, after = data
+        if _waits_for_holders(day, cfg, ledger_url, after, at):  # again in a second (events stay in order)
+            events[n + 1:] = sorted([*events[n + 1:], (at + 1.0, what, data)], key=lambda e: e[0])
+            continue
         run_id = f"day-{len(day.runs):05d}"
         airflow.trigger_rest(dag_id, run_id, conf, client=client)
         day.runs[run_id] = {"dag": dag_id, "conf": conf, "job": default_job_id(dag_id, "train", run_id),

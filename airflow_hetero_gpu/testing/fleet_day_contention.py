@@ -8,10 +8,13 @@ quota, and opens the stream with a scripted burst on it:
 
 * at 0 s, two 8-GPU runs of ``research`` of 90 s (its quota: 8 of RTX 4090): the second
   borrows, and the card type is full (with ``N = 2``);
-* at 3 s, a 4-GPU run of ``prod`` within its RTX 4090 quota of 4: it cannot start, so once the
-  borrowers have run ``preemption_min_runtime`` and it has waited ``preemption_delay`` it reclaims
-  its quota by preempting one of research's jobs (a *reclaim*), which goes back to the queue and
-  runs again later.
+* at 3 s, and not before both of research's jobs hold their GPUs, a 4-GPU run of ``prod``
+  within its RTX 4090 quota of 4: it cannot start, so once the borrowers have run
+  ``preemption_min_runtime`` and it has waited ``preemption_delay`` it reclaims its quota by
+  preempting one of research's jobs (a *reclaim*), which goes back to the queue and runs again
+  later. Its trigger waits on that event (the ledger's reservations), not on the clock alone: on
+  a loaded machine Airflow may start the three tasks in any order, and a prod job admitted first
+  leaves research's second job waiting with nothing to reclaim.
 
 Only prod waits there, so the preemption is a reclaim whatever the order in which Airflow starts
 the tasks (an urgent job of research waiting beside it could free the GPUs first by preempting
@@ -34,11 +37,12 @@ teams:
   intern:   {{quota: {{"*": 8}}, borrowing_limit: {{"*": 8}}}}
 """
 
-#: (seconds after the stream's start, priority, conf) of the opening burst
-OPENING: tuple[tuple[float, int, dict[str, Any]], ...] = (
-    (0.0, 0, {"gpus": 8, "team": "research", "seconds": 90, "gpu_type": CARD}),
-    (0.0, 0, {"gpus": 8, "team": "research", "seconds": 90, "gpu_type": CARD}),
-    (3.0, 0, {"gpus": 4, "team": "prod", "seconds": 30, "gpu_type": CARD}),
+#: (seconds after the stream's start, priority, conf, the earlier entries of the burst whose
+#: jobs must hold their GPUs before this one is triggered) of the opening burst
+OPENING: tuple[tuple[float, int, dict[str, Any], tuple[int, ...]], ...] = (
+    (0.0, 0, {"gpus": 8, "team": "research", "seconds": 90, "gpu_type": CARD}, ()),
+    (0.0, 0, {"gpus": 8, "team": "research", "seconds": 90, "gpu_type": CARD}, ()),
+    (3.0, 0, {"gpus": 4, "team": "prod", "seconds": 30, "gpu_type": CARD}, (0, 1)),
 )
 
 
@@ -53,9 +57,10 @@ def split_hosts(specs: Sequence[Any], open_count: int) -> tuple[list[str], list[
     return opened, [s.name for s in ours if s.name not in opened]
 
 
-def opening_plan(train_dags: dict[int, str]) -> list[tuple[float, str, dict[str, Any]]]:
-    """The burst as the stream's (seconds, DAG, conf) entries."""
-    return [(at, train_dags[priority], dict(conf)) for at, priority, conf in OPENING]
+def opening_plan(train_dags: dict[int, str]) -> list[tuple[float, str, dict[str, Any], tuple[int, ...]]]:
+    """The burst as the stream's (seconds, DAG, conf, entries to wait for) entries; it opens the
+    stream, so an entry's index is the index of its run among the day's runs."""
+    return [(at, train_dags[priority], dict(conf), after) for at, priority, conf, after in OPENING]
 
 
 __all__ = ["CARD", "OPENING", "TEAMS_YAML", "opening_plan", "split_hosts"]
