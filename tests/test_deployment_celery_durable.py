@@ -1,13 +1,18 @@
-"""Durable trainings across a Celery deployment whose every worker is SIGKILLed mid-training.
+"""Durable trainings across a Celery deployment whose every worker, and its triggerer, is SIGKILLed
+mid-training.
 
 The deployment of tests/test_deployment_celery.py (scheduler, dag-processor, triggerer,
-api-server, two Celery workers, PostgreSQL, Redis; four emulated hosts of two GPUs, real torchrun):
-four durable trainings of two GPUs train; both workers are SIGKILLed with every process under
-them (the task processes included) and started again. Every job keeps running (the same
-processes on the hosts); Airflow finds the tasks' heartbeats gone and retries them; each retry
-reattaches (one launch per job, no resume from a checkpoint: the epochs go on) and ends
-`success`. A sampler compares the ledger with the processes on the hosts every second: no GPU is
-held twice, and every process runs on GPUs its job holds. Nothing is left at the end."""
+api-server, two Celery workers, PostgreSQL, Redis; six emulated hosts of two GPUs, real torchrun):
+six durable trainings of two GPUs train, three watched from their task in a worker and three
+deferred (``deferrable=True``: watched from the triggerer, no worker slot held). Both workers
+and the triggerer are SIGKILLed with every process under them (the task processes included) and
+started again. Every job keeps running (the same processes on the hosts). Airflow finds the
+worker tasks' heartbeats gone and retries them; each retry reattaches (one launch per job, no
+resume from a checkpoint: the epochs go on) and ends `success`. The deferred tasks stay
+`deferred` on their first try: the new triggerer takes their triggers over and reattaches to
+their jobs, the same way. A sampler compares the ledger with the processes on the hosts every
+second: no GPU is held twice, and every process runs on GPUs its job holds. Nothing is left at
+the end."""
 
 from __future__ import annotations
 
@@ -35,27 +40,40 @@ from test_deployment_celery import LEDGER_CONN_ID, Sampler, _check_command  # no
 
 pytestmark = pytest.mark.slow
 
-DAG = "hg_durable_test"
-RUNS = ("durable-1", "durable-2", "durable-3", "durable-4")  # 2 GPUs each: the whole fleet of 8
+DAG, DEFERRED_DAG = "hg_durable_test", "hg_durable_deferred_test"
+RUNS = ("durable-1", "durable-2", "durable-3")  # watched from a worker; 2 GPUs each
+DEFERRED = ("deferred-1", "deferred-2", "deferred-3")  # watched from the triggerer: the fleet of 12 full
 TIMEOUT = 900  # safety nets only
 
 
+def dag_of(run_id: str) -> str:
+    return DEFERRED_DAG if run_id in DEFERRED else DAG
+
+
 def job_of(run_id: str) -> str:
-    return default_job_id(DAG, "train", run_id, None)
+    return default_job_id(dag_of(run_id), "train", run_id, None)
 
 
 def _attempts(airflow, run_id: str) -> dict[str, str]:
+    """The task's log files by try (``"1"``, ``"2"``) and, for its triggers, by
+    ``"1.log.trigger.<id>"`` (one file per trigger that ran it)."""
     out: dict[str, str] = {}
     for home in airflow.log_homes().values():
-        root = home / "logs" / f"dag_id={DAG}" / f"run_id={run_id}" / "task_id=train"
+        root = home / "logs" / f"dag_id={dag_of(run_id)}" / f"run_id={run_id}" / "task_id=train"
         for path in sorted(root.rglob("attempt=*.log")):
             key = path.stem.split("=", 1)[1]
             out[key] = out.get(key, "") + path.read_text(errors="replace")
     return out
 
 
+def _triggers(attempts: dict[str, str]) -> list[str]:
+    """The trigger logs of the first try, oldest trigger first (trigger ids grow)."""
+    keys = sorted((k for k in attempts if k.startswith("1.log.trigger.")), key=lambda k: int(k.rsplit(".", 1)[1]))
+    return [attempts[k] for k in keys]
+
+
 def _hosts() -> list:
-    """Four hosts of two GPUs named apart from other tests' ``node01``…: every emulated host is
+    """Six hosts of two GPUs named apart from other tests' ``node01``…: every emulated host is
     this machine, and another test's orphan sweep of its own ``node01`` reads every process's
     ``HETERO_GPU_HOST`` here (seen: it stopped this test's trainings on node01 and node02)."""
     from airflow_hetero_gpu.testing.demo import A100_80, HGX_A100_BUS, make_gpus, small_hosts
@@ -63,7 +81,7 @@ def _hosts() -> list:
 
     topo = small_hosts(1)[0].topology
     return [HostSpec(f"durable{n:02d}", make_gpus(f"durable{n:02d}", A100_80, HGX_A100_BUS[:2]), dict(topo))
-            for n in range(1, 5)]
+            for n in range(1, 7)]
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +122,10 @@ def deployment(services):
            "script_args": ["--epochs", "1000", "--sleep", "1", "--stop-file", f"{stops}/{{{{ run_id }}}}"],
            "inventory_max_age": 3600}
     durable = {"durable": True, "unattended_timeout": 240, "preemption_grace": 5, "lease_seconds": 260,
-               "host_timeout": 8, "retry_delay_s": 1}
+               # keepalives answered within 30 s: when the six jobs end at once, the tasks that finish
+               # them and the deferred ones resuming in a worker load two cores for tens of seconds
+               # (8 s gave up on two hosts whose jobs had just ended); a heartbeat every 7.5 s
+               "host_timeout": 30, "retry_delay_s": 1}
     ledger_db = services["ledger_url"].rsplit("/", 1)[1]
     env = {
         **conns,
@@ -125,6 +146,7 @@ def deployment(services):
             assert check.returncode == 0, out
             airflow.wait_until_ready(TIMEOUT)
             airflow.wait_for_dag(DAG, TIMEOUT)
+            airflow.wait_for_dag(DEFERRED_DAG, TIMEOUT)
             airflow.stops = stops
             airflow.ledger_url = services["ledger_url"]
             yield airflow
@@ -145,46 +167,71 @@ def _sigkill_worker_tree(airflow, worker: str) -> int:
 def test_every_celery_worker_sigkilled_every_training_reattaches(deployment, services):
     airflow = deployment
     cluster = services["cluster"]
+    everything = RUNS + DEFERRED
+    epoch = re.compile(r"epoch (\d+) loss")
+
+    def epochs_in(text: str) -> list[int]:
+        return [int(e) for e in epoch.findall(text)]
+
+    def watched(run_id: str, after_restart: bool) -> str:
+        """What the current watcher relayed: the try's log (a worker), the trigger's (deferred)."""
+        attempts = _attempts(airflow, run_id)
+        if run_id in DEFERRED:
+            triggers = _triggers(attempts)
+            return triggers[-1] if triggers and (len(triggers) >= 2 or not after_restart) else ""
+        return attempts.get("2" if after_restart else "1", "")
+
     sampler = Sampler(airflow, cluster)
     sampler.start()
     try:
         with airflow.client() as client:
-            for run_id in RUNS:
-                airflow.trigger_rest(DAG, run_id, {}, client=client)
-        epoch = re.compile(r"epoch (\d+) loss")
-        airflow.wait_for(lambda: all(len(epoch.findall(_attempts(airflow, r).get("1", ""))) >= 3 for r in RUNS),
+            for run_id in everything:
+                airflow.trigger_rest(dag_of(run_id), run_id, {}, client=client)
+        airflow.wait_for(lambda: all(len(epochs_in(watched(r, False))) >= 3 for r in everything),
                          TIMEOUT, "every training past epoch 3")
-        time.sleep(3)  # heartbeats carry the relayed offsets
-        before = {r: set(procs.with_env("HETERO_GPU_JOB_ID", job_of(r))) for r in RUNS}
+        states = {r: airflow.task_state(DEFERRED_DAG, r, "train") for r in DEFERRED}
+        assert states == {r: "deferred" for r in DEFERRED}, states  # no worker slot held
+        time.sleep(8)  # a heartbeat (every 7.5 s) carries the relayed offsets
+        before = {r: set(procs.with_env("HETERO_GPU_JOB_ID", job_of(r))) for r in everything}
         assert all(before.values()), before
         killed = {w: _sigkill_worker_tree(airflow, w) for w in airflow.workers}
-        for worker in airflow.workers:
-            airflow.restart(worker, signal.SIGKILL)  # the group too; then started again
+        for component in (*airflow.workers, "triggerer"):
+            airflow.restart(component, signal.SIGKILL)  # the group too; then started again
         airflow.wait_for(lambda: all("reattaching" in _attempts(airflow, r).get("2", "") for r in RUNS), TIMEOUT,
                          "every retry reattached")
-        for run_id in RUNS:  # the same processes train on
+        airflow.wait_for(lambda: all("watched from the triggerer" in watched(r, True) for r in DEFERRED), TIMEOUT,
+                         "every deferred run's new trigger reattached")
+        for run_id in everything:  # the same processes train on
             assert before[run_id] <= set(procs.with_env("HETERO_GPU_JOB_ID", job_of(run_id))), run_id
-        airflow.wait_for(lambda: all(len(epoch.findall(_attempts(airflow, r).get("2", ""))) >= 2 for r in RUNS),
+        airflow.wait_for(lambda: all(len(epochs_in(watched(r, True))) >= 2 for r in everything),
                          TIMEOUT, "every reattached training relaying new epochs")
-        for run_id in RUNS:
+        for run_id in everything:
             (airflow.stops / run_id).touch()
-        states = {r: airflow.wait_for_state(DAG, r, None, {"success", "failed"}, TIMEOUT) for r in RUNS}
+        states = {r: airflow.wait_for_state(dag_of(r), r, None, {"success", "failed"}, TIMEOUT) for r in everything}
     finally:
         sampler.stop()
     sampler.check()
-    logs = {r: _attempts(airflow, r) for r in RUNS}
-    assert states == {r: "success" for r in RUNS}, {r: t.get("2", "")[-3000:] for r, t in logs.items()}
+    logs = {r: _attempts(airflow, r) for r in everything}
+    assert states == {r: "success" for r in everything}, {r: "".join(t.values())[-3000:] for r, t in logs.items()}
     for run_id, attempts in logs.items():
         job = job_of(run_id)
         text = "".join(attempts.values())
-        assert set(attempts) == {"1", "2"}, attempts.keys()
         assert text.count(f"job {job}: starting on") == 1, text[-3000:]          # one launch per job
-        assert f"job {job}: reattached on" in attempts["2"]
-        first = [int(e) for e in epoch.findall(attempts["1"])]
-        second = [int(e) for e in epoch.findall(attempts["2"])]
-        assert first[0] == 1 and second and second[0] > 1, (first, second)       # no restart from scratch
-        assert sorted(set(first + second)) == list(range(1, max(second) + 1))     # continuous, none lost
-        assert "resumed" not in attempts["2"]
+        assert "resumed" not in text
+        if run_id in DEFERRED:  # one try; two triggers, the second reattached
+            assert {k for k in attempts if "trigger" not in k} == {"1"}, attempts.keys()
+            triggers = _triggers(attempts)
+            assert len(triggers) >= 2, attempts.keys()
+            first, second = epochs_in(triggers[0]), epochs_in("".join(triggers[1:]))
+        else:
+            assert set(attempts) == {"1", "2"}, attempts.keys()
+            assert f"job {job}: reattached on" in attempts["2"]
+            first, second = epochs_in(attempts["1"]), epochs_in(attempts["2"])
+        assert first[0] == 1 and second and second[0] > 1, (run_id, first, second)  # no restart from scratch
+        # continuous, none lost (a line relayed after the last heartbeat may be relayed again)
+        assert sorted(set(first + second)) == list(range(1, max(second) + 1)), (run_id, first, second)
+    tries = airflow.query("select run_id, try_number from task_instance where dag_id = ?", DEFERRED_DAG)
+    assert sorted(tries) == [(r, 1) for r in DEFERRED], tries
     # no GPU held twice; every process on GPUs its job holds (sampled every second throughout)
     assert len(sampler.samples) >= 10
     for sample in sampler.samples:
@@ -199,4 +246,4 @@ def test_every_celery_worker_sigkilled_every_training_reattaches(deployment, ser
         assert ledger.live_reservations() == []
     airflow.wait_for(lambda: not procs.with_env_marker(cluster.marker + ".", prefix=True), 120,
                      "no process left on the emulated hosts")
-    print(f"killed {killed} processes; every job reattached")
+    print(f"killed {killed} processes and the triggerer; every job reattached")

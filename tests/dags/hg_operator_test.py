@@ -108,3 +108,17 @@ def hg_durable_test():
 
 
 hg_durable_test()
+
+
+@dag(schedule=None, start_date=pendulum.datetime(2026, 1, 1), catchup=False, tags=["test"])
+def hg_durable_deferred_test():
+    """hg_durable_test with its run phase deferred (``deferrable=True``), beside it in one deployment."""
+    import datetime
+
+    overrides = json.loads(_cfg("DURABLE_CONFIG", "{}"))
+    overrides["deferrable"] = True
+    _train("train", retries=1, retry_delay=datetime.timedelta(seconds=overrides.pop("retry_delay_s", 1)),
+           **overrides)
+
+
+hg_durable_deferred_test()
