@@ -122,4 +122,30 @@ def kill_all(pids_by_depth: dict[int, int], timeout: float = 3.0) -> list[int]:
     while left and time.monotonic() < deadline:
         time.sleep(0.01)
         left = [p for p in left if alive(p)]
+    release_stale_pyenv_lock()
     return left
+
+
+def release_stale_pyenv_lock(root: str | os.PathLike[str] | None = None) -> bool:
+    """Remove pyenv's rehash lock when no ``pyenv rehash`` runs any more; True when removed.
+
+    The emulated hosts are this machine: their shells read this account's ``~/.bashrc`` (as sshd's
+    do), which on a pyenv machine runs ``pyenv init -`` and with it ``pyenv rehash``, which holds
+    ``$PYENV_ROOT/shims/.pyenv-shim`` while it runs. A shell SIGKILLed there by an emulated host's
+    death leaves the lock behind, and every later shell of every emulated host (and of this
+    machine) then waits 60 s for it. A real host's death takes its own disk's lock with it, so
+    emulating one must not leave it on the others: whoever kills an emulated host's processes
+    calls this afterwards."""
+    base = Path(root) if root is not None else Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    lock = base / "shims" / ".pyenv-shim"
+    if not lock.exists():
+        return False
+    for pid in all_pids():
+        cmd = command_line(pid)
+        if b"pyenv" in cmd and b"rehash" in cmd and alive(pid):
+            return False  # a rehash holds it, or is about to
+    try:
+        lock.unlink()
+    except FileNotFoundError:
+        return False
+    return True
