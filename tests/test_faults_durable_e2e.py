@@ -2,7 +2,8 @@
 retry) on the emulated cluster (real sshd per host), the job under each host's supervisor.
 
 A host the try cannot reach may still run its share of the job under its dead-man switch: its
-GPUs stay reserved until the switch has stopped it (docs/durability.md)."""
+GPUs stay reserved until the switch has stopped it (docs/durability.md). A host that reboots
+loses its share: the retry finds the job failed and launches afresh from the checkpoint."""
 
 from __future__ import annotations
 
@@ -45,6 +46,19 @@ def _on(job_id: str, host: str) -> bool:
 def _durable(tmp_path: Path, unattended: float, grace: float, **more) -> dict:
     return {"durable": True, "unattended_timeout": unattended, "preemption_grace": grace, "host_timeout": 6,
             "lease_seconds": unattended + grace + 15, "ledger_url": new_ledger(tmp_path / "ledger.db"), **more}
+
+
+def _reboot(cluster, host: str, job_id: str) -> None:
+    """``host`` goes down: its sshd and its sessions die first (the job's connection is lost, and
+    nothing can reach the host), then every process of the job there and its supervisor
+    (SIGKILL). Its run files stay, as a home directory does. (Not the ``host_down`` fault: it
+    SIGKILLs whatever the host's sessions started, a login shell's start-up files included, and
+    an interrupted start-up may leave a lock behind for every emulated host of this machine.)"""
+    cluster.inject_fault(host, "sshd_killed")
+    supervisor = int((Path.home() / ".hetero-gpu" / "run" / job_id / f"{host}.sup").read_text())
+    share = set(procs.with_env(JOB_ENV, job_id)) & set(procs.with_env(HOST_ENV, host))
+    assert share and procs.alive(supervisor)
+    assert procs.kill_all({pid: 0 for pid in share | {supervisor}}) == []
 
 
 def _retry_delay(seconds: float) -> dict[str, str]:
@@ -112,3 +126,47 @@ def test_durable_sshd_killed_on_a_host_its_gpus_stay_reserved_until_the_switch_t
     print(f"after the fault: node02's share stopped by its switch at {stopped_at:.1f} s, "
           f"the lease freed the GPUs at {freed_at:.1f} s")
 
+
+def test_durable_a_host_reboots_mid_training_the_retry_launches_afresh_from_the_checkpoint(
+        airflow_home, two_hosts, tmp_path):
+    """node02 reboots while the job holds after epoch 3 (its checkpoint saved): its sshd, the
+    job's share and its supervisor die (:func:`_reboot`), and once the first try has ended its
+    sshd comes back; its run files stay on disk, as a home directory does. The try fails (node02's connection is lost and it cannot
+    be swept while it is down: the reservation and the handle stay); the retry asks both hosts,
+    finds the job failed (node01 swept, node02's supervisor gone without an exit status), stops
+    what is left, releases, and launches afresh: resumed from epoch 3, it ends `success`."""
+    job_id = f"durable-reboot-{uuid.uuid4().hex[:8]}"
+    ckpt = tmp_path / "ckpt"
+    cfg = _durable(tmp_path, 60, 3, job_id=job_id, gpu_count=4, checkpoint_dir=str(ckpt),
+                   script_args=["--epochs", "6", "--hold-after-epoch", "3", "--hold-file", str(tmp_path / "never")])
+    on_hold, holding = _when(r"holding after epoch 3")
+    on_fail, first_failed = _when(r"\[DAG TEST\] end task task_id=train ")
+
+    def on_line(line: str) -> None:
+        on_hold(line)
+        on_fail(line)
+
+    # the retry comes 15 s after the first try failed; node02's sshd is back within its start timeout (10 s)
+    proc, pump, lines, _, cfg = start_dag(airflow_home, two_hosts, tmp_path, "durable-reboot", on_line,
+                                          dag_id="hg_durable_test", airflow_extra=_retry_delay(15), **cfg)
+    try:
+        assert holding.wait(240), "".join(lines)[-4000:]
+        assert _on(job_id, "node02")
+        _reboot(two_hosts, "node02", job_id)               # the machine goes down ...
+        assert not _on(job_id, "node02")
+        assert first_failed.wait(120), "".join(lines)[-5000:]
+        two_hosts.clear_fault("node02", "sshd_killed")    # ... and comes back
+        finish(proc, pump)
+    finally:
+        finish(proc, pump, timeout=30)
+    log = "".join(lines)
+    (tmp_path / "dags-test.log").write_text(log)
+    assert proc.returncode == 0, log[-6000:]
+    first, _, second = log.partition("[DAG TEST] end task task_id=train ")
+    assert re.search(rf"job {job_id}: could not stop its share on node02 \(unreachable\)", first), first[-5000:]
+    assert f"job {job_id}: reservation released" not in first
+    assert re.search(rf"job {job_id}: the earlier try's job cannot be reattached \(node01: gone[^;]*; node02: "
+                     r"failed \(its supervisor is gone without an exit status\)\)", second), second[-6000:]
+    assert re.search(r"rank \d resumed from epoch 3", second), second[-5000:]
+    assert re.findall(r"epoch (\d) loss", second) == ["4", "5", "6"], second[-5000:]
+    assert leftovers(job_id) == "" and _live(cfg["ledger_url"]) == []
