@@ -43,9 +43,12 @@ def _on(job_id: str, host: str) -> bool:
     return bool(set(procs.with_env(JOB_ENV, job_id)) & set(procs.with_env(HOST_ENV, host)))
 
 
-def _durable(tmp_path: Path, unattended: float, grace: float, **more) -> dict:
-    return {"durable": True, "unattended_timeout": unattended, "preemption_grace": grace, "host_timeout": 6,
-            "lease_seconds": unattended + grace + 15, "ledger_url": new_ledger(tmp_path / "ledger.db"), **more}
+def _durable(tmp_path: Path, unattended: float, grace: float, host_timeout: float, **more) -> dict:
+    """A durable task's arguments, the lease at its shortest. ``host_timeout`` leaves a loaded
+    machine room (its keepalives and heartbeats come every quarter of it, or of the switch's time)."""
+    return {"durable": True, "unattended_timeout": unattended, "preemption_grace": grace,
+            "host_timeout": host_timeout, "lease_seconds": unattended + grace + 15,
+            "ledger_url": new_ledger(tmp_path / "ledger.db"), **more}
 
 
 def _reboot(cluster, host: str, job_id: str) -> None:
@@ -77,7 +80,7 @@ def test_durable_sshd_killed_on_a_host_its_gpus_stay_reserved_until_the_switch_t
     its peers.)"""
     job_id = f"durable-sshd-{uuid.uuid4().hex[:8]}"
     unattended, grace = 20, 3
-    cfg = _durable(tmp_path, unattended, grace, job_id=job_id, gpu_count=4,
+    cfg = _durable(tmp_path, unattended, grace, 12, job_id=job_id, gpu_count=4,
                    command=["sh", "-c", 'while :; do echo "tick on $HETERO_GPU_HOST"; sleep 0.5; done'])
     ticks = {"node01": threading.Event(), "node02": threading.Event()}
 
@@ -137,7 +140,7 @@ def test_durable_a_host_reboots_mid_training_the_retry_launches_afresh_from_the_
     what is left, releases, and launches afresh: resumed from epoch 3, it ends `success`."""
     job_id = f"durable-reboot-{uuid.uuid4().hex[:8]}"
     ckpt = tmp_path / "ckpt"
-    cfg = _durable(tmp_path, 60, 3, job_id=job_id, gpu_count=4, checkpoint_dir=str(ckpt),
+    cfg = _durable(tmp_path, 60, 3, 30, job_id=job_id, gpu_count=4, checkpoint_dir=str(ckpt),
                    script_args=["--epochs", "6", "--hold-after-epoch", "3", "--hold-file", str(tmp_path / "never")])
     on_hold, holding = _when(r"holding after epoch 3")
     on_fail, first_failed = _when(r"\[DAG TEST\] end task task_id=train ")
@@ -159,6 +162,7 @@ def test_durable_a_host_reboots_mid_training_the_retry_launches_afresh_from_the_
         finish(proc, pump)
     finally:
         finish(proc, pump, timeout=30)
+        (tmp_path / "dags-test.log").write_text("".join(lines))
     log = "".join(lines)
     (tmp_path / "dags-test.log").write_text(log)
     assert proc.returncode == 0, log[-6000:]
