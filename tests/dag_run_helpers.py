@@ -54,14 +54,15 @@ def run_dag(home: Path, cluster, tmp_path: Path, **config):
 
 
 def start_dag(home: Path, cluster, tmp_path: Path, name: str, on_line: Callable[[str], None], *,
-              airflow_extra: dict[str, str] | None = None, **config):
+              airflow_extra: dict[str, str] | None = None, dag_id: str = "hg_train_test", **config):
     """Run the DAG in the background, calling ``on_line(line)`` for each output line:
     (process, pump thread, lines so far, decision file, config). ``airflow_extra``: more
-    environment for Airflow (``AIRFLOW__HETERO_GPU__...`` settings)."""
+    environment for Airflow (``AIRFLOW__HETERO_GPU__...`` settings, ``HG_TEST_DURABLE_CONFIG``);
+    ``dag_id``: another DAG of tests/dags/hg_operator_test.py (``hg_durable_test``: with a retry)."""
     cfg, out, env_conns = _config(cluster, tmp_path, name, config)
     env = airflow_env(home, DAGS, {**env_conns, "HG_TEST_CONFIG": json.dumps(cfg), "HG_TEST_OUT": str(out),
                                    **(airflow_extra or {})})
-    proc = subprocess.Popen([*airflow_command(), "dags", "test", "hg_train_test"], env=env,
+    proc = subprocess.Popen([*airflow_command(), "dags", "test", dag_id], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
 

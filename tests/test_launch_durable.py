@@ -155,3 +155,39 @@ def test_quick_exec_reports_the_status(two_hosts):
         assert quick_exec(client.get_transport(), "sh -c 'exit 4'") == 4
     finally:
         client.close()
+
+
+def test_unstopped_names_the_host_whose_share_could_not_be_stopped(two_hosts):
+    """node02's sshd dies under a supervised job: the job fails there, node01 is swept, and node02
+    cannot be reached, so its share runs on under its supervisor: ``unstopped()`` names it (the
+    operator keeps the reservation for it). Once node02 is reachable again a sweep ends it; a job
+    stopped everywhere leaves ``unstopped()`` empty."""
+    import shutil
+
+    from airflow_hetero_gpu.launch.orphans import kill_orphans
+
+    job_id = f"t-unstopped-{uuid.uuid4().hex[:8]}"
+    sup = Supervision(60, "TERM", 1, uuid.uuid4().hex[:12])
+    job = supervised_job(two_hosts, job_id, ["sh", "-c", "sleep 600"], Lines(), sup)
+    job.start()
+    wait_for(lambda: len(marked_pids(job_id)) >= 2, 30, "the job on both hosts")
+    two_hosts.inject_fault("node02", "sshd_killed")
+    try:
+        result = job.wait(timeout=60)
+        assert result.failure is not None and result.failure.host == "node02"
+        assert job.unstopped() == ["node02"], result.cleanup
+        assert result.cleanup["node01"].clean and result.cleanup["node02"].error
+        assert marked_pids(job_id)   # node02's share runs on
+    finally:
+        two_hosts.clear_fault("node02", "sshd_killed")
+    assert all(s.clean for s in kill_orphans(job_id, targets_of(two_hosts), factory_of(two_hosts), grace=1).values())
+    wait_for(lambda: not marked_pids(job_id), 10, "node02's share to end")
+    shutil.rmtree(Path.home() / ".hetero-gpu" / "run" / job_id)  # node02's files: no watcher came back for them
+
+    other = f"{job_id}-b"
+    job = supervised_job(two_hosts, other, ["sh", "-c", "sleep 600"], Lines(), sup)
+    job.start()
+    wait_for(lambda: len(marked_pids(other)) >= 2, 30, "the second job on both hosts")
+    job.kill()
+    assert job.wait(timeout=60).killed and job.unstopped() == []
+    assert_nothing_left(other, timeout=10)

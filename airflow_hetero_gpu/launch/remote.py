@@ -387,6 +387,15 @@ class RemoteJob:
                     log.warning("job %s: sweep of %s: %s", self.job_id, result.host,
                                 result.error or f"{len(result.left)} process(es) survived SIGKILL")
 
+    def unstopped(self) -> list[str]:
+        """The hosts where a share of the job may still run (after :meth:`kill` or :meth:`wait`):
+        started there, and neither seen to end (an exit status) nor swept clean (not reachable)."""
+        with self._lock:
+            runs, cleanup = list(self._runs), dict(self._cleanup)
+        lost_exit = supervisor.SUPERVISOR_LOST_EXIT if self.supervision is not None else None
+        return [r.host for r in runs if r.channel is not None and (
+            not cleanup[r.host].clean if r.host in cleanup else r.exit_code in (None, lost_exit))]
+
     def _remove_run_files(self, runs: Sequence[HostRun]) -> None:
         """The job ended on every host: its supervisors' files go (where the connection is up)."""
         assert self.supervision is not None

@@ -161,7 +161,11 @@ class DurableJob:
         _stats_incr("resumable_job.terminal_resubmit", self.tags)
         log.warning("job %s: the earlier try's job cannot be reattached (%s); stopping what is left of it, "
                     "releasing what it held and launching afresh", self.job_id, said)
-        self.abandon(handle)
+        unstopped = self.abandon(handle)
+        if unstopped:  # it may still run there: nothing launched, its GPUs stay held
+            raise AirflowException(f"job {self.job_id}: what is left of the earlier try's job could not be stopped "
+                                   f"on {', '.join(unstopped)}; nothing was launched or released; its lease holds "
+                                   "the GPUs until its hosts' dead-man switch has stopped it")
         return Resumed()
 
     def _take_lease(self) -> bool:
@@ -178,21 +182,26 @@ class DurableJob:
         self.runtime.lease_from = time.monotonic()
         return True
 
-    def abandon(self, handle: dict) -> None:
-        """Stop what is left of the handle's job on its hosts, release its GPUs, forget the handle."""
+    def abandon(self, handle: dict) -> list[str]:
+        """Stop what is left of the handle's job on its hosts, release its GPUs, forget the handle.
+        A host that cannot be swept (unreachable) may still run its share: then nothing is released
+        or forgotten (its lease outlives the dead-man switch there); returns such hosts."""
         from airflow_hetero_gpu.launch.orphans import kill_orphans
         from airflow_hetero_gpu.watching.targets import LazyTargets
 
         hosts, hook = list(handle["hosts"]), self.runtime.hook
         targets = LazyTargets(hook, hosts)
         grace = self.lifecycle.preemption_grace
-        for host, sweep in kill_orphans(self.job_id, [targets[h] for h in hosts], hook.client_factory(hosts),
-                                        grace=min(grace, 30.0)).items():
+        sweeps = kill_orphans(self.job_id, [targets[h] for h in hosts], hook.client_factory(hosts),
+                              grace=min(grace, 30.0))
+        for host, sweep in sweeps.items():
             if sweep.found:
                 self.log.warning("stopped %d leftover process(es) of job %s on %s", len(sweep.found),
                                  self.job_id, host)
-        self.runtime.release(self.job_id)
-        self.forget()
+        unstopped = [h for h, sweep in sweeps.items() if not sweep.clean]
+        if self.runtime.release(self.job_id, unstopped=unstopped):
+            self.forget()
+        return unstopped
 
     def _finished(self, handle: dict, status: dict) -> dict:
         from airflow_hetero_gpu.launch.supervisor import cleanup_command, quick_exec

@@ -23,7 +23,8 @@
    of its output; success releases the reservation and returns the decision with run facts.
 
 ``on_kill`` (task cleared or marked failed, timeout) ends every remote process group and
-releases the reservation.
+releases the reservation; a durable job's host that could not be reached keeps it reserved
+(docs/durability.md: the lease outlives the dead-man switch there).
 """
 
 from __future__ import annotations
@@ -445,13 +446,15 @@ class HeteroTrainOperator(BaseOperator):
             raise
         except BaseException:
             # whatever stopped us (a failure, a timeout, the task being killed): nothing of the
-            # job may outlive the task, and its GPUs go back at once
+            # job may outlive the task, and its GPUs go back at once; but a supervised job's share
+            # on a host that could not be stopped runs on until the dead-man switch there stops
+            # it: its GPUs stay reserved (the lease outlives the switch) and its handle stays, for
+            # a retry to ask the hosts again
             if self._job is not None:
                 self._job.kill()
             if factory is not None:
                 factory.settle()
-            self._release(job_id)
-            if dj is not None:
+            if self._release(job_id, unstopped=self._unstopped()) and dj is not None:
                 dj.forget()
             raise
         if runs[-1].get("preempted"):  # its GPUs went back with the preemption; its hosts are kept
@@ -467,10 +470,16 @@ class HeteroTrainOperator(BaseOperator):
     def _set_job(self, job) -> None:
         self._job = job
 
-    def _release(self, job_id: str, patience: float = 30.0) -> None:
+    def _release(self, job_id: str, patience: float = 30.0, unstopped: Sequence[str] = ()) -> bool:
         """Release the job's GPUs, retrying for ``patience`` s while the ledger is unreachable
-        (its lease frees them anyway when even that fails)."""
-        self.runtime.release(job_id, patience)
+        (its lease frees them anyway when even that fails); kept while ``unstopped`` names a host."""
+        return self.runtime.release(job_id, patience, unstopped)
+
+    def _unstopped(self) -> list[str]:
+        """The hosts where this try's supervised job may still run after its stop (unreachable):
+        none for a job that is not supervised (each host's watchdog ends it with its session)."""
+        job = self._job
+        return job.unstopped() if job is not None and job.supervision is not None else []
 
     def on_kill(self) -> None:
         if self._runtime is not None and self._runtime.waiting_job is not None:  # in the queue: leave it now
@@ -481,4 +490,4 @@ class HeteroTrainOperator(BaseOperator):
         if job is not None:
             self.log.info("task killed: stopping job %s on every host", job.job_id)
             job.kill()
-            self._release(job.job_id, patience=5.0)
+            self._release(job.job_id, patience=5.0, unstopped=self._unstopped())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 if TYPE_CHECKING:
     from airflow_hetero_gpu.hooks.hetero_gpu import HeteroGpuHook
@@ -48,9 +48,11 @@ class Runtime:
         conn_id = ledger_hook.conn_id()
         return {"ledger_conn_id": conn_id, "ledger_url": None if conn_id else ledger_hook.get_url()}
 
-    def release(self, job_id: str, patience: float = 30.0) -> None:
+    def release(self, job_id: str, patience: float = 30.0, unstopped: Sequence[str] = ()) -> bool:
         """Release the job's GPUs, retrying for ``patience`` s while the ledger is unreachable
-        (its lease frees them anyway when even that fails)."""
-        from airflow_hetero_gpu.watching.lease import release
+        (its lease frees them anyway when even that fails); not while a share of the job may still
+        run on a host of ``unstopped`` (:func:`~airflow_hetero_gpu.watching.lease.release_if_stopped`).
+        True when released."""
+        from airflow_hetero_gpu.watching.lease import release_if_stopped
 
-        release(lambda: self.ledger, job_id, self.log, patience)
+        return release_if_stopped(lambda: self.ledger, job_id, self.log, unstopped, patience)

@@ -10,7 +10,7 @@ can never be given to another job while still in use.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from airflow.sdk.exceptions import AirflowException
 
@@ -107,6 +107,22 @@ def release(ledger: Callable[[], Any], job_id: str, log: Any, patience: float = 
             return
         time.sleep(pause)
         pause = min(pause * 2, 8.0)
+
+
+def release_if_stopped(ledger: Callable[[], Any], job_id: str, log: Any, unstopped: Sequence[str],
+                       patience: float = 30.0) -> bool:
+    """Release the job's GPUs (:func:`release`) unless a share of the job may still run on a host
+    that could not be stopped (``unstopped``: a supervised job's host that is unreachable, or
+    rebooting): then the reservation stays, and its lease frees the GPUs only after that host's
+    dead-man switch has stopped the job (docs/durability.md, "The lease outlives the switch").
+    True when released."""
+    if unstopped:
+        log.warning("job %s: could not stop its share on %s (unreachable): its reservation is kept, so no other "
+                    "job is placed on its GPUs; its lease frees them after the dead-man switch there has stopped "
+                    "it", job_id, ", ".join(unstopped))
+        return False
+    release(ledger, job_id, log, patience)
+    return True
 
 
 def forget_hosts(ledger: Callable[[], Any], job_id: str, log: Any) -> None:
