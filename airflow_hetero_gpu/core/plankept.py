@@ -44,46 +44,44 @@ class _Parts:
         self.block_foreign = config.thresholds.foreign_processes == "block"
         self.memory: dict[float, np.ndarray] = {}
         self.unhealthy: list | None = None
-        # the last mask seen, its load array and each pool's packed slice: the next call's
-        # differ only where the mask changed (a few GPUs after an admission or a claim)
-        self._mask: np.ndarray | None = None
-        self._load: np.ndarray | None = None
-        self._slices: list[bytes] = []
-
-    def _changed(self, mask: np.ndarray) -> np.ndarray | None:
-        """Positions where ``mask`` differs from the last mask seen (None: no last mask)."""
-        if self._mask is None:
-            return None
-        return np.flatnonzero(mask != self._mask)
+        # the last mask seen, each pool's packed slice of it and its load array (None until
+        # asked for): the next call's mask differs only where an admission or a claim changed it.
+        # One tuple, replaced whole, so that passes in two threads never mix two masks' parts
+        self._last: tuple[np.ndarray, list[bytes], np.ndarray | None] | None = None
 
     def slices(self, mask: np.ndarray) -> list[bytes]:
         """Each pool's slice of ``mask``, packed: recomputed only for the pools where it changed."""
         c = self.cluster
-        changed = self._changed(mask)
-        if changed is None:
-            self._slices = [np.packbits(mask[p.positions]).tobytes() for p in c.pools]
-        elif len(changed):
-            slices = list(self._slices)
+        last = self._last
+        if last is None:
+            slices = [np.packbits(mask[p.positions]).tobytes() for p in c.pools]
+            self._last = (mask.copy(), slices, None)
+            return slices
+        old, slices, load = last
+        changed = np.flatnonzero(mask != old)
+        if len(changed):
+            slices = list(slices)
             for i in np.unique(c.pool_of[changed]).tolist():
                 slices[i] = np.packbits(mask[c.pools[i].positions]).tobytes()
-            self._slices = slices
-        if changed is None or len(changed):
-            if self._load is not None and changed is not None:  # the load follows the mask it was made for
-                load = self._load.copy()
+            if load is not None:  # never written to once made: a copy follows the mask
+                load = load.copy()
                 load[changed] = np.where(mask[changed], 1.0, c.base_load[changed])
-                self._load = load
-            else:
-                self._load = None
-            self._mask = mask.copy()
-        return self._slices
+            self._last = (mask.copy(), slices, load)
+        return slices
 
     def load(self, mask: np.ndarray) -> np.ndarray:
-        """The base load with the GPUs in ``mask`` at 1 (``mask`` is the one last given to :meth:`slices`)."""
-        if self._load is None:
-            load = self.cluster.base_load.copy()
-            load[mask] = 1.0
-            self._load = load
-        return self._load
+        """The base load with the GPUs in ``mask`` at 1 (made from the last mask's when it is that one)."""
+        last = self._last
+        if last is not None and np.array_equal(mask, last[0]):
+            if last[2] is None:
+                load = self.cluster.base_load.copy()
+                load[last[0]] = 1.0
+                self._last = (last[0], last[1], load)
+                return load
+            return last[2]
+        load = self.cluster.base_load.copy()
+        load[mask] = 1.0
+        return load
 
     def memory_ok(self, mib) -> np.ndarray | None:
         if not mib:
@@ -101,11 +99,7 @@ class _Parts:
         mask = np.asarray(mask, dtype=bool)
         if mask.shape != (n,):
             raise ValueError(f"reserved_mask: expected {n} entries, got {mask.shape}")
-        if self._mask is not None and np.array_equal(mask, self._mask):
-            load = self.load(mask)  # never written to once made: shared with the states before
-        else:
-            load = c.base_load.copy()
-            load[mask] = 1.0
+        load = self.load(mask)
         busy = load > b.thresholds.busy_utilization
         memory_ok = self.memory_ok(request.gpu_memory_mib)
         outside = c.has_processes & ~mask if self.block_foreign else np.zeros(n, dtype=bool)
