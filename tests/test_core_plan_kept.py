@@ -184,3 +184,16 @@ def test_passes_after_changes_decide_what_a_pass_from_scratch_decides(cluster):
     check(quotas=quotas, drained={c.hosts[7]: "maintenance"})
     check(quotas=quotas, evicted={c.gpus[40].key: ("xid-48",)})
     check(quotas=quotas)
+
+
+def test_a_request_plan_refuses_is_refused(cluster):
+    """A request that is a mistake (k > 1 of MIG instances) is refused as plan() refuses it."""
+    from airflow_hetero_gpu.errors import RequestError
+
+    req = PlanRequest(2, "A100 MIG 1g.10gb")
+    mask = np.zeros(len(cluster.gpus), dtype=bool)
+    with pytest.raises(RequestError) as want:
+        plan(cluster, req, reserved={}, reserved_mask=mask, explain=False)
+    with pytest.raises(RequestError) as got:
+        KeptPlans(cluster).plan(req, {}, mask)
+    assert str(got.value) == str(want.value)

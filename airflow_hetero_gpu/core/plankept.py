@@ -26,7 +26,7 @@ from airflow_hetero_gpu.core import filters
 from airflow_hetero_gpu.core.cluster import Cluster
 from airflow_hetero_gpu.core.config import ClusterConfig
 from airflow_hetero_gpu.core.model import GpuKey, PlanRequest, PlanResult, PoolReport
-from airflow_hetero_gpu.core.planner import cluster_state, conclude, pool_report, unhealthy_gpus
+from airflow_hetero_gpu.core.planner import check_mig_request, cluster_state, conclude, pool_report, unhealthy_gpus
 from airflow_hetero_gpu.core.view import ClusterState, PoolView
 
 #: reports kept at most (each keyed by a pool's packed mask: about 2.5 kB at 20,000 GPUs a pool)
@@ -167,6 +167,7 @@ class KeptPlans:
         holders) on ``cluster`` (default: the kept one; a copy of it with the ``idle`` GPUs
         released, for a target question: then ``idle`` is part of each pool's key)."""
         cluster = cluster if cluster is not None else self.cluster
+        check_mig_request(cluster, request)  # a mistake, refused as plan() refuses it
         parts = self.parts(cluster)
         kept, released = self._kept, idle is not None
         reports: list[PoolReport] = []

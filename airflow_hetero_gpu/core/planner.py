@@ -135,7 +135,7 @@ def plan(
     ``drained`` maps drained hosts to their reasons (:mod:`.drain`): none of their GPUs is placed on.
     """
     cfg = (config or cluster.config).with_weights(weights)
-    _check_mig_request(cluster, request)
+    check_mig_request(cluster, request)
     state = cluster_state(cluster, request, reserved, evicted, cfg, reserved_mask=reserved_mask, drained=drained)
     w = cfg.weights.model_dump()
     reports = [pool_report(pool, state, w, explain) for pool in cluster.pools]
@@ -197,7 +197,7 @@ def unhealthy_gpus(cluster: Cluster, state: ClusterState) -> list:
     return [_with_eviction(gpus[p], state.evicted) for p in sick] if state.evicted else [gpus[p] for p in sick]
 
 
-def _check_mig_request(cluster: Cluster, request: PlanRequest) -> None:
+def check_mig_request(cluster: Cluster, request: PlanRequest) -> None:
     """k > 1 of a MIG instance type is a mistake, not a lack of capacity: NCCL cannot span MIG
     instances (one process sees one instance), so no pool could ever host it."""
     if request.gpus <= 1 or not request.gpu_types:
