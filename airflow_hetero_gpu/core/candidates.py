@@ -138,8 +138,6 @@ def _best_fitting_host(c, pos, hid, starts, counts, keep, k: int) -> np.ndarray 
 class _SpanIndex:
     """The network as arrays over the cluster's hosts (built once per cluster)."""
 
-    pair_host: np.ndarray  # (host id, group number) pairs: every group a host is in
-    pair_group: np.ndarray
     group_tier: np.ndarray  # per group number, in spanning_groups order (domains, then switches)
     level_of: np.ndarray  # per host and level (domain, then each switch tier): group number or -1
     level_tier: tuple[int, ...]  # tier of each level
@@ -166,7 +164,6 @@ def _build_span_index(c) -> _SpanIndex | None:
     level_tier = (DOMAIN_TIER, *tiers)
     level_no = {t: i for i, t in enumerate(level_tier)}
     level_of = np.full((len(c.hosts), len(level_tier)), -1, dtype=np.int64)
-    ph, pg = [], []
     for g, (_, tier, members) in enumerate(groups):
         lv = level_no[tier]
         for h in members:
@@ -176,11 +173,8 @@ def _build_span_index(c) -> _SpanIndex | None:
             if level_of[i, lv] != -1:
                 return None  # under two groups of one tier: not a tree
             level_of[i, lv] = g
-            ph.append(i)
-            pg.append(g)
     unit = (NVLINK_DOMAIN_DISTANCE, *(INTER_HOST_UNIT * t for t in tiers))
-    return _SpanIndex(np.asarray(ph, dtype=np.int64), np.asarray(pg, dtype=np.int64),
-                      np.asarray([t for _, t, _ in groups], dtype=np.int64), level_of, level_tier, unit)
+    return _SpanIndex(np.asarray([t for _, t, _ in groups], dtype=np.int64), level_of, level_tier, unit)
 
 
 def _spanning_hosts(c, pos, host_ids, starts, counts, k: int) -> np.ndarray | None:
@@ -193,14 +187,15 @@ def _spanning_hosts(c, pos, host_ids, starts, counts, k: int) -> np.ndarray | No
     m = int(np.searchsorted(np.cumsum(counts[order]), k) + 1)
     if m > n:
         return None
-    local = np.full(len(c.hosts), -1, dtype=np.int64)
-    local[host_ids] = np.arange(n)
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n)
-    # every group's m best hosts: (group, rank)-sorted pairs, the first m of each group
-    sel = local[idx.pair_host] >= 0
-    p_local = local[idx.pair_host[sel]]
-    p_group = idx.pair_group[sel]
+    # every group's m best hosts: (group, rank)-sorted pairs, the first m of each group; the
+    # pairs of these hosts read from their rows of ``level_of`` (one group per level), not
+    # filtered out of the whole network's pairs
+    lv = idx.level_of[host_ids]
+    inside = lv >= 0
+    p_local = np.broadcast_to(np.arange(n)[:, None], lv.shape)[inside]
+    p_group = lv[inside]
     p_rank = rank[p_local]
     srt = np.lexsort((p_rank, p_group))
     p_local, p_group = p_local[srt], p_group[srt]

@@ -135,37 +135,50 @@ def plan(
     ``drained`` maps drained hosts to their reasons (:mod:`.drain`): none of their GPUs is placed on.
     """
     cfg = (config or cluster.config).with_weights(weights)
-    _check_mig_request(cluster, request)
+    check_mig_request(cluster, request)
     state = cluster_state(cluster, request, reserved, evicted, cfg, reserved_mask=reserved_mask, drained=drained)
     w = cfg.weights.model_dump()
-    reports: list[PoolReport] = []
+    reports = [pool_report(pool, state, w, explain) for pool in cluster.pools]
+    return conclude(cluster, request, reports, unhealthy_gpus(cluster, state))
+
+
+def pool_report(pool, state: ClusterState, w: Mapping[str, float], explain: bool = True) -> PoolReport:
+    """One pool's report for ``state``'s request (S4-S7): it reads only that pool's GPUs (and
+    their hosts' GPUs of the same pool), so a caller may keep it while those do not change."""
+    request = state.request
+    view = PoolView(pool, state)
+    rep = PoolReport(pool.id, pool.card_type, pool.task_types, view.gpu_count, view.healthy_count,
+                     view.available_count)
+    rep.reason = _first_failure(filters.PRIMARY, view)
+    if rep.reason is not None:
+        rep.stage = "rejected"
+        return rep
+    if not explain and view.available_count < request.gpus:
+        rep.stage = "primary"
+        rep.explain = partial(_first_failure, filters.PRESELECT, view)
+        return rep
+    rep.reason = _first_failure(filters.PRESELECT, view)
+    if rep.reason is not None:
+        rep.stage = "primary"
+        return rep
+    cluster = state.cluster
+    view.selection = select_gpus(host_candidates(view, request.gpus), request.gpus, cluster.matrices, cluster.net)
+    if view.selection is None:  # cannot happen when enough are available; kept as a guard
+        rep.stage, rep.reason = "primary", "no set of available GPUs found"
+        return rep
+    rep.stage = "preselected"
+    rep.selection = tuple(GpuKey(*k) for k in view.selection.keys)
+    rep.mean_distance = view.selection.mean_distance
+    rep.score = evaluate(view, w)
+    return rep
+
+
+def conclude(cluster: Cluster, request: PlanRequest, reports: list[PoolReport], unhealthy: list) -> PlanResult:
+    """S8: the scheduling pool among the preselected ``reports`` (in pool order), the others'
+    reasons, the decision."""
     best: PoolReport | None = None
-    for pool in cluster.pools:
-        view = PoolView(pool, state)
-        rep = PoolReport(pool.id, pool.card_type, pool.task_types, view.gpu_count, view.healthy_count,
-                         view.available_count)
-        reports.append(rep)
-        rep.reason = _first_failure(filters.PRIMARY, view)
-        if rep.reason is not None:
-            rep.stage = "rejected"
-            continue
-        if not explain and view.available_count < request.gpus:
-            rep.stage = "primary"
-            rep.explain = partial(_first_failure, filters.PRESELECT, view)
-            continue
-        rep.reason = _first_failure(filters.PRESELECT, view)
-        if rep.reason is not None:
-            rep.stage = "primary"
-            continue
-        view.selection = select_gpus(host_candidates(view, request.gpus), request.gpus, cluster.matrices, cluster.net)
-        if view.selection is None:  # cannot happen when enough are available; kept as a guard
-            rep.stage, rep.reason = "primary", "no set of available GPUs found"
-            continue
-        rep.stage = "preselected"
-        rep.selection = tuple(GpuKey(*k) for k in view.selection.keys)
-        rep.mean_distance = view.selection.mean_distance
-        rep.score = evaluate(view, w)
-        if best is None or _better(rep, best):
+    for rep in reports:
+        if rep.stage == "preselected" and (best is None or _better(rep, best)):
             best = rep
     decision = None
     if best is not None:
@@ -174,13 +187,17 @@ def plan(
             if rep.stage == "preselected":
                 rep.reason = _lost_because(rep, best)
         decision = Decision(best.pool, [cluster.gpu(k) for k in best.selection], best.score, best.mean_distance)
-    sick = np.flatnonzero(~state.healthy & cluster.is_whole_gpu).tolist()  # an instance is sick when its GPU is
-    gpus = cluster.gpus
-    unhealthy = [_with_eviction(gpus[p], state.evicted) for p in sick] if state.evicted else [gpus[p] for p in sick]
     return PlanResult(request, decision, reports, unhealthy, dict(cluster.host_errors))
 
 
-def _check_mig_request(cluster: Cluster, request: PlanRequest) -> None:
+def unhealthy_gpus(cluster: Cluster, state: ClusterState) -> list:
+    """The GPUs not healthy (evicted ones with their eviction's reasons): a plan's ``unhealthy``."""
+    sick = np.flatnonzero(~state.healthy & cluster.is_whole_gpu).tolist()  # an instance is sick when its GPU is
+    gpus = cluster.gpus
+    return [_with_eviction(gpus[p], state.evicted) for p in sick] if state.evicted else [gpus[p] for p in sick]
+
+
+def check_mig_request(cluster: Cluster, request: PlanRequest) -> None:
     """k > 1 of a MIG instance type is a mistake, not a lack of capacity: NCCL cannot span MIG
     instances (one process sees one instance), so no pool could ever host it."""
     if request.gpus <= 1 or not request.gpu_types:

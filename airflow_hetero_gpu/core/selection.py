@@ -184,7 +184,7 @@ def _span_hosts(hosts: Sequence[HostAvail], k: int, matrices, net: NetworkTiers)
             members.setdefault(name, []).append(h)
     best: tuple | None = None
     best_tier = None
-    for name, tier, _ in net.spanning_groups(by_name):
+    for name, tier in net.spanning_groups_among(members):
         if best_tier is not None and tier > best_tier:
             break
         inside = order if name in ("(all hosts)", "(no common switch)") else members.get(name, [])

@@ -90,6 +90,8 @@ def _shortest_paths(wiring: HostWiring) -> np.ndarray:
 
 REGISTRY = _DistanceRegistry()
 
+_WHOLE_SET = ("(all hosts)", "(no common switch)")  # the names a selection reads as every host
+
 
 @dataclass
 class NetworkTiers:
@@ -159,6 +161,26 @@ class NetworkTiers:
         if self.flat:
             return [*domains, ("(all hosts)", 1, everyone)]
         return [*domains, *self.groups, ("(no common switch)", self.max_tier + 1, everyone)]
+
+    def spanning_groups_among(self, names: Iterable[str]) -> list[tuple[str, int]]:
+        """(name, tier) of the :meth:`spanning_groups` a host set can use, in the same order:
+        the domains and switches named in ``names`` (the groups its hosts hang under), then the
+        whole set. The others hold none of its hosts; at 100,000 GPUs there are thousands of
+        them, so this is what a multi-host selection walks instead of every group."""
+        kept = self.__dict__.get("_span_order")
+        if kept is None or kept[0] is not self.groups or kept[1] is not self.domains or kept[2] != self.flat:
+            entries = [(n, DOMAIN_TIER) for n in self.domains] + ([] if self.flat else [(n, t) for n, t, _ in self.groups])
+            where: dict[str, list[int]] = {}
+            for i, (n, _) in enumerate(entries):
+                where.setdefault(n, []).append(i)
+            special = [i for i, (n, _) in enumerate(entries) if n in _WHOLE_SET]  # taken as the whole set
+            kept = self.__dict__["_span_order"] = (self.groups, self.domains, self.flat, entries, where, special)
+        entries, where, special = kept[3], kept[4], kept[5]
+        found = set(special)
+        for n in names:
+            found.update(where.get(n, ()))
+        last = ("(all hosts)", 1) if self.flat else ("(no common switch)", self.max_tier + 1)
+        return [entries[i] for i in sorted(found)] + [last]
 
 
 def mean_distance(keys: Sequence[tuple], host_matrix, net: NetworkTiers) -> float:

@@ -95,7 +95,11 @@ class PoolView:
 
     @property
     def healthy_loads(self) -> np.ndarray:
-        return self.state.load[self.pool.positions[self._mask("healthy")]]
+        """The loads of the pool's healthy GPUs (read by two scorers: gathered once)."""
+        loads = self._cache.get("healthy_loads")
+        if loads is None:
+            loads = self._cache["healthy_loads"] = self.state.load[self.pool.positions[self._mask("healthy")]]
+        return loads
 
     def positions_where(self, name: str, value: bool = True) -> np.ndarray:
         m = self._mask(name)

@@ -8,7 +8,8 @@ An admission pass asks a :class:`Placer` two kinds of question about a waiting j
   ``blocked`` marking GPUs it may not claim.
 
 :class:`PlannerPlacer` answers both with :func:`~airflow_hetero_gpu.core.planner.plan` (the
-product's placer); the simulator wraps its baseline policies the same way, so one admission
+product's placer), through :class:`~airflow_hetero_gpu.core.plankept.KeptPlans`, which keeps the
+reports of the pools whose GPUs did not change since it last answered; the simulator wraps its baseline policies the same way, so one admission
 function runs every policy.
 """
 
@@ -24,7 +25,7 @@ from airflow_hetero_gpu.core.admission.model import QueueEntry
 from airflow_hetero_gpu.core.cluster import Cluster
 from airflow_hetero_gpu.core.config import ClusterConfig
 from airflow_hetero_gpu.core.model import GpuKey, PlanResult
-from airflow_hetero_gpu.core.planner import plan
+from airflow_hetero_gpu.core.plankept import KeptPlans
 
 
 @dataclass(frozen=True)
@@ -66,11 +67,15 @@ class PlannerPlacer:
     """
 
     def __init__(self, cluster: Cluster, *, evicted: Mapping[GpuKey, Sequence[str]] | None = None,
-                 config: ClusterConfig | None = None, drained: Mapping[str, str] | None = None) -> None:
+                 config: ClusterConfig | None = None, drained: Mapping[str, str] | None = None,
+                 kept: KeptPlans | None = None) -> None:
         self.cluster = cluster
         self.evicted = evicted or {}
         self.drained = drained or {}
         self.config = config
+        # plan() with every pool's report kept while its GPUs do not change (one admission keeps
+        # it on the cluster between passes): the same answers
+        self.kept = kept or KeptPlans(cluster, evicted=self.evicted, config=config, drained=self.drained)
         self._released: tuple[np.ndarray, Cluster] | None = None
         self._memory_total: np.ndarray | None = None
 
@@ -94,8 +99,7 @@ class PlannerPlacer:
     def __call__(self, entry: QueueEntry, blocked: np.ndarray, holders: Mapping[GpuKey, str],
                  idle: np.ndarray | None = None) -> Placement:
         cluster = self.cluster if idle is None else self.released(idle)
-        result = plan(cluster, entry.request, reserved=holders, reserved_mask=blocked, evicted=self.evicted,
-                      config=self.config, drained=self.drained, explain=False)
+        result = self.kept.plan(entry.request, holders, blocked, cluster=cluster, idle=idle)
         if result.decision is None:
             return Placement(result=result)
         return Placement(tuple(result.decision.keys), result.decision.pool, result)

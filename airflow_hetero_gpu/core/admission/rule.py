@@ -45,6 +45,7 @@ from airflow_hetero_gpu.core.cluster import Cluster
 from airflow_hetero_gpu.core.config import ClusterConfig
 from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
 from airflow_hetero_gpu.core.planner import cluster_state
+from airflow_hetero_gpu.core.plankept import KeptPlans
 from airflow_hetero_gpu.core.view import PoolView
 from airflow_hetero_gpu.errors import RequestError
 
@@ -66,16 +67,20 @@ class Admission:
         self.config = (config or cluster.config).with_weights(weights)
         self.evicted = {GpuKey(*k): tuple(v) for k, v in (evicted or {}).items()}
         self.aging = check_aging(aging_interval_s)
-        self.placer = placer or PlannerPlacer(cluster, evicted=self.evicted, config=self.config, drained=self.drained)
         static = self._static(cluster, config, weights)
-        self._base, self.loaded, self.host_pool, self._accepts = static
+        self._base, self.loaded, self.host_pool, self._accepts, plans = static
+        self.placer = placer or PlannerPlacer(cluster, evicted=self.evicted, config=self.config, drained=self.drained,
+                                              kept=plans)
         self.on_drained = self._base.on_drained
         self.healthy = self._base.healthy  # healthy and not evicted
 
     def _static(self, cluster: Cluster, config: ClusterConfig | None, weights) -> tuple:
         """What depends only on the cluster, its configuration, the evictions and the drained
         hosts: kept on the cluster object for the next pass over it with the same evictions and
-        drains (the ledger keeps its cluster between passes), built here otherwise."""
+        drains (the ledger keeps its cluster between passes), built here otherwise. The planner's
+        pool reports (:class:`~airflow_hetero_gpu.core.plankept.KeptPlans`) are kept with them:
+        each is keyed by its request and its pool's reserved GPUs, so a pass after a change finds
+        the reports of the pools it did not touch."""
         key = None
         if (config is None or config is cluster.config) and not weights:
             key = (frozenset(self.evicted.items()), frozenset(self.drained.items()))
@@ -98,7 +103,8 @@ class Admission:
         first[has_gpus] = cluster.pool_of[starts[:-1][has_gpus]]
         mixed = np.zeros(len(cluster.hosts), dtype=bool)
         np.logical_or.at(mixed, cluster.host_of, cluster.pool_of != first[cluster.host_of])
-        out = (base, loaded, np.where(mixed, -1, first), {})
+        plans = KeptPlans(cluster, evicted=self.evicted, config=self.config, drained=self.drained)
+        out = (base, loaded, np.where(mixed, -1, first), {}, plans)
         if key is not None:
             if len(kept) >= 8:  # evictions and drains come and go: keep the latest few
                 kept.pop(next(iter(kept)))
