@@ -22,9 +22,10 @@ system-test:
 
 # two test processes (pytest-xdist; TEST_WORKERS=0 runs in one), then the tests marked serial
 # alone: they stop every orphaned training process on the machine, other tests' jobs among them
+# (the 30 longest tests are listed at the end: where the time goes)
 TEST_WORKERS ?= 2
 test: system-test $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not serial"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not serial" --durations=30
 	$(PY) -m pytest -q -m serial
 
 # the inner loop: every test but the slow ones (tests/slow_tests.txt, measured; 2.5 s or more)
