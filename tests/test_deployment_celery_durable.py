@@ -20,7 +20,7 @@ import json
 import re
 import signal
 import subprocess
-import time
+from pathlib import Path
 
 import pytest
 
@@ -70,6 +70,20 @@ def _triggers(attempts: dict[str, str]) -> list[str]:
     """The trigger logs of the first try, oldest trigger first (trigger ids grow)."""
     keys = sorted((k for k in attempts if k.startswith("1.log.trigger.")), key=lambda k: int(k.rsplit(".", 1)[1]))
     return [attempts[k] for k in keys]
+
+
+def _heartbeat_epochs(job_id: str) -> int:
+    """The epochs the job's last heartbeat counted as relayed: its host's output file up to the
+    offset that heartbeat recorded (``<host>.relayed``, written with it)."""
+    best = 0
+    for relayed in (Path.home() / ".hetero-gpu" / "run" / job_id).glob("*.relayed"):
+        try:
+            offset = int(relayed.read_text().split()[0])
+            out = relayed.with_suffix(".out").read_bytes()[:offset]
+        except (OSError, ValueError, IndexError):
+            continue
+        best = max(best, len(re.findall(rb"epoch \d+ loss", out)))
+    return best
 
 
 def _hosts() -> list:
@@ -191,7 +205,9 @@ def test_every_celery_worker_sigkilled_every_training_reattaches(deployment, ser
                          TIMEOUT, "every training past epoch 3")
         states = {r: airflow.task_state(DEFERRED_DAG, r, "train") for r in DEFERRED}
         assert states == {r: "deferred" for r in DEFERRED}, states  # no worker slot held
-        time.sleep(8)  # a heartbeat (every 7.5 s) carries the relayed offsets
+        # each host's last heartbeat recorded offsets past epoch 2: the next watcher goes on from there
+        airflow.wait_for(lambda: all(_heartbeat_epochs(job_of(r)) >= 2 for r in everything), TIMEOUT,
+                         "a heartbeat past epoch 2 on every job's host")
         before = {r: set(procs.with_env("HETERO_GPU_JOB_ID", job_of(r))) for r in everything}
         assert all(before.values()), before
         killed = {w: _sigkill_worker_tree(airflow, w) for w in airflow.workers}
