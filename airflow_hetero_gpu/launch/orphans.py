@@ -151,6 +151,12 @@ def find_orphans(job_id: str, targets: Sequence[SshTarget], client_factory: Clie
                           max_parallel=max_parallel)
 
 
+def unstopped(results: dict[str, SweepResult]) -> list[str]:
+    """The hosts of a kill sweep's ``results`` where something of the job may still run: the
+    sweep could not reach them, or a process survived it."""
+    return [host for host, result in results.items() if not result.clean]
+
+
 def kill_orphans(job_id: str, targets: Sequence[SshTarget], client_factory: ClientFactory, *,
                  grace: float = 10.0, max_parallel: int = 8) -> dict[str, SweepResult]:
     """End every process of ``job_id`` on each target host: SIGTERM, ``grace`` s, SIGKILL.
@@ -230,5 +236,5 @@ def sweep_unreserved(targets: Sequence[SshTarget], client_factory: ClientFactory
 
 __all__ = [
     "HostOrphans", "KILL_WAIT_S", "RemoteProcess", "SWEEP_SCRIPT", "SweepResult", "find_orphans", "jobs_on_host",
-    "kill_orphans", "parse_sweep_output", "sweep_command", "sweep_host", "sweep_unreserved",
+    "kill_orphans", "parse_sweep_output", "sweep_command", "sweep_host", "sweep_unreserved", "unstopped",
 ]

@@ -186,7 +186,7 @@ class DurableJob:
         """Stop what is left of the handle's job on its hosts, release its GPUs, forget the handle.
         A host that cannot be swept (unreachable) may still run its share: then nothing is released
         or forgotten (its lease outlives the dead-man switch there); returns such hosts."""
-        from airflow_hetero_gpu.launch.orphans import kill_orphans
+        from airflow_hetero_gpu.launch.orphans import kill_orphans, unstopped
         from airflow_hetero_gpu.watching.targets import LazyTargets
 
         hosts, hook = list(handle["hosts"]), self.runtime.hook
@@ -198,10 +198,10 @@ class DurableJob:
             if sweep.found:
                 self.log.warning("stopped %d leftover process(es) of job %s on %s", len(sweep.found),
                                  self.job_id, host)
-        unstopped = [h for h, sweep in sweeps.items() if not sweep.clean]
-        if self.runtime.release(self.job_id, unstopped=unstopped):
+        left = unstopped(sweeps)
+        if self.runtime.release(self.job_id, unstopped=left):
             self.forget()
-        return unstopped
+        return left
 
     def _finished(self, handle: dict, status: dict) -> dict:
         from airflow_hetero_gpu.launch.supervisor import cleanup_command, quick_exec

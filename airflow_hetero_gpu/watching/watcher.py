@@ -176,7 +176,7 @@ class RunWatcher:
 
     def stop(self, grace: float) -> None:
         """Stop the job on every host (SIGTERM, ``grace``, SIGKILL) and release its GPUs."""
-        from airflow_hetero_gpu.launch.orphans import kill_orphans
+        from airflow_hetero_gpu.launch.orphans import kill_orphans, unstopped
         from airflow_hetero_gpu.watching.lease import release_if_stopped
 
         self.log.info("task killed: stopping job %s on every host", self.job_id)
@@ -184,8 +184,7 @@ class RunWatcher:
             self._done = True
         targets, factory = self._targets()
         sweeps = kill_orphans(self.job_id, [targets[h] for h in self.t.hosts], factory, grace=grace)
-        release_if_stopped(self.ledger, self.job_id, self.log, [h for h, s in sweeps.items() if not s.clean],
-                           patience=5.0)
+        release_if_stopped(self.ledger, self.job_id, self.log, unstopped(sweeps), patience=5.0)
         self._close()
 
     def _close(self) -> None:

@@ -9,8 +9,8 @@ An admission pass asks a :class:`Placer` two kinds of question about a waiting j
 
 :class:`PlannerPlacer` answers both with :func:`~airflow_hetero_gpu.core.planner.plan` (the
 product's placer), through :class:`~airflow_hetero_gpu.core.plankept.KeptPlans`, which keeps the
-reports of the pools whose GPUs did not change since it last answered; the simulator wraps its baseline policies the same way, so one admission
-function runs every policy.
+reports of the pools whose GPUs did not change since it last answered; the simulator wraps its
+baseline policies the same way, so one admission function runs every policy.
 """
 
 from __future__ import annotations
