@@ -23,6 +23,7 @@ from airflow_hetero_gpu.collect.gather import QUERY_COMMAND
 from airflow_hetero_gpu.collect.targets import SshTarget
 from airflow_hetero_gpu.testing import nvsmi, procs
 from airflow_hetero_gpu.testing.cluster import EmulatedCluster
+from airflow_hetero_gpu.testing.cluster_base import SYSTEM_PATH
 from airflow_hetero_gpu.testing.demo import FAULTY_GPU, small_hosts
 from airflow_hetero_gpu.testing.embedded import EmbeddedCluster, EmbeddedServerError
 from cluster_fixtures import embedded_cluster  # noqa: F401
@@ -136,8 +137,8 @@ def test_other_commands_run_as_real_processes_with_the_host_environment(embedded
     done = run(cluster, "node02", 'echo "$PATH"; echo "$HETERO_GPU_EMU_STATE"; echo "$HOME"; '
                                   'command -v nvidia-smi; nvidia-smi -L | wc -l; echo err >&2; exit 3')
     path, state, home, tool, count = done.stdout.splitlines()
-    entries = path.split(":")  # (the account's ~/.bashrc may put more in front, as under sshd)
-    assert entries.index(str(host.bin_dir)) < entries.index("/usr/bin")
+    # exactly the host's PATH: the account's ~/.bashrc is not read (SHLVL=1, as the sshd cluster)
+    assert path == ":".join((str(host.bin_dir),) + cluster._software_path() + SYSTEM_PATH)
     assert state == str(host.state_file) and home == str(Path.home())
     assert tool == str(host.bin_dir / "nvidia-smi") and count == "1"
     assert (done.returncode, done.stderr) == (3, "err\n")

@@ -16,6 +16,7 @@ import pytest
 
 from airflow_hetero_gpu.testing import procs
 from airflow_hetero_gpu.testing.cluster import EmulatedCluster
+from airflow_hetero_gpu.testing.cluster_base import SYSTEM_PATH
 from airflow_hetero_gpu.testing.demo import FAULTY_GPU, small_hosts
 from cluster_fixtures import emulated_cluster  # noqa: F401
 from airflow_hetero_gpu.testing.sshd import Sshd, SshdError, find_sshd, free_port, generate_key
@@ -79,6 +80,18 @@ def test_remote_nvidia_smi_reflects_state_changes(emulated_cluster):
     assert lines[:2] == ["0, 0 %, 4 MiB", "1, 93 %, 70000 MiB"]
     assert lines[2] == "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID"
     assert lines[3] == str(cluster.host("node01").state_file)
+
+
+def test_the_hosts_shells_start_bare_with_exactly_the_hosts_path(emulated_cluster):
+    # not the account's ~/.bashrc (on a machine whose ~/.bashrc runs `pyenv init -`, that put the
+    # shims in front and cost 140 ms of CPU per command)
+    cluster = emulated_cluster(small_hosts(1, gpus=1))
+    host = cluster.host("node01")
+    done = ssh(cluster, "node01", 'echo "$PATH"; command -v nvidia-smi')
+    assert done.returncode == 0, done.stderr
+    path, tool = done.stdout.splitlines()
+    assert path == ":".join((str(host.bin_dir),) + cluster._software_path() + SYSTEM_PATH)
+    assert tool == str(host.bin_dir / "nvidia-smi")
 
 
 def test_update_gpu_refuses_unknown_fields(emulated_cluster):

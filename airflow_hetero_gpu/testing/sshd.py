@@ -100,6 +100,7 @@ class Sshd:
         # option: SetEnv", which start() reports); the values may not contain spaces.
         # HETERO_GPU_SCOPE: the emulated hosts share this machine's process table; a sweep on one
         # counts only the processes of its own host (launch/command.py, SCOPE_ENV).
+        # SHLVL=1: bash skips the account's ~/.bashrc (docs/emulated-cluster.md, "Start-up files").
         for value in (self.path_value, str(self.state_file), self.env_marker):
             if any(c.isspace() or c == '"' for c in value):
                 raise SshdError(f"path {value!r} contains whitespace or quotes; use another root")
@@ -127,7 +128,7 @@ class Sshd:
                 "LoginGraceTime 30",
                 f"LogLevel {self.log_level}",
                 f"SetEnv PATH={self.path_value} HETERO_GPU_EMU_STATE={self.state_file} "
-                f"HETERO_GPU_EMU_MARKER={self.env_marker} HETERO_GPU_SCOPE={self.env_marker}",
+                f"HETERO_GPU_EMU_MARKER={self.env_marker} HETERO_GPU_SCOPE={self.env_marker} SHLVL=1",
                 "",
             ]),
             encoding="utf-8",

@@ -393,6 +393,8 @@ class EmbeddedHost:
             "HETERO_GPU_EMU_STATE": self.entry.state, "HETERO_GPU_EMU_MARKER": self.entry.marker,
             # hosts that share this machine's process table: a sweep counts only its own host's jobs
             "HETERO_GPU_SCOPE": self.entry.marker,
+            # not this machine's ~/.bashrc (docs/emulated-cluster.md, "Start-up files")
+            "SHLVL": "1",
         }
 
     # -- listening -----------------------------------------------------------------------------
