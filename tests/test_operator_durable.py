@@ -116,13 +116,21 @@ def test_the_handle_is_stored_with_its_version_and_forgotten():
 
 
 def test_a_retry_that_cannot_reach_a_host_of_the_job_launches_nothing_and_releases_nothing(tmp_path, monkeypatch):
-    """The handle names a host the retry cannot ask: the job may still run there, so its GPUs stay
-    held (the task's retries try again later), and nothing is launched."""
+    """The handle names a host the retry cannot ask while the job's reservation lives: the job may
+    still run there, so its GPUs stay held (the task's retries try again later), and nothing is
+    launched. (Once the lease has run out: tests/test_preempt_unreachable.py.)"""
     from airflow.sdk.exceptions import AirflowException
 
+    from airflow_hetero_gpu.core.model import PlanRequest
     from airflow_hetero_gpu.launch.supervisor import HostStatus
+    from test_ledger_queue import LONG, fill
 
-    op = HeteroTrainOperator(**BASE)
+    url = new_ledger(tmp_path / "ledger.db")
+    with Ledger.from_url(url) as led:
+        fill(led)
+        assert led.enqueue("j", PlanRequest(2), lease_seconds=LONG).admitted
+        led.take_admission("j")
+    op = HeteroTrainOperator(**{**BASE, "ledger_url": url})
     store = Store({"version": HANDLE_VERSION, "job_id": "j", "launch": "tok", "hosts": ["node01", "node02"]})
     job = DurableJob(op.specs.lifecycle, op.runtime, _context(store), "j")
     monkeypatch.setattr(job, "host_status", lambda handle: {
@@ -132,6 +140,8 @@ def test_a_retry_that_cannot_reach_a_host_of_the_job_launches_nothing_and_releas
                                                r"running; node02: unknown \(cannot connect\)\); nothing was launched"):
         job.resume()
     assert store.values[HANDLE_KEY]["launch"] == "tok"   # kept for the next try
+    with Ledger.from_url(url) as led:
+        assert led.get("j") is not None
 
 
 def test_the_run_trigger_is_rebuilt_from_its_arguments_without_a_password(tmp_path):

@@ -11,7 +11,10 @@ decision and the handle format's version. A retry of the same task instance read
   over (renewed by this try) and the output relayed from where the last watcher stopped;
 - the job ended with status 0 everywhere: return its result (the reservation released);
 - it failed, vanished, or its reservation is gone: stop what is left of it, release what it held,
-  forget the handle and launch afresh (from the checkpoint, as a retry always did).
+  forget the handle and launch afresh (from the checkpoint, as a retry always did);
+- a host cannot be asked (unreachable): the job may still run there, so nothing is launched or
+  released while its reservation lives; once its lease has run out (which it does only after the
+  dead-man switch there has stopped the job) the retry launches afresh without that host's word.
 
 A handle of another format version: the task fails in one line, nothing launched or reserved.
 """
@@ -143,9 +146,17 @@ class DurableJob:
         states = {s.state for s in status.values()}
         said = "; ".join(f"{h}: {s.state}{' (' + s.detail + ')' if s.detail else ''}" for h, s in status.items())
         if "unknown" in states:  # a host we cannot ask may still run it: its GPUs must stay held
-            raise AirflowException(f"job {self.job_id}: cannot tell whether the earlier try's job still runs ({said}); "
-                                   "nothing was launched or released; its lease holds the GPUs until its hosts' "
-                                   "dead-man switch has stopped it")
+            held = self._held_until()
+            if held is not None:
+                raise AirflowException(f"job {self.job_id}: cannot tell whether the earlier try's job still runs "
+                                       f"({said}); nothing was launched or released; its lease holds the GPUs until "
+                                       f"its hosts' dead-man switch has stopped it, at the latest until {held}; a try "
+                                       "after that launches afresh")
+            log.warning("job %s: cannot ask every host of the earlier try's job (%s), but its reservation is gone: "
+                        "its lease ran out, which it does only after the dead-man switch there has stopped the job; "
+                        "stopping what is left where reachable and launching afresh", self.job_id, said)
+            self.abandon(handle)
+            return Resumed()
         if states <= {"running", "succeeded"} and "running" in states and self._take_lease():
             _stats_incr("resumable_job.reconnect_success", self.tags)
             log.info("job %s: still running on %s (launch %s): reattaching, nothing launched or reserved; "
@@ -199,9 +210,29 @@ class DurableJob:
                 self.log.warning("stopped %d leftover process(es) of job %s on %s", len(sweep.found),
                                  self.job_id, host)
         left = unstopped(sweeps)
+        if left and self._held_until() is None:  # its lease ran out: the switch there has stopped it
+            self.log.warning("job %s: %s could not be swept, but the job's lease has run out, which it does only "
+                             "after the dead-man switch there has stopped it; forgetting it", self.job_id,
+                             ", ".join(left))
+            left = []
         if self.runtime.release(self.job_id, unstopped=left):
             self.forget()
         return left
+
+    def _held_until(self) -> str | None:
+        """When the job's live reservation expires (``12:04:31 UTC``); None when it has none (its
+        lease ran out, or it was released). A ledger that cannot be read counts as held."""
+        from airflow_hetero_gpu.ledger.errors import LedgerError
+
+        try:
+            reservation = self.runtime.ledger.get(self.job_id)
+        except LedgerError as err:
+            return f"its lease ends (the ledger could not be read: {err})"
+        if reservation is None:
+            return None
+        ends = reservation.expires_at
+        ends = ends.replace(tzinfo=timezone.utc) if ends.tzinfo is None else ends.astimezone(timezone.utc)
+        return ends.strftime("%H:%M:%S UTC")
 
     def _finished(self, handle: dict, status: dict) -> dict:
         from airflow_hetero_gpu.launch.supervisor import cleanup_command, quick_exec

@@ -13,6 +13,11 @@ mark at its next lease renewal (:class:`~.lease.LeaseKeeper`) and calls :func:`s
    preemptor admitted;
 4. log one line that explains it and count it (``hetero_gpu.preemptions``).
 
+A supervised job whose share on some host could not be stopped (the host unreachable) may still
+run there: then step 3 does not happen. The try fails, the reservation stays marked, and its
+lease, no longer renewed, frees the GPUs only after the dead-man switch there has stopped the
+job; that expiry closes the record and admits the preemptor. A retry after it launches afresh.
+
 "Exited after" is the script's exit: its torchrun workers, watched on every host apart from the
 agent (:mod:`airflow_hetero_gpu.launch.workers_watch`), since torchrun itself may take seconds
 more to shut down; torchrun's time is in the log line beside it (``the script exited after 0.4 s,
@@ -80,6 +85,7 @@ def stop(lifecycle: LifecycleSpec, runtime: Runtime, placement: Placement | None
         script = min(script, took)
     if seen.at is not None and seen.at != seen.noted:
         seen.note(runtime.ledger, job_id)
+    _refuse_if_unstopped(job, job_id, mark)
     checkpoint = f"epoch {seen.epoch}" if seen.epoch is not None else None
     record = runtime.ledger.finish_preemption(job_id, outcome=outcome,
                                               exited_after_s=took if script is None else script,
@@ -87,6 +93,23 @@ def stop(lifecycle: LifecycleSpec, runtime: Runtime, placement: Placement | None
     log.warning("job %s: %s", job_id, explain(record, signalled, None if script is None else took))
     _count(placement, record)
     return record
+
+
+def _refuse_if_unstopped(job: Any, job_id: str, mark: dict) -> None:
+    """A supervised job's share on a host that could not be stopped (unreachable) may still run
+    there: its GPUs must not go to the preemptor. The preemption is not finished: the reservation
+    stays (still marked) and the try fails; the lease, no longer renewed, frees the GPUs only
+    after the dead-man switch there has stopped the job, closing the record and admitting the
+    preemptor in that transaction. (A job that is not supervised ends with its sessions.)"""
+    left = job.unstopped() if getattr(job, "supervision", None) is not None else []
+    if left:
+        from airflow.sdk.exceptions import AirflowException
+
+        raise AirflowException(
+            f"job {job_id}: preempted by {preemptor(mark)}, but its share on {', '.join(left)} could not be "
+            f"stopped (unreachable) and may still run there: its GPUs stay reserved until its lease runs out, "
+            f"after the dead-man switch there has stopped it, and only then go to the preemptor; this try fails, "
+            f"and a retry after that launches afresh from the checkpoint")
 
 
 def _renew(lease: Any) -> None:
