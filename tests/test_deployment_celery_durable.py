@@ -17,6 +17,7 @@ the end."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -179,6 +180,10 @@ def _sigkill_worker_tree(airflow, worker: str) -> int:
 
 
 def test_every_celery_worker_sigkilled_every_training_reattaches(deployment, services):
+    """Six trainings (three watched from workers, three deferred) live through a deploy: the
+    scheduler, dag-processor and api-server restarted and the metadata database (and ledger)
+    restarted under them, then one worker's warm shutdown, then every worker and the triggerer
+    SIGKILLed and started again."""
     airflow = deployment
     cluster = services["cluster"]
     everything = RUNS + DEFERRED
@@ -210,6 +215,26 @@ def test_every_celery_worker_sigkilled_every_training_reattaches(deployment, ser
                          "a heartbeat past epoch 2 on every job's host")
         before = {r: set(procs.with_env("HETERO_GPU_JOB_ID", job_of(r))) for r in everything}
         assert all(before.values()), before
+        # the rest of a deploy: the scheduler, the dag-processor and the api-server restarted
+        # (SIGTERM, then started again), and the metadata database (PostgreSQL, the ledger's too)
+        for component in ("scheduler", "dag-processor", "api-server"):
+            airflow.restart(component)
+        services["pg"].restart(down_seconds=2)
+        airflow.wait_until_ready(TIMEOUT)
+        passed = {r: _heartbeat_epochs(job_of(r)) for r in everything}
+        airflow.wait_for(lambda: all(_heartbeat_epochs(job_of(r)) >= passed[r] + 2 for r in everything), TIMEOUT,
+                         "every job heartbeated two epochs on after the control plane's restart")
+        for run_id in everything:  # not stopped, not relaunched: the same processes, the same tries
+            assert before[run_id] <= set(procs.with_env("HETERO_GPU_JOB_ID", job_of(run_id))), run_id
+            assert not re.search(r"stopping job|task killed", "".join(_attempts(airflow, run_id).values())), run_id
+        states = {r: airflow.task_state(dag_of(r), r, "train") for r in everything}
+        assert states == {r: "deferred" if r in DEFERRED else "running" for r in everything}, states
+        # a worker's warm shutdown (SIGTERM to its main process, as Kubernetes and `docker stop`
+        # send it): it takes no more tasks and waits for its own; the deploy's grace then runs out
+        warm = airflow.workers[0]
+        os.kill(airflow.procs[warm].pid, signal.SIGTERM)
+        airflow.wait_for(lambda: "Warm shutdown" in airflow.component_log(warm), TIMEOUT,
+                         f"{warm}'s warm shutdown")
         killed = {w: _sigkill_worker_tree(airflow, w) for w in airflow.workers}
         for component in (*airflow.workers, "triggerer"):
             airflow.restart(component, signal.SIGKILL)  # the group too; then started again

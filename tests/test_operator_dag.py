@@ -65,22 +65,39 @@ DURABLE = {"durable": True, "unattended_timeout": 30, "preemption_grace": 5, "le
 @pytest.mark.parametrize("durable", [{}, DURABLE], ids=["plain", "durable"])
 def test_killing_the_task_stops_every_process_and_releases(airflow_home, two_hosts, tmp_path, durable):
     """on_kill (the task cleared or marked failed in the UI) stops the job on every host and
-    releases, whether the job runs beside its SSH sessions or detached under supervisors."""
+    releases, whether the job runs beside its SSH sessions or detached under supervisors. A
+    durable job is stopped only when the task was: a SIGTERM while the task is still `running`
+    (a worker's machine shutting down, the api-server unreachable) leaves it training."""
     import signal
+    import sqlite3
     import threading
 
-    training = threading.Event()
-    proc, pump, lines, out, cfg = start_dag(
-        airflow_home, two_hosts, tmp_path, "kill",
-        lambda line: training.set() if re.search(r"epoch 2 loss", line) else None,
-        gpu_count=4, script_args=["--epochs", "100000", "--sleep", "0.2"], **durable)
+    seen: dict[int, threading.Event] = {n: threading.Event() for n in (2, 4)}
+
+    def on_line(line: str) -> None:
+        found = re.search(r"epoch (\d+) loss", line)
+        if found and int(found.group(1)) in seen:
+            seen[int(found.group(1))].set()
+
+    proc, pump, lines, out, cfg = start_dag(airflow_home, two_hosts, tmp_path, "kill", on_line,
+                                            gpu_count=4, script_args=["--epochs", "100000", "--sleep", "0.2"],
+                                            **durable)
     try:
-        assert training.wait(240), "".join(lines)[-4000:]
+        assert seen[2].wait(240), "".join(lines)[-4000:]
         with Ledger.from_url(cfg["ledger_url"]) as ledger:
             (res,) = ledger.live_reservations()
         job_id = res.job_id
         assert leftovers(job_id) != ""  # the workers run, under the job's marker
-        proc.send_signal(signal.SIGTERM)  # what Airflow sends when a task is cleared / marked failed
+        if durable:  # not stopped by anyone: the job trains on
+            proc.send_signal(signal.SIGTERM)
+            assert seen[4].wait(240), "".join(lines)[-4000:]
+            assert "nobody stopped the task (the task is still running)" in "".join(lines)
+            assert proc.poll() is None and leftovers(job_id) != ""
+        # what a person's "mark failed" does: the state first, then Airflow's SIGTERM
+        with sqlite3.connect(airflow_home / "airflow.db", timeout=30) as db:
+            db.execute("update task_instance set state = 'failed' where dag_id = 'hg_train_test' "
+                       "and state = 'running'")
+        proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
         pump.join(10)
     finally:
@@ -88,6 +105,8 @@ def test_killing_the_task_stops_every_process_and_releases(airflow_home, two_hos
             proc.kill()
     log = "".join(lines)
     assert "task killed: stopping job" in log, log[-4000:]
+    if durable:
+        assert f"task killed: stopping job {job_id} on every host (the task is failed)" in log, log[-4000:]
     assert leftovers(job_id) == ""
     with Ledger.from_url(cfg["ledger_url"]) as ledger:
         assert ledger.live_reservations() == []

@@ -166,7 +166,8 @@ class ShardWorkers:
         while True:
             try:
                 kind, payload = pickle.load(worker.proc.stdout)
-            except (EOFError, OSError, pickle.UnpicklingError):
+            except (EOFError, OSError, pickle.UnpicklingError, ValueError):
+                # (ValueError: the pipe closed under the read by close() after a Ctrl-C)
                 status = worker.proc.wait()
                 reason = (f"collector worker process {worker.proc.pid} exited (status {status}) before this "
                           "host was collected")

@@ -448,14 +448,14 @@ class HeteroTrainOperator(BaseOperator):
             # whatever stopped us (a failure, a timeout, the task being killed): nothing of the
             # job may outlive the task, and its GPUs go back at once; but a supervised job's share
             # on a host that could not be stopped runs on until the dead-man switch there stops
-            # it: its GPUs stay reserved (the lease outlives the switch) and its handle stays, for
-            # a retry to ask the hosts again
+            # it: its GPUs stay reserved (the lease outlives the switch), its handle for a retry
             if self._job is not None:
                 self._job.kill()
             if factory is not None:
                 factory.settle()
             if self._release(job_id, unstopped=self._unstopped()) and dj is not None:
                 dj.forget()
+            self._job = None  # stopped: an on_kill after an execution timeout has nothing left to do
             raise
         if runs[-1].get("preempted"):  # its GPUs went back with the preemption; its hosts are kept
             if dj is not None:
@@ -487,7 +487,14 @@ class HeteroTrainOperator(BaseOperator):
 
             QueueWait(self._placement).leave("task killed")
         job = self._job
-        if job is not None:
-            self.log.info("task killed: stopping job %s on every host", job.job_id)
-            job.kill()
-            self._release(job.job_id, patience=5.0, unstopped=self._unstopped())
+        if job is None:
+            return
+        from airflow_hetero_gpu.operators.stop_cause import stop_or_let_run
+
+        why = stop_or_let_run(job, self._placement.context if self._placement is not None else None,
+                              self.specs.lifecycle.unattended_timeout, self.log)
+        if why is None:  # a durable job, and nobody stopped the task: it runs on
+            return
+        self.log.info("task killed: stopping job %s on every host%s", job.job_id, why)
+        job.kill()
+        self._release(job.job_id, patience=5.0, unstopped=self._unstopped())
