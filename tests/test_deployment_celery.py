@@ -178,13 +178,31 @@ class Sampler(threading.Thread):
         self.error: BaseException | None = None
         self.lock = threading.Lock()
         self._halt = threading.Event()
+        #: while set (a test restarts the api-server or the databases), a sample that cannot be
+        #: taken is skipped and counted, not an error
+        self.outage = threading.Event()
+        self.skipped = 0
 
     def run(self) -> None:
         try:
-            with Ledger.open_existing(self.airflow.ledger_url) as ledger, self.airflow.client() as client:
-                while not self._halt.is_set():
-                    self.sample(ledger, client)
-                    self._halt.wait(1.0)
+            with Ledger.open_existing(self.airflow.ledger_url) as ledger:
+                client = None
+                try:
+                    while not self._halt.is_set():
+                        try:
+                            client = client or self.airflow.client()
+                            self.sample(ledger, client)
+                        except Exception:
+                            if not self.outage.is_set():
+                                raise
+                            self.skipped += 1
+                            if client is not None:
+                                client.close()
+                            client = None
+                        self._halt.wait(1.0)
+                finally:
+                    if client is not None:
+                        client.close()
         except BaseException as err:  # reported by check() in the test's thread
             self.error = err
 

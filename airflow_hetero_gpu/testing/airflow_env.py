@@ -215,6 +215,10 @@ class AirflowDeployment:
         self._logs: dict[str, object] = {}
         #: components told to exit by themselves (wait_for does not count their exit as a failure)
         self.expected_exits: set[str] = set()
+        #: components started again when they exit, as a service manager (systemd's
+        #: ``Restart=always``, a Kubernetes Deployment) does; ``restarted`` counts them
+        self.keep_running: set[str] = set()
+        self.restarted: dict[str, int] = {}
         self._engine = None
 
     @property
@@ -323,8 +327,9 @@ class AirflowDeployment:
             from sqlalchemy import create_engine
 
             # every transaction of this engine is read-only: the test only looks
-            self._engine = create_engine(self.metadata_url, pool_size=1, max_overflow=0, connect_args={
-                "options": "-c default_transaction_read_only=on"})
+            # (pre-ping: a test may restart the database under it)
+            self._engine = create_engine(self.metadata_url, pool_size=1, max_overflow=0, pool_pre_ping=True,
+                                         connect_args={"options": "-c default_transaction_read_only=on"})
         if self._engine.dialect.paramstyle in ("format", "pyformat"):
             sql = sql.replace("%", "%%").replace("?", "%s")
         with self._engine.connect() as conn:
@@ -338,10 +343,16 @@ class AirflowDeployment:
                 return value
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{what}: not within {timeout:g} s")
-            for name, proc in self.procs.items():
-                if proc.poll() is not None and name not in self.expected_exits:
-                    raise RuntimeError(f"airflow {name} exited ({proc.returncode}): "
-                                       f"{self.component_log(name)[-3000:]}")
+            for name, proc in list(self.procs.items()):
+                if proc.poll() is None or name in self.expected_exits:
+                    continue
+                if name in self.keep_running:
+                    self._reap(name, 10)
+                    self.start_component(name)
+                    self.restarted[name] = self.restarted.get(name, 0) + 1
+                    continue
+                raise RuntimeError(f"airflow {name} exited ({proc.returncode}): "
+                                   f"{self.component_log(name)[-3000:]}")
             time.sleep(poll)
 
     def trigger(self, dag_id: str, run_id: str | None = None, timeout: float = 240) -> str:

@@ -99,12 +99,13 @@ hg_retry_test()
 
 @dag(schedule=None, start_date=pendulum.datetime(2026, 1, 1), catchup=False, tags=["test"])
 def hg_durable_test():
-    """The training task, durable, with a retry; HG_TEST_DURABLE_CONFIG overrides HG_TEST_CONFIG's arguments."""
+    """The training task, durable, with a retry (``retries`` in HG_TEST_DURABLE_CONFIG: more);
+    HG_TEST_DURABLE_CONFIG overrides HG_TEST_CONFIG's arguments."""
     import datetime
 
     overrides = json.loads(_cfg("DURABLE_CONFIG", "{}"))
-    _train("train", retries=1, retry_delay=datetime.timedelta(seconds=overrides.pop("retry_delay_s", 1)),
-           **overrides)
+    _train("train", retries=overrides.pop("retries", 1),
+           retry_delay=datetime.timedelta(seconds=overrides.pop("retry_delay_s", 1)), **overrides)
 
 
 hg_durable_test()
@@ -117,8 +118,8 @@ def hg_durable_deferred_test():
 
     overrides = json.loads(_cfg("DURABLE_CONFIG", "{}"))
     overrides["deferrable"] = True
-    _train("train", retries=1, retry_delay=datetime.timedelta(seconds=overrides.pop("retry_delay_s", 1)),
-           **overrides)
+    _train("train", retries=overrides.pop("retries", 1),
+           retry_delay=datetime.timedelta(seconds=overrides.pop("retry_delay_s", 1)), **overrides)
 
 
 hg_durable_deferred_test()
