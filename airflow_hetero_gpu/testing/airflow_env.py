@@ -147,7 +147,8 @@ def metadata_env(url: str | None) -> dict[str, str]:
 
 
 def _stop(proc: subprocess.Popen, grace: float = 10) -> None:
-    """SIGTERM (the task's on_kill stops its job), then SIGKILL after ``grace`` seconds."""
+    """SIGTERM, then SIGKILL after ``grace`` seconds. (The task's on_kill stops a job that is not
+    durable; a durable one runs on, as nobody stopped its task, until the emulated hosts stop.)"""
     if proc.poll() is None:
         proc.terminate()
         try:
