@@ -145,6 +145,11 @@ class Claim:
 
     def short(self) -> str:
         """``head for pool A100, claims hgx-a1 GPU 0-7, 3 of them held``."""
+        return self.short_text
+
+    @cached_property
+    def short_text(self) -> str:
+        """:meth:`short`'s text, written once (every job waiting behind a head names it)."""
         held = f"{len(self.held_by)} of them held" if self.held_by else "all free"
         return f"head for pool {self.pool}, claims {self.gpus_text}, {held}"
 

@@ -8,11 +8,13 @@ per distinct request.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import ChainMap
 from typing import Any, Mapping
 
 import numpy as np
 
+from airflow_hetero_gpu.core.admission.kept import positions, start_arrays, start_from_mask
 from airflow_hetero_gpu.core.admission.model import Claim, QueueEntry
 from airflow_hetero_gpu.core.admission.placer import Placement
 from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
@@ -21,7 +23,8 @@ from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
 class Shape:
     """What one pass learnt about one distinct request (every entry asking the same shares it)."""
 
-    __slots__ = ("request", "ok", "rejected", "start_failed", "target_failed", "dead", "why_not", "no_target")
+    __slots__ = ("request", "ok", "rejected", "start_failed", "target_failed", "dead", "why_not", "no_target",
+                 "possible")
 
     def __init__(self, request: PlanRequest, ok: np.ndarray, rejected: Mapping[str, str]) -> None:
         self.request = request
@@ -32,6 +35,7 @@ class Shape:
         self.dead = False  # can neither start nor become a head for the rest of the pass
         self.why_not: str | None = None  # why it cannot start now
         self.no_target: str | None = None  # why nothing can hold it even when running jobs end
+        self.possible = bool(ok.any())  # some pool passes its primary filters
 
 
 class PassState:
@@ -45,45 +49,44 @@ class PassState:
         c = adm.cluster
         self.adm, self.cluster = adm, c
         n = len(c.gpus)
+        self.serial: int | None = None  # the kept start's serial (KeptHeld), None: computed for this pass
         if reserved_mask is None:
-            held = np.zeros(n, dtype=bool)
-            keys = list(reserved or {})
-            found = list(map(c.position.get, keys))  # GpuKeys as the ledger gives them: no copies
-            if None in found:  # keys of another tuple type, or GPUs the cluster no longer lists
-                found = [p if p is not None else c.position.get(GpuKey(*k)) for p, k in zip(found, keys)]
-                found = [-1 if p is None else p for p in found]
-            pos = np.array(found, dtype=np.int64)
-            held[pos[pos >= 0]] = True
-            self._reserved_pos: np.ndarray | None = pos
+            kept = getattr(adm, "kept_held", None)
+            if kept is not None and reserved:
+                start, self.serial = kept.start(adm, reserved)
+            else:
+                keys = list(reserved or {})
+                start = start_arrays(adm, positions(c, keys), list((reserved or {}).values()))
         else:
-            self._reserved_pos = None
             held = np.array(reserved_mask, dtype=bool)
             if held.shape != (n,):
                 raise ValueError(f"reserved_mask: expected {n} entries, got {held.shape}")
-        self.held = held  # live reservations and jobs admitted in this pass
+            start = start_from_mask(adm, held, None, None)
+        self._start = start
+        self.held = start.held.copy()  # live reservations and jobs admitted in this pass
         # usable: could serve a queued job now or once its holder ends (a held GPU's load is its job's)
-        self.usable = adm.healthy & ~(adm.loaded & ~held) & ~adm.on_drained
+        self.usable = start.usable
         self.claimed = np.zeros(n, dtype=bool)
-        self.blocked = held.copy()  # held or claimed: no job may start there
-        self.free = np.bincount(c.pool_of[self.usable & ~self.blocked], minlength=len(c.pools))
+        self.blocked = start.held.copy()  # held or claimed: no job may start there
+        self.free = start.free.copy()
         # per host: usable GPUs not claimed, and how many of those are held
-        self.host_cap = np.bincount(c.host_of[self.usable], minlength=len(c.hosts))
-        self.host_held = np.bincount(c.host_of[self.usable & held], minlength=len(c.hosts))
+        self.host_cap = start.host_cap.copy()
+        self.host_held = start.host_held.copy()
         self.headed = np.zeros(len(c.pools), dtype=bool)
         self.head_of: dict[int, Claim] = {}
+        self._heads: dict[tuple[bytes, int], list[Claim]] = {}  # see heads_for
         self.extra: dict[GpuKey, str] = {}
         self.holders = ChainMap(self.extra, reserved if reserved is not None else {})
 
-    def reserved_positions(self) -> np.ndarray:
-        """Each live reservation's GPU position, in the order of ``reserved`` (-1: a GPU the
-        cluster no longer lists)."""
-        if self._reserved_pos is None:
+    def reserved_positions(self) -> tuple[np.ndarray, list]:
+        """Each live reservation's GPU position (-1: a GPU the cluster no longer lists) and job id,
+        in one order (the order of ``reserved``, or of an equal mapping an earlier pass was given)."""
+        start = self._start
+        if start.pos is None:
             reserved = self.holders.maps[1]
-            get = self.cluster.position.get
-            self._reserved_pos = np.fromiter(
-                (-1 if (q := get(k)) is None and (q := get(GpuKey(*k))) is None else q for k in reserved),
-                dtype=np.int64, count=len(reserved))
-        return self._reserved_pos
+            self._start = start = dataclasses.replace(start, pos=positions(self.cluster, list(reserved)),
+                                                      jobs=list(reserved.values()))
+        return start.pos, start.jobs
 
     def positions(self, keys) -> np.ndarray:
         return np.fromiter((self.cluster.position[GpuKey(*k)] for k in keys), dtype=np.int64, count=len(keys))
@@ -119,8 +122,14 @@ class PassState:
             self.extra[c.gpus[p].key] = f"{job_id} (claim)"
 
     def heads_for(self, pools: np.ndarray) -> list[Claim]:
-        """The heads so far of the pools in the mask ``pools`` (the ones a waiting job is behind)."""
-        return [self.head_of[i] for i in np.flatnonzero(pools & self.headed).tolist()]
+        """The heads so far of the pools in the mask ``pools`` (the ones a waiting job is behind).
+        One list per mask while no head is added (the jobs waiting behind the same heads share
+        it; nobody changes it)."""
+        key = (pools.tobytes(), len(self.head_of))  # a pool gets its head once in a pass
+        hit = self._heads.get(key)
+        if hit is None:
+            hit = self._heads[key] = [self.head_of[i] for i in np.flatnonzero(pools & self.headed).tolist()]
+        return hit
 
     def per_host(self, open_pools: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per host: usable, unclaimed GPUs a claim in ``open_pools`` could take (0 for hosts of

@@ -43,6 +43,7 @@ from airflow_hetero_gpu.core.admission.defaults import (  # noqa: F401 - re-expo
 from airflow_hetero_gpu.core.admission.claims import keep_claim, record_claim
 from airflow_hetero_gpu.core.admission.model import QueueEntry
 from airflow_hetero_gpu.core.admission.order import rank_key
+from airflow_hetero_gpu.core.admission.running import RunningColumns, gather
 from airflow_hetero_gpu.core.model import GpuKey
 from airflow_hetero_gpu.errors import RequestError
 
@@ -173,12 +174,14 @@ def in_progress(running: Iterable[RunningJob]) -> dict[str, list[str]]:
 
 
 def choose(p, entry: QueueEntry, open_pools: np.ndarray, candidates: Sequence[RunningJob], now: float,
-           reclaim: bool = False, borrowers: set[str] | None = None) -> Preemption | None:
+           reclaim: bool = False, borrowers: set[str] | None = None, where: tuple | None = None) -> Preemption | None:
     """The victims that let ``entry`` start, or None (see the module docstring).
 
     ``p`` is the pass's :class:`~airflow_hetero_gpu.core.admission.passstate.PassState`,
     ``open_pools`` the pools the job accepts that have no head yet, ``candidates`` the running
-    jobs it may stop, in victim order (:class:`Candidates` picks them).
+    jobs it may stop, in victim order (:class:`Candidates` picks them); ``where``: (flat, offsets,
+    numbers), the candidates' GPU positions as :meth:`.running.RunningColumns.gpu_positions` gives
+    them and each candidate's number there (None: looked up from their keys).
 
     The candidates are released one at a time; ``plan()`` is asked once releasing them could
     free enough GPUs in one open pool (:func:`_first_enough` finds that point), then after each
@@ -190,7 +193,7 @@ def choose(p, entry: QueueEntry, open_pools: np.ndarray, candidates: Sequence[Ru
     closed = p.claimed | ~open_pools[c.pool_of]
     room = (p.usable & ~closed).astype(bool)
     free = np.bincount(c.pool_of[room & ~p.blocked], minlength=len(c.pools))
-    first, released, picked = _first_enough(p, candidates, closed, room, free, open_pools, entry.request.gpus)
+    first, released, picked = _first_enough(p, candidates, closed, room, free, open_pools, entry.request.gpus, where)
     for job in candidates[first:]:
         keys = [k for k in job.gpus if k in c.position]
         if len(keys) != len(job.gpus):
@@ -222,7 +225,7 @@ FIRST_CHUNK = 16
 
 
 def _first_enough(p, candidates: Sequence[RunningJob], closed: np.ndarray, room: np.ndarray, free: np.ndarray,
-                  open_pools: np.ndarray, need: int) -> tuple[int, np.ndarray, list[RunningJob]]:
+                  open_pools: np.ndarray, need: int, where: tuple | None = None) -> tuple[int, np.ndarray, list[RunningJob]]:
     """Where releasing the candidates in order first frees ``need`` GPUs in one open pool: its
     index (``len(candidates)``: never), the GPUs released before it and the candidates released
     before it. A candidate is released when every GPU of it is listed by the cluster, held, not
@@ -238,9 +241,12 @@ def _first_enough(p, candidates: Sequence[RunningJob], closed: np.ndarray, room:
     while start < len(candidates):
         chunk = candidates[start:start + size]
         n = len(chunk)
-        lens = np.fromiter((len(j.gpus) for j in chunk), dtype=np.int64, count=n)
-        pos = np.fromiter((-1 if (q := get(k)) is None else q for j in chunk for k in j.gpus),
-                          dtype=np.int64, count=int(lens.sum()))
+        if where is not None:
+            pos, lens = gather(where[0], where[1], where[2][start:start + size])
+        else:
+            lens = np.fromiter((len(j.gpus) for j in chunk), dtype=np.int64, count=n)
+            pos = np.fromiter((-1 if (q := get(k)) is None else q for j in chunk for k in j.gpus),
+                              dtype=np.int64, count=int(lens.sum()))
         owner = np.repeat(np.arange(n), lens)
         listed = pos >= 0
         at = np.where(listed, pos, 0)
@@ -269,36 +275,40 @@ class Candidates:
     order is :func:`victim_key`'s (``tests/test_preemption_rule.py`` checks the two orders agree)."""
 
     def __init__(self, running: Sequence[RunningJob], now: float, rules: PreemptionRules,
-                 aging_interval_s: float | None, borrowed: Sequence[bool] | None = None) -> None:
-        """``borrowed``: per job, whether it runs on borrowed quota now (None: its own ``borrowed``)."""
+                 aging_interval_s: float | None, borrowed: Sequence[bool] | None = None,
+                 columns: RunningColumns | None = None) -> None:
+        """``borrowed``: per job, whether it runs on borrowed quota now (None: its own ``borrowed``);
+        ``columns``: the jobs' :class:`~.running.RunningColumns` (None: read here)."""
+        cols = columns if columns is not None else RunningColumns(running, None)
         n = len(running)
-        nan = math.nan
-        started = np.array([j.started_at for j in running], dtype=np.float64)
-        ckpt = np.array([nan if j.checkpoint_at is None else j.checkpoint_at for j in running], dtype=np.float64)
-        since = np.where(np.isnan(ckpt), started, np.fmax(started, ckpt))
-        lost = np.maximum(0.0, now - since) * np.array([len(j.gpus) for j in running], dtype=np.float64)
-        borrowed = np.array([j.borrowed for j in running] if borrowed is None else list(borrowed), dtype=bool)
-        priority = np.array([j.priority for j in running], dtype=np.int64)
-        idle = np.array([j.preempting is None for j in running], dtype=bool)
-        preemptible = np.array([j.preemptible for j in running], dtype=bool)
-        enqueued = np.array([j.enqueued_at for j in running], dtype=np.float64)
-        ids = np.array([j.job_id for j in running], dtype=str)
-        order = np.lexsort((ids, priority, ~borrowed, lost))  # victim_key(now), as numpy sorts it
-        self.ids = ids[order]
+        lost = np.maximum(0.0, now - cols.since) * cols.ngpus.astype(np.float64)
+        borrowed = cols.own_borrowed if borrowed is None else np.array(list(borrowed), dtype=bool)
+        order = np.lexsort((cols.ids, cols.priority, ~borrowed, lost))  # victim_key(now), as numpy sorts it
+        self.columns = cols
+        self.order = order  # each candidate's number in ``running``
+        self.ids = cols.ids[order]
         self.jobs = [running[i] for i in order.tolist()]
         self.aging = aging_interval_s
         # what does not depend on the waiting job: not already stopping, ran long enough
-        self.open = (idle & (now - started >= rules.min_runtime_s))[order]
+        self.open = (cols.idle & (now - cols.started >= rules.min_runtime_s))[order]
         self.borrowed = borrowed[order]
-        self.preemptible = preemptible[order]
-        self.priority = priority[order]
-        enqueued = enqueued[order]
-        self.team = np.array([j.team for j in self.jobs] + [None], dtype=object)[:n]
+        self.preemptible = cols.preemptible[order]
+        self.priority = cols.priority[order]
+        enqueued = cols.enqueued[order]
+        self.team = cols.team[order] if n else np.zeros(0, dtype=object)
         self.no_team = np.equal(self.team, None).astype(bool)
         # rank_key's first element (the virtual enqueue time, or -priority without aging)
         self.rank0 = -self.priority.astype(np.float64) if aging_interval_s is None else \
             enqueued - self.priority * aging_interval_s
         self.taken = np.zeros(n, dtype=bool)
+
+    def where(self, chosen: np.ndarray) -> tuple | None:
+        """For :func:`choose`: the GPU positions of the candidates numbered ``chosen`` here (None
+        without a cluster to look them up in)."""
+        if self.columns.cluster is None:
+            return None
+        flat, offsets = self.columns.gpu_positions()
+        return flat, offsets, self.order[chosen]
 
     def eligible(self, entry: QueueEntry, *, reclaim: bool = False) -> np.ndarray:
         """Mask over :attr:`jobs`: those ``entry`` may stop, not yet taken: the one preemption
@@ -332,7 +342,9 @@ class PassPreemption:
 
     def __init__(self, running: Sequence[RunningJob], rules: PreemptionRules, now: float,
                  aging_interval_s: float | None = None, *, teams: bool = True,
-                 borrowing: Callable[[RunningJob], bool] | None = None, some_borrow: bool | None = None) -> None:
+                 borrowing: Callable[[RunningJob], bool] | None = None, some_borrow: bool | None = None,
+                 columns: Callable[[Sequence[RunningJob]], RunningColumns] | None = None,
+                 borrowing_many: Callable[[RunningColumns], list[bool]] | None = None) -> None:
         # ``teams`` False (no team configured): the whole fleet is one team, whatever team names
         # the jobs carry (the operator always sends one), and reasons name none. ``borrowing``:
         # whether a running job's team holds above its quota now (the pass computes it; None: no
@@ -341,6 +353,8 @@ class PassPreemption:
         self.teams = teams
         self._some_borrow = some_borrow
         self._borrowing = borrowing or (lambda job: False)
+        self._columns = columns  # running jobs -> their columns (the admission keeps them between passes)
+        self._borrowing_many = borrowing_many  # ``borrowing`` of every job of the columns at once
         self._running = running
         self.aging = aging_interval_s
         self.rules = rules
@@ -352,11 +366,19 @@ class PassPreemption:
     def candidates(self) -> Candidates:
         """The running jobs as arrays in victim order, built at the first waiting job that could
         preempt (a pass where nobody can does not pay for it)."""
-        return Candidates(self._running, self.now, self.rules, self.aging, self.borrowed)
+        return Candidates(self._running, self.now, self.rules, self.aging, self.borrowed, self.columns)
+
+    @functools.cached_property
+    def columns(self) -> RunningColumns:
+        """The running jobs' columns: ``columns(running)`` as the pass gave it (kept between passes
+        given the same job objects), else read here (without GPU positions)."""
+        return self._columns(self._running) if self._columns is not None else RunningColumns(self._running, None)
 
     @functools.cached_property
     def borrowed(self) -> list[bool]:
         """Per running job, whether it runs on borrowed quota now (as the pass computes it)."""
+        if self._borrowing_many is not None:
+            return [bool(b) for b in self._borrowing_many(self.columns)]
         return [bool(self._borrowing(job)) for job in self._running]
 
     @functools.cached_property
@@ -369,8 +391,7 @@ class PassPreemption:
         runs on borrowed quota: a necessary condition of :meth:`Candidates.eligible` (a waiting
         job whose priority is not above the first, with no borrower to reclaim, has no
         candidate), so the pass need not build :class:`Candidates` for it."""
-        free = [j for j in self._running if j.preempting is None]
-        lowest = min((j.priority for j in free if j.preemptible), default=math.inf)
+        lowest = min([j.priority for j in self._running if j.preempting is None and j.preemptible], default=math.inf)
         if self._some_borrow is not None:  # no team above its quota: no job borrows (a superset is enough)
             return lowest, self._some_borrow
         return lowest, any(flag for job, flag in zip(self._running, self.borrowed) if job.preempting is None)
@@ -392,8 +413,9 @@ class PassPreemption:
         if entry.priority <= lowest and not (reclaim and borrowers):
             return None  # no running job has a lower priority, and none is reclaimable
         cands = self.candidates
-        chosen = [cands.jobs[i] for i in np.flatnonzero(cands.eligible(entry, reclaim=reclaim)).tolist()]
-        pre = choose(p, entry, open_pools, chosen, self.now, reclaim, self.borrowers)
+        idx = np.flatnonzero(cands.eligible(entry, reclaim=reclaim))
+        chosen = [cands.jobs[i] for i in idx.tolist()]
+        pre = choose(p, entry, open_pools, chosen, self.now, reclaim, self.borrowers, cands.where(idx))
         if pre is None:
             return None
         cands.take(pre.victims)

@@ -136,9 +136,12 @@ class QuotaBook:
         self.uncovered = max(0, sum(self.card_counts.values()) - sum(
             n for t in teams.teams.values() for n in t.quota.values()))
         self._buckets: dict[tuple[str, str], tuple[str, ...]] = {}
+        self._others: dict[tuple[str, str], int] = {}  # see _others_quota
         self._fill_cache: dict[str, tuple[dict, dict]] | None = None
         self._failed: dict[tuple[str, str], QuotaCheck] = {}  # smallest refused borrow per (team, card)
-        self._allowed: tuple[object, dict[tuple[str, str, int], QuotaCheck]] = (None, {})  # see check()
+        self._answers: tuple[object, dict[tuple[str, str, int], QuotaCheck]] = (None, {})  # see check()
+        self._explained: tuple[object, dict[tuple[str, str], str]] = (None, {})  # see explain()
+        self._at: tuple[object, tuple] = (None, ())  # see _now()
         self.version = 0  # every change of the accounts adds one (callers keep answers per version)
         self.team_versions: dict[str, int] = {}  # the same per team (see team_version)
 
@@ -178,8 +181,12 @@ class QuotaBook:
         return hit
 
     def _others_quota(self, team: str, card_type: str) -> int:
-        return sum(n for name, tq in self.teams.teams.items() if name != team
-                   for p, n in tq.quota.items() if matches(card_type, p))
+        """The other teams' quota for ``card_type`` (a function of the teams file: kept)."""
+        hit = self._others.get((team, card_type))
+        if hit is None:
+            hit = self._others[(team, card_type)] = sum(n for name, tq in self.teams.teams.items() if name != team
+                                                        for p, n in tq.quota.items() if matches(card_type, p))
+        return hit
 
     def room(self, team: str, card_type: str) -> int:
         """Unused quota of ``team`` for ``card_type`` (pending quota counts as used)."""
@@ -205,7 +212,19 @@ class QuotaBook:
 
     # --- lending -----------------------------------------------------------------------------
     def _lenders(self) -> dict[tuple[str, str], int]:
-        """(team, pattern) -> GPUs it lends now: min(idle quota, lending limit)."""
+        """(team, pattern) -> GPUs it lends now: min(idle quota, lending limit). Computed once per
+        version of the accounts (with the demand of every team, see :meth:`_demand`); read-only."""
+        return self._now()[0]
+
+    def _now(self) -> tuple[dict, tuple, dict]:
+        """The lenders, the lenders sorted (:func:`max_cover`'s argument) and every team's
+        borrowed GPUs per card type, for the accounts as they are (kept per version)."""
+        if self._at[0] != self.version:
+            lenders = self._lenders_now()
+            self._at = (self.version, (lenders, tuple(sorted(lenders.items())), self._demand_now()))
+        return self._at[1]
+
+    def _lenders_now(self) -> dict[tuple[str, str], int]:
         out = {}
         for name, tq in self.teams.teams.items():
             used, _ = self._fill(name)
@@ -219,13 +238,17 @@ class QuotaBook:
 
     def _demand(self, extra: tuple[str, str, int] | None = None) -> dict[str, int]:
         """Borrowed GPUs per card type, every team (plus ``extra``: a job being considered)."""
+        out = dict(self._now()[2])
+        if extra is not None:
+            out[extra[1]] = out.get(extra[1], 0) + extra[2]
+        return out
+
+    def _demand_now(self) -> dict[str, int]:
         out: dict[str, int] = {}
         teams = {t for (t, _) in (*self.usage, *self.pending)}
         for team in teams:
             for c, n in self._fill(team)[1].items():
                 out[c] = out.get(c, 0) + n
-        if extra is not None:
-            out[extra[1]] = out.get(extra[1], 0) + extra[2]
         return out
 
     def cover(self, demand: Mapping[str, int]) -> tuple[int, dict[tuple[str, str], int]]:
@@ -233,12 +256,23 @@ class QuotaBook:
         need = tuple(sorted((c, n) for c, n in demand.items() if n > 0))
         if not need:
             return 0, {}
-        value, lent = max_cover(need, tuple(sorted(self._lenders().items())), self.uncovered)
+        value, lent = max_cover(need, self._now()[1], self.uncovered)
         return value, dict(lent)
 
     # --- a job -------------------------------------------------------------------------------
     def check(self, team: str, card_type: str, gpus: int) -> QuotaCheck:
-        """Whether ``team`` may take ``gpus`` GPUs of ``card_type`` now, and how many it borrows."""
+        """Whether ``team`` may take ``gpus`` GPUs of ``card_type`` now, and how many it borrows.
+        A function of the accounts: answered once per (team, card type, GPUs) until they change
+        (an explaining pass asks it for hundreds of waiting borrowers with a few shapes)."""
+        if self._answers[0] != self.version:
+            self._answers = (self.version, {})
+        key = (team, card_type, gpus)
+        hit = self._answers[1].get(key)
+        if hit is None:
+            hit = self._answers[1][key] = self._check(team, card_type, gpus)
+        return hit
+
+    def _check(self, team: str, card_type: str, gpus: int) -> QuotaCheck:
         room = max(0, self.room(team, card_type))
         borrow = max(0, gpus - room)
         if not borrow:
@@ -246,18 +280,9 @@ class QuotaBook:
         refused = self._failed.get((team, card_type))
         if refused is not None and refused.gpus <= gpus:  # a larger borrow is refused too
             return QuotaCheck(card_type, gpus, borrow, False, self._why(team, card_type, gpus))
-        # an allowed borrow stays allowed until the book changes: one cover per (team, card type,
-        # GPUs) and state
-        if self._allowed[0] != self.version:
-            self._allowed = (self.version, {})
-        hit = self._allowed[1].get((team, card_type, gpus))
-        if hit is not None:
-            return hit
         out = self._check_borrow(team, card_type, gpus, borrow)
         if not out.allowed:
             self._failed[(team, card_type)] = out
-        else:
-            self._allowed[1][(team, card_type, gpus)] = out
         return out
 
     def _check_borrow(self, team: str, card_type: str, gpus: int, borrow: int) -> QuotaCheck:
@@ -301,7 +326,16 @@ class QuotaBook:
 
     def explain(self, team: str, card_type: str, gpus: int) -> str:
         """``team intern: 4/4 of its quota in use, may borrow 4; borrowable now 0 (prod lends 0 of
-        its idle 8)``: where quota stands for a job of ``team`` on ``card_type``."""
+        its idle 8); needs 4``: where quota stands for a job of ``team`` on ``card_type``. All but
+        the last part is written once per team and card type until the accounts change."""
+        if self._explained[0] != self.version:
+            self._explained = (self.version, {})
+        text = self._explained[1].get((team, card_type))
+        if text is None:
+            text = self._explained[1][(team, card_type)] = self._standing_text(team, card_type)
+        return f"{text}; needs {gpus}"
+
+    def _standing_text(self, team: str, card_type: str) -> str:
         tq = self.teams.get(team)
         pats = self.buckets(team, card_type)
         used, _ = self._fill(team)
@@ -341,7 +375,7 @@ class QuotaBook:
         where = f" ({'; '.join(parts)})" if parts else ""
         borrowed_text = f", {now_borrowed} borrowed" if now_borrowed else ""
         return (f"team {team}: {in_use}/{quota} of its quota in use{borrowed_text}, {may}; "
-                f"borrowable now {free_for_it}{where}; needs {gpus}")
+                f"borrowable now {free_for_it}{where}")
 
     # --- the standing ------------------------------------------------------------------------
     def standing(self, waiting: Sequence[tuple[str, str, int]] = ()) -> list[BucketStanding]:

@@ -43,15 +43,24 @@ def head(position: int, claim: Claim) -> str:
     return f"{lead}: {claim.describe()}"
 
 
+def behind(heads: Sequence[Claim]) -> str:
+    """``, behind j7 (head for pool A100, ...)``: the heads a waiting job is behind ("" for none)."""
+    if not heads:
+        return ""
+    listed = "; ".join(f"{h.job_id} ({h.short()})" for h in heads[:MAX_LISTED])
+    more = f"; +{len(heads) - MAX_LISTED} more heads" if len(heads) > MAX_LISTED else ""
+    return f", behind {listed}{more}"
+
+
 def waiting(position: int, heads: Sequence[Claim], single_pool: str | None,
-            pool_position: int | None, why_not_now: str | None, no_target: str | None) -> str:
+            pool_position: int | None, why_not_now: str | None, no_target: str | None,
+            behind_text: str | None = None) -> str:
+    """``behind_text``: :func:`behind` of ``heads``, when the caller has it already."""
     text = _where(position)
     if single_pool is not None and pool_position is not None:
         text = f"{ordinal(position)} in the queue, {ordinal(pool_position)} for pool {single_pool}"
     if heads:
-        listed = "; ".join(f"{h.job_id} ({h.short()})" for h in heads[:MAX_LISTED])
-        more = f"; +{len(heads) - MAX_LISTED} more heads" if len(heads) > MAX_LISTED else ""
-        text += f", behind {listed}{more}"
+        text += behind(heads) if behind_text is None else behind_text
     elif no_target:
         text += f"; no pool can hold it even when running jobs end: {no_target}"
     if why_not_now:

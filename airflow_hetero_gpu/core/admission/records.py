@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -33,10 +33,10 @@ class Stage(enum.Enum):
     BORROWING = "borrowing"
 
 
-@dataclass(frozen=True)
-class Item:
+class Item(NamedTuple):
     """One entry as the walk visits it: its place in the queue (``rank``, 1 = first), its team
-    (None without teams) and the stage."""
+    (None without teams) and the stage. (A named tuple: the walk makes one or two per waiting job
+    every pass.)"""
 
     rank: int
     entry: QueueEntry
@@ -62,9 +62,9 @@ class Verdict:
     defer: bool = False
 
 
-@dataclass(frozen=True)
-class Held:
-    """An entry that does not start in this pass, as the walk recorded it."""
+class Held(NamedTuple):
+    """An entry that does not start in this pass, as the walk recorded it (a named tuple: one per
+    waiting job every pass)."""
 
     position: int
     entry: QueueEntry

@@ -29,6 +29,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from airflow_hetero_gpu.core import filters
+from airflow_hetero_gpu.core.admission.kept import KeptHeld
 from airflow_hetero_gpu.core.admission.model import AdmissionResult, QueueEntry
 from airflow_hetero_gpu.core.admission.order import DEFAULT_AGING_INTERVAL_S, check_aging, ordered
 from airflow_hetero_gpu.core.admission.passstate import PassState
@@ -68,7 +69,7 @@ class Admission:
         self.evicted = {GpuKey(*k): tuple(v) for k, v in (evicted or {}).items()}
         self.aging = check_aging(aging_interval_s)
         static = self._static(cluster, config, weights)
-        self._base, self.loaded, self.host_pool, self._accepts, plans = static
+        self._base, self.loaded, self.host_pool, self._accepts, plans, self.kept_held = static
         self.placer = placer or PlannerPlacer(cluster, evicted=self.evicted, config=self.config, drained=self.drained,
                                               kept=plans)
         self.on_drained = self._base.on_drained
@@ -80,7 +81,9 @@ class Admission:
         drains (the ledger keeps its cluster between passes), built here otherwise. The planner's
         pool reports (:class:`~airflow_hetero_gpu.core.plankept.KeptPlans`) are kept with them:
         each is keyed by its request and its pool's reserved GPUs, so a pass after a change finds
-        the reports of the pools it did not touch."""
+        the reports of the pools it did not touch; and the last pass's starting arrays and teams'
+        holdings (:class:`~airflow_hetero_gpu.core.admission.kept.KeptHeld`), handed back while the
+        reservations are equal to those they were computed from."""
         key = None
         if (config is None or config is cluster.config) and not weights:
             key = (frozenset(self.evicted.items()), frozenset(self.drained.items()))
@@ -104,7 +107,7 @@ class Admission:
         mixed = np.zeros(len(cluster.hosts), dtype=bool)
         np.logical_or.at(mixed, cluster.host_of, cluster.pool_of != first[cluster.host_of])
         plans = KeptPlans(cluster, evicted=self.evicted, config=self.config, drained=self.drained)
-        out = (base, loaded, np.where(mixed, -1, first), {}, plans)
+        out = (base, loaded, np.where(mixed, -1, first), {}, plans, KeptHeld())
         if key is not None:
             if len(kept) >= 8:  # evictions and drains come and go: keep the latest few
                 kept.pop(next(iter(kept)))
@@ -159,17 +162,19 @@ class Admission:
         teams = quotas is not None and bool(quotas.teams)
         rules: list[Rule] = []
         ordering: Ordering = QueueOrder()
-        borrowing, some_borrow = None, False
+        borrowing, some_borrow, borrowing_many = None, False, None
         if teams:
             cap = max_jobs_rule(quotas.teams, quotas.team_of)
             rules += [cap] if cap is not None else []
             quota = TeamQuotaRule(self, p, quotas, reserved, explain=explain)
             rules.append(quota)
             ordering = FairShareOrder(quotas.team, quota.book.fair_share)
-            borrowing, some_borrow = quota.borrows, bool(quota.over)
+            borrowing, some_borrow, borrowing_many = quota.borrows, bool(quota.over), quota.borrows_many
         if preemption is not None and running:
             rules.append(PreemptionRule(PassPreemption(running, preemption, now, self.aging, teams=teams,
-                                                        borrowing=borrowing, some_borrow=some_borrow)))
+                                                        borrowing=borrowing, some_borrow=some_borrow,
+                                                        columns=lambda jobs: self.kept_held.columns(jobs, self.cluster),
+                                                        borrowing_many=borrowing_many)))
         return ordering, rules
 
 

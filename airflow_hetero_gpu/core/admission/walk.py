@@ -40,6 +40,7 @@ class Walk:
         self.position = 0  # among the entries that keep waiting
         self._shapes: dict[int, Shape] = {}  # id(request) -> what this pass learnt about it
         self._by_value: dict[PlanRequest, Shape] = {}
+        self._together: dict[tuple[int, int], tuple] = {}  # see _verdict
 
     def shape_of(self, entry: QueueEntry) -> Shape:
         shape = self._shapes.get(id(entry.request))
@@ -51,6 +52,7 @@ class Walk:
         return shape
 
     def run(self, ordering: Ordering, entries: Sequence[QueueEntry], now: float) -> AdmissionResult:
+        self._verdicts, self._notes, self._helds = (_saying(self.rules, h) for h in ("verdict", "note", "held"))
         ordering.walk(self, entries, self.visit)
         result = self._result(now, entries)
         for rule in self.rules:
@@ -60,29 +62,40 @@ class Walk:
     # --- one entry ---------------------------------------------------------------------------
     def visit(self, item: Item) -> Outcome:
         shape = self.shape_of(item.entry)
-        if not shape.ok.any():
+        if not shape.possible:
             return self._record(item, "impossible", None, shape, [])
         verdict = self._verdict(item, shape)
         if verdict.refusal is not None:
             if verdict.defer:
                 return Outcome.DEFERRED
             return self._record(item, "waiting", None, shape, [], verdict.refusal)
-        sub = shape if np.array_equal(verdict.pools, shape.ok) else Shape(shape.request, verdict.pools, shape.rejected)
+        pools = verdict.pools
+        same = pools is shape.ok or (pools.shape == shape.ok.shape and bool((pools == shape.ok).all()))
+        sub = shape if same else Shape(shape.request, pools, shape.rejected)
         if self._start(item, shape, sub, verdict):
             return Outcome.STARTED
         return self._hold(item, sub)
 
     def _verdict(self, item: Item, shape: Shape) -> Verdict:
-        """Every rule's say, together: the pools all of them allow; the first refusal."""
-        pools, borrow = shape.ok, {}
-        for rule in self.rules:
+        """Every rule's say, together: the pools all of them allow; the first refusal. Where one
+        rule alone says, the same answer of that rule for the same shape gives the same verdict
+        (a rule may hand its answers out again: the quota rule does)."""
+        pools, borrow, said_once = shape.ok, {}, None
+        for rule in self._verdicts:
             said = rule.verdict(self, item, shape)
             if said is None:
                 continue
             if said.refusal is not None:
                 return said
+            said_once = said if pools is shape.ok else None
             pools, borrow = pools & said.pools, said.borrow or borrow
-        return Verdict(pools, borrow)
+        if said_once is None or pools is shape.ok:
+            return Verdict(pools, borrow)
+        hit = self._together.get((id(shape), id(said_once)))
+        if hit is None or hit[0] is not shape or hit[1] is not said_once:
+            pools.flags.writeable = False  # handed out again: nobody may change it
+            hit = self._together[(id(shape), id(said_once))] = (shape, said_once, Verdict(pools, borrow))
+        return hit[2]
 
     def _start(self, item: Item, shape: Shape, sub: Shape, verdict: Verdict) -> bool:
         entry = item.entry
@@ -120,11 +133,11 @@ class Walk:
         self.position += 1
         notes: tuple[Reason, ...] = ()
         if self.explain and state != "impossible" and refusal is None:
-            notes = tuple(n for n in (r.note(self, item) for r in self.rules) if n is not None)
+            notes = tuple(n for n in (r.note(self, item) for r in self._notes) if n is not None)
         if self.explain or state != "waiting":
             self.held.append(Held(self.position, item.entry, state, claim, shape, heads, refusal, notes))
         if state != "impossible":
-            for rule in self.rules:
+            for rule in self._helds:
                 rule.held(self, item, shape, claim, refusal is not None)
         return Outcome.HELD
 
@@ -133,16 +146,22 @@ class Walk:
         out: list[Waiting] = []
         ahead = np.zeros(len(self.cluster.pools), dtype=np.int64)  # waiting jobs so far accepting each pool
         aging = self.adm.aging
+        singles: dict[int, tuple] = {}  # id(shape) -> (shape, its one pool or None): see _text
+        behinds: dict[int, tuple] = {}  # id(heads) -> (heads, reasons.behind(heads))
+        names: dict[int, tuple] = {}  # id(heads) -> (heads, their job ids)
         for h in self.held:
-            text = self._text(h, ahead) if self.explain else ""
+            text = self._text(h, ahead, singles, behinds) if self.explain else ""
             if self.explain and h.state != "impossible":
-                ahead[h.shape.ok] += 1
+                ahead += h.shape.ok
             kind = h.refusal.kind if h.refusal is not None else _KIND[h.state]
+            heads = names.get(id(h.heads))  # the jobs behind the same heads share one list
+            if heads is None or heads[0] is not h.heads:
+                heads = names[id(h.heads)] = (h.heads, tuple(c.job_id for c in h.heads))
             out.append(Waiting(h.entry.job_id, h.position, h.state, text, effective_priority(h.entry, now, aging),
-                               h.claim, tuple(c.job_id for c in h.heads), kind))
+                               h.claim, heads[1], kind))
         return AdmissionResult(now, self.admitted, out, entries)
 
-    def _text(self, h: Held, ahead: np.ndarray) -> str:
+    def _text(self, h: Held, ahead: np.ndarray, singles: dict[int, tuple], behinds: dict[int, tuple]) -> str:
         if h.refusal is not None:
             text = reasons.refused(h.position, h.refusal.kind, h.refusal.text)
         elif h.state == "impossible":
@@ -151,10 +170,18 @@ class Walk:
             text = reasons.head(h.position, h.claim)
         else:
             ok = h.shape.ok
-            single = self.cluster.pools[int(np.flatnonzero(ok)[0])].id if int(ok.sum()) == 1 else None
-            pool_pos = int(ahead[ok].max()) + 1 if single else None
-            text = reasons.waiting(h.position, h.heads, single, pool_pos, h.shape.why_not, h.shape.no_target)
-        return text + "".join(f"; {n.text}" for n in h.notes if n.text)
+            hit = singles.get(id(h.shape))
+            if hit is None or hit[0] is not h.shape:  # the pool of a shape with one pool, once per shape
+                one = np.flatnonzero(ok)
+                hit = singles[id(h.shape)] = (h.shape, int(one[0]) if len(one) == 1 else None)
+            single = self.cluster.pools[hit[1]].id if hit[1] is not None else None
+            pool_pos = int(ahead[hit[1]]) + 1 if single else None
+            said = behinds.get(id(h.heads))  # the waiting jobs behind the same heads share one list
+            if said is None or said[0] is not h.heads:
+                said = behinds[id(h.heads)] = (h.heads, reasons.behind(h.heads))
+            text = reasons.waiting(h.position, h.heads, single, pool_pos, h.shape.why_not, h.shape.no_target,
+                                   said[1])
+        return text + "".join(f"; {n.text}" for n in h.notes if n.text) if h.notes else text
 
 
 def walk_queue(adm, p: PassState, ordering: Ordering, rules: Iterable[Rule], entries: Sequence[QueueEntry],
@@ -163,3 +190,9 @@ def walk_queue(adm, p: PassState, ordering: Ordering, rules: Iterable[Rule], ent
     walk = Walk(adm, p, explain=explain)
     walk.rules = list(rules)
     return walk.run(ordering, entries, now)
+
+
+def _saying(rules: Sequence[Rule], hook: str) -> list[Rule]:
+    """The rules whose ``hook`` is their own (the others' is :class:`Rule`'s, which does nothing):
+    the walk asks only those, once per entry."""
+    return [r for r in rules if getattr(type(r), hook) is not getattr(Rule, hook)]

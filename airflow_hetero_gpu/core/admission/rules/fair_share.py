@@ -11,7 +11,6 @@ in-quota job of the pass).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable, Sequence
 
 from airflow_hetero_gpu.core.admission.model import QueueEntry
@@ -31,7 +30,7 @@ class FairShareOrder:
         for rank, entry in enumerate(entries, 1):
             item = Item(rank, entry, self.team_of(entry), Stage.WITHIN_QUOTA)
             if visit(item) is Outcome.DEFERRED:
-                deferred.append(dataclasses.replace(item, stage=Stage.BORROWING))
+                deferred.append(Item(item.rank, item.entry, item.team, Stage.BORROWING))
         self.borrowers(deferred, visit)
 
     def borrowers(self, deferred: Sequence[Item], visit: Callable[[Item], Outcome]) -> None:

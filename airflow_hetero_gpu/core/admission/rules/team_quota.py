@@ -55,8 +55,7 @@ class TeamQuotaRule(Rule):
         self.pool_card = [pool.card_type for pool in c.pools]
         self.cards = cards = sorted(set(self.pool_card))
         self.pool_code = np.array([cards.index(t) for t in self.pool_card], dtype=np.int64)
-        gpu_code = self.pool_code[c.pool_of] if len(c.gpus) else np.zeros(0, dtype=np.int64)
-        healthy = np.bincount(gpu_code[adm.healthy], minlength=len(cards))
+        gpu_code, healthy = _card_codes(adm, self.pool_code, len(cards))
         usage = holdings(p, quotas, reserved or {}, cards, gpu_code)
         self.book = QuotaBook(quotas.teams, {t: int(n) for t, n in zip(cards, healthy.tolist()) if n}, usage,
                               quotas.history, reasons=explain)
@@ -67,6 +66,8 @@ class TeamQuotaRule(Rule):
         self.over = {(t, c) for t in {t for (t, _) in usage} for c, n in self.book.borrowed_by_card(t).items() if n}
         self.over_teams = {t for (t, _) in self.over}
         self._rooms: dict[tuple[str, int], np.ndarray] = {}  # see _room()
+        self._verdicts: dict[tuple, tuple] = {}  # see verdict()
+        self._notes: dict[tuple, Reason] = {}  # see note()
         self.waiting_gpus: list[tuple[str, str, int]] = []  # (team, card type, GPUs) for the standing
 
     def borrows(self, job: RunningJob) -> bool:
@@ -80,6 +81,20 @@ class TeamQuotaRule(Rule):
             return False
         return (job.team or self.default_team, self.pool_card[int(self.cluster.pool_of[pos])]) in self.over
 
+    def borrows_many(self, cols) -> list[bool]:
+        """:meth:`borrows` of every job of the :class:`~..running.RunningColumns` ``cols``, with
+        the jobs' first GPUs' positions looked up once (kept with the columns)."""
+        n = len(cols.ids)
+        if not self.over or cols.cluster is not self.cluster:
+            return [False] * n if not self.over else [self.borrows(j) for j in cols.running]
+        teams = [t or self.default_team for t in cols.team.tolist()]
+        rows = np.array([t in self.over_teams for t in teams], dtype=bool)
+        first = cols.first_positions(rows & (cols.ngpus > 0))
+        found = rows & (first >= 0)
+        card = np.full(n, -1, dtype=np.int64)
+        card[found] = self.pool_code[self.cluster.pool_of[first[found]]]
+        return [bool(f) and (t, self.cards[c]) in self.over for f, t, c in zip(found.tolist(), teams, card.tolist())]
+
     def _room(self, team: str) -> np.ndarray:
         """The team's unused quota per card type (of :attr:`cards`), until its accounts change."""
         key = (team, self.book.team_version(team))
@@ -90,9 +105,24 @@ class TeamQuotaRule(Rule):
         return hit
 
     def verdict(self, walk, item: Item, shape) -> Verdict:
+        """The pools ``item`` may use now. A function of its team's accounts (within quota) or of
+        every team's (borrowing) and of its request's pools: one answer per team, stage and shape
+        until the accounts change (hundreds of waiting jobs share a few shapes). The answers are
+        read-only: the walk only reads them."""
+        if item.stage is not Stage.BORROWING:
+            key = (item.team, self.book.team_version(item.team), id(shape), False)
+        else:
+            key = (item.team, self.book.version, id(shape), True)
+        hit = self._verdicts.get(key)
+        if hit is None or hit[0] is not shape:
+            hit = self._verdicts[key] = (shape, self._verdict(item, shape))
+        return hit[1]
+
+    def _verdict(self, item: Item, shape) -> Verdict:
         gpus = item.entry.request.gpus
         if item.stage is not Stage.BORROWING:
             pools = shape.ok & (self._room(item.team)[self.pool_code] >= gpus)
+            pools.flags.writeable = False
             return Verdict(pools) if pools.any() else Verdict(pools, refusal=Reason(ReasonKind.QUOTA), defer=True)
         codes = list(dict.fromkeys(self.pool_code[shape.ok].tolist()))  # in pool order: the first refusal says why
         allowed = np.zeros(len(self.cards), dtype=bool)
@@ -104,6 +134,7 @@ class TeamQuotaRule(Rule):
             if not chk.allowed and not why:
                 why = chk.why
         ok = shape.ok & allowed[self.pool_code]
+        ok.flags.writeable = False
         if not ok.any():
             return Verdict(ok, refusal=Reason(ReasonKind.QUOTA, why))
         return Verdict(ok, {i: int(borrowed[self.pool_code[i]]) for i in np.flatnonzero(ok).tolist()})
@@ -111,7 +142,10 @@ class TeamQuotaRule(Rule):
     def card(self, shape, claim) -> str:
         if claim is not None:
             return self.pool_card[int(self.cluster.pool_of[self.p.positions(claim.gpus[:1])[0]])]
-        return self.pool_card[int(np.flatnonzero(shape.ok)[0])]
+        first = int(shape.ok.argmax())  # the first pool it may use (it has one: it was not impossible)
+        if not shape.ok[first]:
+            raise IndexError("a waiting job with no pool")
+        return self.pool_card[first]
 
     def started(self, walk, item: Item, admitted, pool: int) -> None:
         self.book.take(item.team, self.pool_card[pool], item.entry.request.gpus)
@@ -123,9 +157,14 @@ class TeamQuotaRule(Rule):
             self.book.keep(item.team, card, item.entry.request.gpus)
 
     def note(self, walk, item: Item) -> Reason:
-        if item.stage is Stage.WITHIN_QUOTA:
-            return Reason(ReasonKind.NOTE, f"team {item.team}: within its quota (kept for it while it waits)")
-        return Reason(ReasonKind.NOTE, f"team {item.team}: borrows above its quota")
+        hit = self._notes.get((item.team, item.stage))  # one per team and stage (a Reason is frozen)
+        if hit is None:
+            if item.stage is Stage.WITHIN_QUOTA:
+                hit = Reason(ReasonKind.NOTE, f"team {item.team}: within its quota (kept for it while it waits)")
+            else:
+                hit = Reason(ReasonKind.NOTE, f"team {item.team}: borrows above its quota")
+            self._notes[(item.team, item.stage)] = hit
+        return hit
 
     def finish(self, walk, result):
         if self.explain:  # the simulator (explain=False) does not read the standing
@@ -133,18 +172,39 @@ class TeamQuotaRule(Rule):
         return result
 
 
+def _card_codes(adm, pool_code: np.ndarray, ncards: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each GPU's card-type code and the healthy GPUs per card type: a function of the cluster
+    and its health, kept with the admission's per-cluster state (``KeptHeld.memo``)."""
+    def compute():
+        c = adm.cluster
+        gpu_code = pool_code[c.pool_of] if len(c.gpus) else np.zeros(0, dtype=np.int64)
+        gpu_code.flags.writeable = False
+        return gpu_code, np.bincount(gpu_code[adm.healthy], minlength=ncards)
+
+    kept = getattr(adm, "kept_held", None)
+    return compute() if kept is None else kept.memo(("card codes", pool_code.tobytes(), ncards), compute)
+
+
 def holdings(p, quotas: QuotaInput, reserved: Mapping[GpuKey, str], cards: list[str],
              gpu_code: np.ndarray) -> dict[tuple[str, str], int]:
     """(team, card type) -> GPUs its live reservations hold (counted with numpy: a fleet of
-    10,000 GPUs has about as many reservations, every pass)."""
+    10,000 GPUs has about as many reservations, every pass). Kept between passes while the
+    reservations, the jobs' teams and the card types are equal (``KeptHeld.holdings``)."""
     if not reserved:
         return {}
+    kept = getattr(p.adm, "kept_held", None)
+    if kept is None or p.serial is None:
+        return _count(p, quotas, cards, gpu_code)
+    return kept.holdings(p.serial, quotas.team_of, (quotas.default_team, tuple(cards)),
+                         lambda: _count(p, quotas, cards, gpu_code))
+
+
+def _count(p, quotas: QuotaInput, cards: list[str], gpu_code: np.ndarray) -> dict[tuple[str, str], int]:
     names = list(dict.fromkeys([quotas.default_team, *quotas.team_of.values()]))
     index = {t: i for i, t in enumerate(names)}
     job_code = {job: index[t] for job, t in quotas.team_of.items()}
-    codes = np.fromiter(map(job_code.get, reserved.values(), itertools.repeat(0)), dtype=np.int64,
-                        count=len(reserved))
-    pos = p.reserved_positions()
+    pos, jobs = p.reserved_positions()
+    codes = np.fromiter(map(job_code.get, jobs, itertools.repeat(0)), dtype=np.int64, count=len(jobs))
     found = pos >= 0
     found[found] = p.held[pos[found]]  # with a reserved_mask, only the GPUs it marks held
     counts = np.bincount(codes[found] * len(cards) + gpu_code[pos[found]], minlength=len(names) * len(cards))
