@@ -136,7 +136,9 @@ def deployment(services):
     cfg = {"ssh_conn_ids": ids, "script": SCRIPT, "workdir": str(root), "gpu_count": 2,
            "script_args": ["--epochs", "1000", "--sleep", "1", "--stop-file", f"{stops}/{{{{ run_id }}}}"],
            "inventory_max_age": 3600}
-    durable = {"durable": True, "unattended_timeout": 240, "preemption_grace": 5, "lease_seconds": 260,
+    # the switch waits 10 min: Airflow may take 5 to retry a task it lost in the database's restart
+    # (seen on a loaded machine: the lost try's next one started 5 min after it was killed)
+    durable = {"durable": True, "unattended_timeout": 600, "preemption_grace": 5, "lease_seconds": 620,
                # keepalives answered within 30 s: when the six jobs end at once, the tasks that finish
                # them and the deferred ones resuming in a worker load two cores for tens of seconds
                # (8 s gave up on two hosts whose jobs had just ended); a heartbeat every 7.5 s
