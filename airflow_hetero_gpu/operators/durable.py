@@ -155,8 +155,7 @@ class DurableJob:
             log.warning("job %s: cannot ask every host of the earlier try's job (%s), but its reservation is gone: "
                         "its lease ran out, which it does only after the dead-man switch there has stopped the job; "
                         "stopping what is left where reachable and launching afresh", self.job_id, said)
-            self.abandon(handle)
-            return Resumed()
+            return self._abandon_for_a_fresh_launch(handle)
         if states <= {"running", "succeeded"} and "running" in states and self._take_lease():
             _stats_incr("resumable_job.reconnect_success", self.tags)
             log.info("job %s: still running on %s (launch %s): reattaching, nothing launched or reserved; "
@@ -172,6 +171,10 @@ class DurableJob:
         _stats_incr("resumable_job.terminal_resubmit", self.tags)
         log.warning("job %s: the earlier try's job cannot be reattached (%s); stopping what is left of it, "
                     "releasing what it held and launching afresh", self.job_id, said)
+        return self._abandon_for_a_fresh_launch(handle)
+
+    def _abandon_for_a_fresh_launch(self, handle: dict) -> Resumed:
+        """:meth:`abandon`, then a fresh launch; none while a host's share may still run."""
         unstopped = self.abandon(handle)
         if unstopped:  # it may still run there: nothing launched, its GPUs stay held
             raise AirflowException(f"job {self.job_id}: what is left of the earlier try's job could not be stopped "
