@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import time
+
 import paramiko
 import pytest
 
@@ -34,6 +36,12 @@ def test_sweep_probe_and_launch_share_one_connection_a_host(fleet):
     swept = kill_orphans("job-a", [targets["node01"], targets["node02"], targets["node03"]], handoff)
     assert all(r.error is None for r in swept.values()), swept
     handoff.release({"node01", "node02"})  # node03 was swept (an earlier try's host), not launched on
+    # released at once, not kept for the job's life: the server sees node03's connection close
+    # before the job starts (it notes the close a moment after the client's, so wait for it)
+    deadline = time.monotonic() + 30
+    while cluster.connections()["node03"] != 0:
+        assert time.monotonic() < deadline, cluster.connections()
+        time.sleep(0.05)
     spec = LaunchSpec("job-a", Command(("sh", "-c", "echo started")))
     lines = []
     job = torchrun_job(spec, [(targets["node01"], (0, 1)), (targets["node02"], (0, 1))], handoff,
