@@ -396,6 +396,11 @@ class RemoteJob:
         return [r.host for r in runs if r.channel is not None and (
             not cleanup[r.host].clean if r.host in cleanup else r.exit_code in (None, lost_exit))]
 
+    def may_still_run(self) -> list[str]:
+        """The hosts where the job may still run after its stop: :meth:`unstopped` for a supervised
+        job; none for one that is not (each host's watchdog ends it with its session)."""
+        return self.unstopped() if self.supervision is not None else []
+
     def _remove_run_files(self, runs: Sequence[HostRun]) -> None:
         """The job ended on every host: its supervisors' files go (where the connection is up)."""
         assert self.supervision is not None

@@ -478,8 +478,7 @@ class HeteroTrainOperator(BaseOperator):
     def _unstopped(self) -> list[str]:
         """The hosts where this try's supervised job may still run after its stop (unreachable):
         none for a job that is not supervised (each host's watchdog ends it with its session)."""
-        job = self._job
-        return job.unstopped() if job is not None and job.supervision is not None else []
+        return self._job.may_still_run() if self._job is not None else []
 
     def on_kill(self) -> None:
         if self._runtime is not None and self._runtime.waiting_job is not None:  # in the queue: leave it now

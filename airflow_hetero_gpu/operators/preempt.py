@@ -101,7 +101,7 @@ def _refuse_if_unstopped(job: Any, job_id: str, mark: dict) -> None:
     stays (still marked) and the try fails; the lease, no longer renewed, frees the GPUs only
     after the dead-man switch there has stopped the job, closing the record and admitting the
     preemptor in that transaction. (A job that is not supervised ends with its sessions.)"""
-    left = job.unstopped() if getattr(job, "supervision", None) is not None else []
+    left = job.may_still_run()
     if left:
         from airflow.sdk.exceptions import AirflowException
 
