@@ -21,6 +21,8 @@ import os
 import re
 import signal
 import subprocess
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -42,8 +44,12 @@ from test_deployment_celery import LEDGER_CONN_ID, Sampler, _check_command  # no
 pytestmark = pytest.mark.slow
 
 DAG, DEFERRED_DAG = "hg_durable_test", "hg_durable_deferred_test"
-RUNS = ("durable-1", "durable-2", "durable-3")  # watched from a worker; 2 GPUs each
-DEFERRED = ("deferred-1", "deferred-2", "deferred-3")  # watched from the triggerer: the fleet of 12 full
+# run ids (and so job ids, and each job's run directory on the hosts) of this run only: a job
+# directory an earlier run left on a host (one whose watchers were killed with it) is not this
+# run's, and its offsets would count as this run's heartbeats
+_RUN = uuid.uuid4().hex[:6]
+RUNS = tuple(f"durable-{i}-{_RUN}" for i in (1, 2, 3))  # watched from a worker; 2 GPUs each
+DEFERRED = tuple(f"deferred-{i}-{_RUN}" for i in (1, 2, 3))  # watched from the triggerer: the fleet of 12 full
 TIMEOUT = 900  # safety nets only
 
 
@@ -136,8 +142,9 @@ def deployment(services):
     cfg = {"ssh_conn_ids": ids, "script": SCRIPT, "workdir": str(root), "gpu_count": 2,
            "script_args": ["--epochs", "1000", "--sleep", "1", "--stop-file", f"{stops}/{{{{ run_id }}}}"],
            "inventory_max_age": 3600}
-    # the switch waits 10 min: Airflow may take 5 to retry a task it lost in the database's restart
-    # (seen on a loaded machine: the lost try's next one started 5 min after it was killed)
+    # the switch waits 10 min: with Airflow's default orphan check (every 300 s) a task lost in the
+    # database's restart was retried 5 min after it was killed; this deployment checks every 15 s
+    # (below), the switch stays above the default
     durable = {"durable": True, "unattended_timeout": 600, "preemption_grace": 5, "lease_seconds": 620,
                # keepalives answered within 30 s: when the six jobs end at once, the tasks that finish
                # them and the deferred ones resuming in a worker load two cores for tens of seconds
@@ -157,6 +164,9 @@ def deployment(services):
         # a task whose worker died is noticed (and retried) after 20 s without a heartbeat
         "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
         "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
+        # a task the scheduler queued before it died in the database's restart is handed on by the
+        # next scheduler's orphan check: every 300 s by default, every 15 s here
+        "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "15",
     }
     check = subprocess.Popen(_check_command(cluster, services["ledger_url"]), stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
@@ -214,6 +224,11 @@ def test_every_celery_worker_sigkilled_every_training_reattaches(deployment, ser
             return ""
         return attempts.get(str(newest), "")
 
+    t0 = time.monotonic()
+
+    def step(what: str) -> None:  # the test's timeline, in its output
+        print(f"{time.monotonic() - t0:6.1f} s  {what}", flush=True)
+
     sampler = Sampler(airflow, cluster)
     sampler.start()
     try:
@@ -222,6 +237,7 @@ def test_every_celery_worker_sigkilled_every_training_reattaches(deployment, ser
                 airflow.trigger_rest(dag_of(run_id), run_id, {}, client=client)
         airflow.wait_for(lambda: all(len(epochs_in(watched(r, False))) >= 3 for r in everything),
                          TIMEOUT, "every training past epoch 3")
+        step("every training past epoch 3")
         states = {r: airflow.task_state(DEFERRED_DAG, r, "train") for r in DEFERRED}
         assert states == {r: "deferred" for r in DEFERRED}, states  # no worker slot held
         # each host's last heartbeat recorded offsets past epoch 2: the next watcher goes on from there
@@ -238,10 +254,13 @@ def test_every_celery_worker_sigkilled_every_training_reattaches(deployment, ser
         # manager, as in a deployment (the scheduler does exit)
         airflow.keep_running = set(airflow.COMPONENTS)
         services["pg"].restart(down_seconds=2)
+        step("the database restarted")
         airflow.wait_until_ready(TIMEOUT)
+        step("the api-server and the workers answer")
         passed = {r: _heartbeat_epochs(job_of(r)) for r in everything}
         airflow.wait_for(lambda: all(_heartbeat_epochs(job_of(r)) >= passed[r] + 2 for r in everything), TIMEOUT,
                          "every job heartbeated two epochs on after the control plane's restart")
+        step("every job heartbeated two epochs on")
         for run_id in everything:  # not stopped, not relaunched: the same processes, the same tries
             assert before[run_id] <= set(procs.with_env("HETERO_GPU_JOB_ID", job_of(run_id))), run_id
             assert not re.search(r"stopping job|task killed", "".join(_attempts(airflow, run_id).values())), run_id
@@ -256,21 +275,25 @@ def test_every_celery_worker_sigkilled_every_training_reattaches(deployment, ser
         os.kill(airflow.procs[warm].pid, signal.SIGTERM)
         airflow.wait_for(lambda: "Warm shutdown" in airflow.component_log(warm), TIMEOUT,
                          f"{warm}'s warm shutdown")
+        step(f"{warm}'s warm shutdown")
         killed_at.update({r: max(tries(_attempts(airflow, r))) for r in RUNS})
         killed = {w: _sigkill_worker_tree(airflow, w) for w in airflow.workers}
         for component in (*airflow.workers, "triggerer"):
             airflow.restart(component, signal.SIGKILL)  # the group too; then started again
         airflow.wait_for(lambda: all("reattaching" in watched(r, True) for r in RUNS), TIMEOUT,
                          "every retry reattached")
+        step("every retry reattached")
         airflow.wait_for(lambda: all("watched from the triggerer" in watched(r, True) for r in DEFERRED), TIMEOUT,
                          "every deferred run's new trigger reattached")
         for run_id in everything:  # the same processes train on
             assert before[run_id] <= set(procs.with_env("HETERO_GPU_JOB_ID", job_of(run_id))), run_id
         airflow.wait_for(lambda: all(len(epochs_in(watched(r, True))) >= 2 for r in everything),
                          TIMEOUT, "every reattached training relaying new epochs")
+        step("every reattached training relays new epochs")
         for run_id in everything:
             (airflow.stops / run_id).touch()
         states = {r: airflow.wait_for_state(dag_of(r), r, None, {"success", "failed"}, TIMEOUT) for r in everything}
+        step("every run ended")
     finally:
         sampler.stop()
     sampler.check()
