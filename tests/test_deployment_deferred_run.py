@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -37,9 +38,12 @@ def deployment(tmp_path_factory):
                    "lease_seconds": 90, "host_timeout": 8,
                    "script_args": ["--epochs", "8", "--hold-after-epoch", "2", "--hold-file", str(root / "hold")]}
         # a job that outlives SIGTERM (it says so and goes on): only the SIGKILL after the grace ends it
+        # (it ends with status 0 once ``release-<run id>`` appears in the test's directory: what lets a
+        # cleared task's new try end ``success``)
         stubborn = {**durable, "script": None, "script_args": [], "command": [
             "sh", "-c", "trap 'echo TERM received; echo TERM received >&2' TERM; echo stubborn started; "
-                        "while :; do sleep 0.2; done"]}
+                        f"while [ ! -e {root}/release-\"$HG_RUN\" ]; do sleep 0.2; done; echo released"],
+                    "env": {"HG_RUN": "{{ run_id }}"}}
         with AirflowDeployment(root / "airflow", DAGS, {
             **conns, "HG_TEST_CONFIG": json.dumps(cfg), "HG_TEST_DURABLE_CONFIG": json.dumps(durable),
             "HG_TEST_COMMAND_CONFIG": json.dumps(stubborn),
@@ -101,6 +105,30 @@ def test_triggerer_killed_while_it_watches_a_training(deployment):
     assert not (Path.home() / ".hetero-gpu" / "run" / job_id).exists()
 
 
+def _deferred_command_run(airflow) -> tuple[str, str, callable]:
+    """Trigger ``hg_command_test`` (the job that traps SIGTERM) and wait until its trigger relays
+    it: (run id, job id, the trigger logs' text so far)."""
+    from airflow_hetero_gpu.launch.command import JOB_ENV
+    from airflow_hetero_gpu.testing import procs
+
+    dag_id, task_id = "hg_command_test", "run"
+    run_id = airflow.trigger(dag_id)
+    job_id = default_job_id(dag_id, task_id, run_id)
+    watched = lambda: "".join(_trigger_logs(airflow, run_id, dag_id, task_id))  # noqa: E731
+    airflow.wait_for(lambda: "stubborn started" in watched() and "watched from the triggerer" in watched(),
+                     timeout=300, what="the job relayed by the trigger")
+    assert airflow.task_state(dag_id, run_id, task_id) == "deferred"          # no worker slot held
+    assert procs.with_env(JOB_ENV, job_id)
+    with Ledger.from_url(airflow.cfg["ledger_url"]) as ledger:
+        assert [r.job_id for r in ledger.live_reservations()] == [job_id]
+    return run_id, job_id, watched
+
+
+def _released(airflow) -> bool:
+    with Ledger.from_url(airflow.cfg["ledger_url"]) as ledger:
+        return ledger.live_reservations() == []
+
+
 def test_a_task_marked_failed_while_deferred_has_its_job_stopped_from_the_triggerer(deployment):
     """The task is marked failed through the REST API while the triggerer watches its job (no
     worker holds it): Airflow cancels the trigger as a user's action and calls its ``on_kill``,
@@ -113,15 +141,7 @@ def test_a_task_marked_failed_while_deferred_has_its_job_stopped_from_the_trigge
 
     airflow = deployment
     dag_id, task_id = "hg_command_test", "run"
-    run_id = airflow.trigger(dag_id)
-    job_id = default_job_id(dag_id, task_id, run_id)
-    watched = lambda: "".join(_trigger_logs(airflow, run_id, dag_id, task_id))  # noqa: E731
-    airflow.wait_for(lambda: "stubborn started" in watched() and "watched from the triggerer" in watched(),
-                     timeout=300, what="the job relayed by the trigger")
-    assert airflow.task_state(dag_id, run_id, task_id) == "deferred"          # no worker slot held
-    assert procs.with_env(JOB_ENV, job_id)
-    with Ledger.from_url(airflow.cfg["ledger_url"]) as ledger:
-        assert [r.job_id for r in ledger.live_reservations()] == [job_id]
+    run_id, job_id, watched = _deferred_command_run(airflow)
 
     with airflow.client() as client:
         r = client.patch(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}",
@@ -132,11 +152,7 @@ def test_a_task_marked_failed_while_deferred_has_its_job_stopped_from_the_trigge
                      poll=0.2)
     gone_after = time.monotonic() - marked
 
-    def released() -> bool:
-        with Ledger.from_url(airflow.cfg["ledger_url"]) as ledger:
-            return ledger.live_reservations() == []
-
-    airflow.wait_for(released, timeout=120, what="the reservation released")
+    airflow.wait_for(lambda: _released(airflow), timeout=120, what="the reservation released")
     text = watched()
     # the trigger's on_kill (a user's action: Airflow calls it, not the triggerer's stop)
     assert "Trigger cancelled by user action, invoking on_kill" in text, text[-4000:]
@@ -155,3 +171,92 @@ def test_a_task_marked_failed_while_deferred_has_its_job_stopped_from_the_trigge
     # each host's supervisor (not the job's: it carries no marker) sees its job gone and exits
     airflow.wait_for(lambda: leftovers(job_id) == "", timeout=60, what="nothing of the job left on the hosts")
     assert airflow.task_state(dag_id, run_id, task_id) == "failed"
+
+
+def _launches(job_id: str) -> dict[str, int]:
+    """The job's processes on the hosts, counted by their launch's token (``HETERO_GPU_LAUNCH``)."""
+    from airflow_hetero_gpu.launch.command import JOB_ENV, LAUNCH_ENV
+    from airflow_hetero_gpu.testing import procs
+
+    out: dict[str, int] = {}
+    for pid in procs.with_env(JOB_ENV, job_id):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        token = next((e.split(b"=", 1)[1].decode() for e in env if e.startswith(f"{LAUNCH_ENV}=".encode())), "?")
+        out[token] = out.get(token, 0) + 1
+    return out
+
+
+class _Sampler(threading.Thread):
+    """Every 0.2 s: the job's processes by launch, and whether the ledger holds its reservation."""
+
+    def __init__(self, ledger_url: str, job_id: str):
+        super().__init__(daemon=True)
+        self.ledger_url, self.job_id = ledger_url, job_id
+        self.samples: list[tuple[float, dict[str, int], bool]] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        with Ledger.from_url(self.ledger_url) as ledger:
+            while not self.done.is_set():
+                launches = _launches(self.job_id)
+                held = ledger.get(self.job_id) is not None
+                self.samples.append((time.monotonic(), launches, held))
+                self.done.wait(0.2)
+
+
+def test_a_task_cleared_while_deferred_has_its_job_stopped_and_its_new_try_launches_afresh(deployment):
+    """The task is cleared through the REST API while the triggerer watches its job. Airflow sets
+    the task instance's state to none and drops its trigger; the triggerer cancels the trigger as a
+    user's action and calls its ``on_kill`` (SIGTERM, the kill grace, SIGKILL: the job traps
+    SIGTERM; then the reservation released). The task's new try reads the handle the first try
+    stored, finds that job stopped, and launches afresh: a second launch on GPUs no process of the
+    first job holds any more, which ends ``success``. Sampled every 0.2 s: never the processes of
+    both launches at once, never a process of the job without its reservation."""
+    airflow = deployment
+    dag_id, task_id = "hg_command_test", "run"
+    run_id, job_id, watched = _deferred_command_run(airflow)
+    (first,) = _launches(job_id)
+    sampler = _Sampler(airflow.cfg["ledger_url"], job_id)
+    sampler.start()
+    try:
+        with airflow.client() as client:
+            r = client.post(f"/api/v2/dags/{dag_id}/clearTaskInstances", json={
+                "dry_run": False, "dag_run_id": run_id, "task_ids": [task_id], "only_failed": False})
+        assert r.status_code == 200, r.text
+        assert [ti["task_id"] for ti in r.json()["task_instances"]] == [task_id], r.text
+        # the new try's launch: processes of another launch token
+        second = airflow.wait_for(lambda: [t for t in _launches(job_id) if t != first] or None, timeout=300,
+                                  what="the new try's launch", poll=0.2)[0]
+        assert airflow.query("select try_number from task_instance where dag_id = ? and run_id = ? and task_id = ?",
+                             dag_id, run_id, task_id) == [(2,)]
+        airflow.wait_for(lambda: any(second in launches for _, launches, _ in sampler.samples), timeout=60,
+                         what="the sampler seeing the second launch", poll=0.2)
+        (Path(airflow.root) / f"release-{run_id}").touch()
+        state = airflow.wait_for_state(dag_id, run_id, task_id, {"success", "failed"}, timeout=300)
+    finally:
+        sampler.done.set()
+        sampler.join(10)
+    log = airflow.task_log(dag_id, run_id, task_id)
+    triggerer = airflow.component_log("triggerer")
+    assert state == "success", log[-6000:] + triggerer[-3000:]
+    text = watched()
+    assert "Trigger cancelled by user action, invoking on_kill" in text, text[-4000:]
+    assert f"task killed: stopping job {job_id} on every host" in text, text[-4000:]
+    assert log.count(f"job {job_id}: starting on") == 2, log[-6000:]                    # a second launch
+    # the new try started before the trigger's stop, or beside it: it never reattached, it waited for the stop
+    assert "reattaching" not in log, log[-6000:]
+    assert f"job {job_id}: try 1 handed it to a trigger and ended while deferred" in log, log[-6000:]
+    # never both launches' processes at once (no GPU held twice), never a process without the reservation
+    both = [s for s in sampler.samples if first in s[1] and second in s[1]]
+    assert not both, both[:3]
+    unheld = [s for s in sampler.samples if s[1] and not s[2]]
+    assert not unheld, unheld[:3]
+    # the first launch's processes were gone before the second's appeared
+    last_first = max(t for t, launches, _ in sampler.samples if first in launches)
+    first_second = min(t for t, launches, _ in sampler.samples if second in launches)
+    assert last_first < first_second
+    airflow.wait_for(lambda: _released(airflow), timeout=120, what="the reservation released")
+    airflow.wait_for(lambda: leftovers(job_id) == "", timeout=60, what="nothing of the job left on the hosts")

@@ -163,3 +163,63 @@ def test_the_run_trigger_is_rebuilt_from_its_arguments_without_a_password(tmp_pa
     assert TrainingRunTrigger(**again).serialize() == (classpath, again)
     assert again["gpus"] == [["node01", 0, None], ["node02", 1, None]] and trigger.hosts == ["node01", "node02"]
 
+
+
+def test_handing_the_job_to_a_trigger_notes_the_try_and_taking_it_back_drops_it():
+    op = HeteroTrainOperator(**BASE)
+    store = Store()
+    job = DurableJob(op.specs.lifecycle, op.runtime, _context(store), "j")
+    job.launching("tok", [("node01", 0)], {"pool": "p", "gpus": []}, [("node01", 0)], 0)
+    job.handing_over()
+    assert store.values[HANDLE_KEY]["deferred_try"] == 2 and store.values[HANDLE_KEY]["launch"] == "tok"
+    job.taken_back(job.read())
+    assert "deferred_try" not in store.values[HANDLE_KEY] and store.values[HANDLE_KEY]["launch"] == "tok"
+
+
+def _reserved(tmp_path, lease_seconds: float) -> str:
+    from airflow_hetero_gpu.core.model import PlanRequest
+    from test_ledger_queue import fill
+
+    url = new_ledger(tmp_path / "ledger.db")
+    with Ledger.from_url(url) as led:
+        fill(led)
+        assert led.enqueue("j", PlanRequest(2), lease_seconds=lease_seconds).admitted
+        led.take_admission("j")
+    return url
+
+
+def test_a_try_after_one_that_ended_deferred_waits_for_the_reservation_and_never_reattaches(tmp_path, monkeypatch):
+    """Try 1 handed the job to a trigger and ended while deferred (cleared): try 2 does not ask the
+    hosts whether it runs (it would reattach to a job the trigger's ``on_kill`` is stopping); it
+    waits until the reservation is gone (here its 1 s lease runs out), then sweeps and launches
+    afresh."""
+    url = _reserved(tmp_path, lease_seconds=1)
+    op = HeteroTrainOperator(**{**BASE, "ledger_url": url})
+    store = Store({"version": HANDLE_VERSION, "job_id": "j", "launch": "tok", "hosts": ["node01"],
+                   "deferred_try": 1})
+    job = DurableJob(op.specs.lifecycle, op.runtime, _context(store), "j")
+    monkeypatch.setattr(job, "host_status", lambda handle: pytest.fail("asked the hosts, to reattach"))
+    abandoned = []
+
+    def abandon(handle):
+        with Ledger.from_url(url) as led:
+            abandoned.append(led.get("j"))
+        return []
+
+    monkeypatch.setattr(job, "abandon", abandon)
+    found = job.resume()
+    assert found.handle is None and found.result is None           # a fresh launch
+    assert abandoned == [None]                                     # swept only once the reservation was gone
+
+
+def test_the_try_that_deferred_reattaches_when_its_trigger_wakes_it(tmp_path, monkeypatch):
+    from airflow_hetero_gpu.launch.supervisor import HostStatus
+
+    url = _reserved(tmp_path, lease_seconds=100_000)
+    op = HeteroTrainOperator(**{**BASE, "ledger_url": url})
+    store = Store({"version": HANDLE_VERSION, "job_id": "j", "launch": "tok", "hosts": ["node01"],
+                   "deferred_try": 2})
+    job = DurableJob(op.specs.lifecycle, op.runtime, _context(store), "j")
+    monkeypatch.setattr(job, "host_status", lambda handle: {"node01": HostStatus("node01", "running")})
+    monkeypatch.setattr(job, "abandon", lambda handle: pytest.fail("abandoned the job its own try deferred"))
+    assert job.resume().handle["launch"] == "tok"

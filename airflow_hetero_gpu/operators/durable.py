@@ -15,6 +15,9 @@ decision and the handle format's version. A retry of the same task instance read
 - a host cannot be asked (unreachable): the job may still run there, so nothing is launched or
   released while its reservation lives; once its lease has run out (which it does only after the
   dead-man switch there has stopped the job) the retry launches afresh without that host's word.
+- an earlier try handed the job to a trigger (a deferred run phase) and ended while deferred (the
+  task was cleared): never reattached; the trigger's ``on_kill`` stops it, and this try waits until
+  its reservation is gone, then launches afresh.
 
 A handle of another format version: the task fails in one line, nothing launched or reserved.
 """
@@ -124,6 +127,47 @@ class DurableJob:
                    "unattended_timeout": self.lifecycle.unattended_timeout,
                    "started_at": datetime.now(timezone.utc).isoformat()})
 
+    def _try_number(self) -> int | None:
+        ti = self.context.get("ti") if self.context is not None else None
+        return getattr(ti, "try_number", None)
+
+    def handing_over(self) -> None:
+        """The run phase is handed to a trigger (``deferrable=True``): the handle notes this try, so
+        that a later try knows the job was left to a trigger (:meth:`_wait_for_the_triggers_stop`)."""
+        handle = self.read()
+        if handle is not None:
+            self.save({**handle, "deferred_try": self._try_number()})
+
+    def taken_back(self, handle: dict) -> None:
+        """The trigger woke the task in a worker: the job is this worker's again."""
+        if handle.get("deferred_try") is not None:
+            self.save({k: v for k, v in handle.items() if k != "deferred_try"})
+
+    def _wait_for_the_triggers_stop(self, handle: dict) -> None:
+        """A try that finds the job handed to a trigger by an earlier try, and never taken back: that
+        try ended while deferred, which only a person's action does (the task cleared, or marked
+        failed and cleared later). Airflow then cancels the trigger and calls its ``on_kill``, which
+        stops the job and releases its reservation; but it does so at the triggerer's next loop, and
+        this try can start before that (seen: a second after the clear). So this try never
+        reattaches: it waits until the reservation is gone (released by that stop, or run out, which
+        it does only after the hosts' dead-man switch has stopped the job) and then launches afresh,
+        so the trigger's stop can neither kill its launch nor release its reservation (one job id)."""
+        held = self._held_until()
+        if held is None:
+            return
+        self.log.warning("job %s: try %s handed it to a trigger and ended while deferred (the task was cleared): "
+                         "the trigger's on_kill stops it; waiting until its reservation is released (at the latest "
+                         "when its lease runs out, %s) before launching afresh", self.job_id,
+                         handle["deferred_try"], held)
+        deadline = time.monotonic() + self.lifecycle.lease_seconds + 60
+        while held is not None:
+            if time.monotonic() > deadline:
+                raise AirflowException(f"job {self.job_id}: the earlier try's reservation is still held ({held}); "
+                                       "nothing was launched")
+            time.sleep(1.0)
+            held = self._held_until()
+        self.log.info("job %s: the earlier try's reservation is gone", self.job_id)
+
     # --- a retry ------------------------------------------------------------------------------
     def host_status(self, handle: dict) -> dict:
         """Each host's :class:`~airflow_hetero_gpu.launch.supervisor.HostStatus` of the handle's launch."""
@@ -140,6 +184,10 @@ class DurableJob:
             if self.on:
                 _stats_incr("resumable_job.fresh_submit", self.tags)
             return Resumed()
+        if handle.get("deferred_try") not in (None, self._try_number()):  # cleared while deferred
+            self._wait_for_the_triggers_stop(handle)
+            _stats_incr("resumable_job.terminal_resubmit", self.tags)
+            return self._abandon_for_a_fresh_launch(handle)
         _stats_incr("resumable_job.reconnect_attempt", self.tags)
         log = self.log
         status = self.host_status(handle)

@@ -436,7 +436,7 @@ class HeteroTrainOperator(BaseOperator):
                 settings.supervise = lifecycle.supervision
                 settings.before_launch = lambda now, launch, restarts: dj.launching(
                     launch, now, decision_json, initial, restarts)
-                settings.defer = run_phase.deferrer(specs, runtime, job_id)
+                settings.defer = run_phase.deferrer(specs, runtime, job_id, dj)
             run = TrainingRun(job_id, settings, targets, factory, lease=lease, gpu_set=gpu_set, log=self.log,
                               on_job=self._set_job, on_started=factory.settle)
             if attach is None:

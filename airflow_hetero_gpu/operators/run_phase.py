@@ -33,9 +33,11 @@ if TYPE_CHECKING:
     from airflow_hetero_gpu.operators.specs import Specs
 
 
-def deferrer(specs: Specs, runtime: Runtime, job_id: str) -> Callable[[Any, list, int], None] | None:
+def deferrer(specs: Specs, runtime: Runtime, job_id: str,
+             stored: DurableJob) -> Callable[[Any, list, int], None] | None:
     """``settings.defer`` of the run loop for this task, or None when its run phase stays in the
-    worker (not ``deferrable``; the caller sets it only for a supervised, stored job)."""
+    worker (not ``deferrable``; the caller sets it only for a supervised, stored job). The handle
+    in ``stored`` notes the try that hands the job to the trigger (:meth:`DurableJob.handing_over`)."""
     if not specs.lifecycle.deferrable:
         return None
 
@@ -45,6 +47,7 @@ def deferrer(specs: Specs, runtime: Runtime, job_id: str) -> Callable[[Any, list
 
         trigger = TrainingRunTrigger(**trigger_kwargs(specs, runtime, job_id, job.supervision.launch, gpus))
         offsets = job.detach()
+        stored.handing_over()
         runtime.log.info("job %s: running on %s; deferring: the triggerer watches it until it ends or needs a "
                          "worker (output relayed up to %s)", job_id, fmt_gpus(gpus),
                          ", ".join(f"{h} byte {o[0]}/{o[1]}" for h, o in offsets.items()))
@@ -73,6 +76,8 @@ def take_back(event: dict, job: DurableJob) -> None:
     status = event.get("status")
     message = event.get("message") or f"the trigger watching the job ended with {event!r}"
     handle = job.read()
+    if handle is not None:  # back in a worker: a retry of this try reattaches as after any worker's end
+        job.taken_back(handle)
     if status in ("exited", "preempted", "restart"):
         if handle is None:
             raise AirflowException(f"job {job.job_id}: {message}; but its handle is gone from the task state store, "
