@@ -93,7 +93,7 @@ def release(ledger: Callable[[], Any], job_id: str, log: Any, patience: float = 
             if ledger().release(job_id):
                 log.info("job %s: reservation released", job_id)
             else:
-                log.info("job %s: no reservation left to release (its lease had expired)", job_id)
+                log.info("job %s: no reservation left to release (released before, or its lease had expired)", job_id)
             return
         except LedgerError as err:
             if time.monotonic() + pause > deadline:
