@@ -272,6 +272,8 @@ class KeptPlans:
             pos = pool.positions
             refused = parts.primary.get((request, i), _UNASKED)
             if refused is _UNASKED:  # the primary filters read the request, the pool and its health
+                if len(parts.primary) >= self.limit:
+                    parts.primary.clear()
                 refused = parts.primary[(request, i)] = first_failure(filters.PRIMARY, parts.view(i, call.state(), now))
             if refused is not None:
                 healthy, available = parts.counts(i, now, mib)

@@ -149,7 +149,7 @@ class NetworkTiers:
             kept = self.__dict__["_distances"] = (self.groups, self.domain_of, self.flat, {})
         d = kept[3].get((a, b))
         if d is None:
-            if len(kept[3]) >= 1_000_000:
+            if len(kept[3]) >= 100_000:  # about 15 MB
                 kept[3].clear()
             d = kept[3][(a, b)] = self._host_distance(a, b)
         return d
