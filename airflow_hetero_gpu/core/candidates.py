@@ -42,23 +42,34 @@ def host_candidates(view: PoolView, k: int, *, narrow: bool = True) -> list[Host
     hosts the selection will choose among those, where the vector form applies.
     """
     c = view.state.cluster
-    pos = view.positions_where("available")  # sorted by host name, then index
+    pos, hid, starts, ends, counts = view.memo("host_groups", lambda: _groups(c, view.positions_where("available")))
     if len(pos) == 0:
         return []
+    codes = lambda: view.memo("host_signatures", lambda: _signatures(c, pos, starts))  # noqa: E731
+    if counts.max() >= k:
+        keep = np.flatnonzero(counts >= k)
+        chosen = _best_fitting_host(c, hid, starts, counts, keep, k, codes) if narrow else None
+    else:
+        keep = np.arange(len(starts))
+        chosen = _spanning_hosts(c, hid[starts], counts, k, codes) if narrow else None
+    if chosen is not None:
+        keep = chosen
+    return _records(c, pos, hid, starts, ends, keep)
+
+
+def _groups(c, pos: np.ndarray) -> tuple:
+    """The available positions ``pos`` by host: (pos, host of each, start, end and count of each
+    host's run); the same for every k."""
+    if len(pos) == 0:
+        return pos, None, None, None, None
     hid = c.host_of[pos]
     cuts = np.flatnonzero(hid[1:] != hid[:-1]) + 1
     starts = np.concatenate(([0], cuts))
     ends = np.concatenate((cuts, [len(pos)]))
-    counts = ends - starts
-    if counts.max() >= k:
-        keep = np.flatnonzero(counts >= k)
-        chosen = _best_fitting_host(c, pos, hid, starts, counts, keep, k) if narrow else None
-    else:
-        keep = np.arange(len(starts))
-        chosen = _spanning_hosts(c, pos, hid[starts], starts, counts, k) if narrow else None
-    if chosen is not None:
-        keep = chosen
-    return _records(c, pos, hid, starts, ends, keep)
+    out = (pos, hid, starts, ends, ends - starts)
+    for a in out:  # shared by the questions of every k: never written to
+        a.flags.writeable = False
+    return out
 
 
 def _records(c, pos, hid, starts, ends, keep: np.ndarray) -> list[HostAvail]:
@@ -82,9 +93,9 @@ def _rows_of_mask(mask: int) -> tuple[int, ...]:
     return tuple(r for r in range(mask.bit_length()) if mask >> r & 1)
 
 
-def _signatures(c, pos, starts, which: np.ndarray) -> np.ndarray | None:
-    """(wiring id << 48 | available-rows bitmask) of the hosts ``which`` (indices into
-    ``starts``), or None where a bitmask cannot stand for the rows."""
+def _signatures(c, pos, starts) -> np.ndarray | None:
+    """(wiring id << 48 | available-rows bitmask) of each host (run of ``pos`` from ``starts``),
+    or None where a bitmask cannot stand for the rows."""
     rows = c.row_of[pos]
     if rows.max() >= _MAX_ROWS:
         return None
@@ -95,7 +106,7 @@ def _signatures(c, pos, starts, which: np.ndarray) -> np.ndarray | None:
     mids = c.host_matrix_id_array[c.host_of[pos[starts]]]
     if mids.min() < 0 or mids.max() >= (1 << (62 - _MAX_ROWS)):
         return None
-    return ((mids << _MAX_ROWS) | masks)[which]
+    return (mids << _MAX_ROWS) | masks
 
 
 def _pair_sums(c, codes: np.ndarray, takes: np.ndarray | int) -> np.ndarray:
@@ -119,17 +130,17 @@ def _pair_sums(c, codes: np.ndarray, takes: np.ndarray | int) -> np.ndarray:
     return np.asarray(out, dtype=np.int64)
 
 
-def _best_fitting_host(c, pos, hid, starts, counts, keep, k: int) -> np.ndarray | None:
+def _best_fitting_host(c, hid, starts, counts, keep, k: int, signatures) -> np.ndarray | None:
     if len(keep) == 1:
         return keep
     host_ids = hid[starts[keep]]
     cnt = counts[keep]
     if k == 1:  # every host's best is one GPU at distance 0: fewest available, then name
         return keep[np.lexsort((host_ids, cnt))[:1]]
-    codes = _signatures(c, pos, starts, keep)
+    codes = signatures()
     if codes is None:
         return None
-    sums = _pair_sums(c, codes, k)
+    sums = _pair_sums(c, codes[keep], k)
     return keep[np.lexsort((host_ids, cnt, sums))[:1]]
 
 
@@ -177,7 +188,7 @@ def _build_span_index(c) -> _SpanIndex | None:
     return _SpanIndex(np.asarray([t for _, t, _ in groups], dtype=np.int64), level_of, level_tier, unit)
 
 
-def _spanning_hosts(c, pos, host_ids, starts, counts, k: int) -> np.ndarray | None:
+def _spanning_hosts(c, host_ids, counts, k: int, signatures) -> np.ndarray | None:
     """Indices (into ``starts``) of the m hosts the spanning selection will use, or None."""
     idx = _span_index(c)
     if idx is None:
@@ -194,7 +205,7 @@ def _spanning_hosts(c, pos, host_ids, starts, counts, k: int) -> np.ndarray | No
     # filtered out of the whole network's pairs
     lv = idx.level_of[host_ids]
     inside = lv >= 0
-    p_local = np.broadcast_to(np.arange(n)[:, None], lv.shape)[inside]
+    p_local = np.nonzero(inside)[0]  # each pair's host, in the row-major order of lv[inside]
     p_group = lv[inside]
     p_rank = rank[p_local]
     srt = np.lexsort((p_rank, p_group))
@@ -216,35 +227,42 @@ def _spanning_hosts(c, pos, host_ids, starts, counts, k: int) -> np.ndarray | No
             chosen = np.zeros(n_groups, dtype=bool)
             chosen[feasible] = True
             members = t_local[chosen[t_group]].reshape(len(feasible), m)  # rank order per group
-            best = _lowest_distance(c, idx, pos, starts, counts, host_ids, members, k)
+            best = _lowest_distance(c, idx, counts, host_ids, members, k, signatures)
             return None if best is None else np.sort(best)
-    best = _lowest_distance(c, idx, pos, starts, counts, host_ids, everyone, k)
+    best = _lowest_distance(c, idx, counts, host_ids, everyone, k, signatures)
     return None if best is None else np.sort(best)
 
 
-def _lowest_distance(c, idx: _SpanIndex, pos, starts, counts, host_ids, members: np.ndarray, k: int):
+@lru_cache(maxsize=64)
+def _pairs(m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every pair (a < b) of m hosts, a then b ascending (read-only)."""
+    a, b = np.triu_indices(m, 1)
+    a.flags.writeable = b.flags.writeable = False
+    return a, b
+
+
+def _lowest_distance(c, idx: _SpanIndex, counts, host_ids, members: np.ndarray, k: int, signatures):
     """Of candidate host sets (rows of ``members``: local host indices, most available first),
     the one with the smallest mean distance, ties to the smaller sorted host names."""
     g, m = members.shape
     cnt = counts[members]
     before = np.cumsum(cnt, axis=1) - cnt
     take = np.minimum(cnt, np.maximum(0, k - before))
-    codes = _signatures(c, pos, starts, members.reshape(-1))
+    codes = signatures()
     if codes is None:
         return None
-    intra = _pair_sums(c, codes, take.reshape(-1)).reshape(g, m).sum(axis=1)
+    intra = _pair_sums(c, codes[members.reshape(-1)], take.reshape(-1)).reshape(g, m).sum(axis=1)
     hosts = host_ids[members]  # cluster host ids
-    inter = np.zeros(g, dtype=np.int64)
     lv = idx.level_of[hosts]  # (g, m, levels)
     outside = INTER_HOST_UNIT * (1 if c.net.flat else c.net.max_tier + 1)  # no common switch
-    for a in range(m):
-        for b in range(a + 1, m):
-            same = (lv[:, a, :] == lv[:, b, :]) & (lv[:, a, :] >= 0)
-            any_same = same.any(axis=1)
-            lowest = np.argmax(same, axis=1)
-            unit = np.asarray(idx.unit, dtype=np.int64)[lowest]
-            dist = np.where(any_same, unit, outside)
-            inter += dist * take[:, a] * take[:, b]
+    # every pair (a < b) of each set's hosts at once: the lowest level they share gives their
+    # distance, weighted by the GPUs taken on each (integers: the sum is exact in any order)
+    a, b = _pairs(m)
+    la = lv[:, a, :]
+    same = (la == lv[:, b, :]) & (la >= 0)  # (g, pairs, levels)
+    unit = np.asarray(idx.unit, dtype=np.int64)[np.argmax(same, axis=2)]
+    dist = np.where(same.any(axis=2), unit, outside)
+    inter = (dist * take[:, a] * take[:, b]).sum(axis=1, dtype=np.int64)
     total = intra + inter
     best = total.min()
     tied = np.flatnonzero(total == best)

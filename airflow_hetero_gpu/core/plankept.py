@@ -4,10 +4,17 @@ An admission pass asks the planner a question per job it starts and a few per he
 for, each time with the reservations as a mask over the cluster's GPUs. Between two questions a
 job admitted or a claim made changes the GPUs of one pool; every other pool's report (its stage,
 its counts, the GPUs it would give, their score) is what it was. :func:`~.planner.pool_report`
-reads only the pool's own GPUs, so :class:`KeptPlans` keeps each report under the request, the
-pool and the pool's slice of the mask (and, for a target question, of the GPUs counted as idle),
-and computes only the pools whose slice is new. The answer is :func:`~.planner.plan`'s with
-``explain=False`` for the same arguments (tests/test_core_plan_kept.py compares them).
+reads only the pool's own GPUs, so :class:`KeptPlans` keeps each report under the pool, the
+request's k and memory ask (past the primary filters, whose verdict is kept per request and pool,
+nothing else of the request is read) and the pool's slice of the mask (and, for a target
+question, of the GPUs counted as idle), and computes only the pools whose slice is new. The
+answer is :func:`~.planner.plan`'s with ``explain=False`` for the same arguments
+(tests/test_core_plan_kept.py compares them).
+
+A question's arrays (:class:`_Now`) are the last question's patched where the mask changed, and a
+pool's view cache (its slices of them, and what filters, candidates and scorers keep with
+:meth:`~.view.PoolView.memo`) is shared by every request under one mask and memory ask
+(tests/test_core_plan_now.py compares both with what is computed from scratch).
 
 What depends on the cluster, the evictions, the drains and the configuration alone (healthy,
 drained, the GPUs usable at all, each memory ask's mask, the unhealthy list) is computed once per
@@ -26,62 +33,105 @@ from airflow_hetero_gpu.core import filters
 from airflow_hetero_gpu.core.cluster import Cluster
 from airflow_hetero_gpu.core.config import ClusterConfig
 from airflow_hetero_gpu.core.model import GpuKey, PlanRequest, PlanResult, PoolReport
-from airflow_hetero_gpu.core.planner import check_mig_request, cluster_state, conclude, pool_report, unhealthy_gpus
+from airflow_hetero_gpu.core.planner import (
+    check_mig_request, cluster_state, conclude, first_failure, pool_report, unhealthy_gpus,
+)
 from airflow_hetero_gpu.core.view import ClusterState, PoolView
+
+_UNASKED = object()
 
 #: reports kept at most (each keyed by a pool's packed mask: about 2.5 kB at 20,000 GPUs a pool)
 LIMIT = 4096
 
 
+def _frozen(*arrays: np.ndarray) -> None:
+    for a in arrays:
+        a.flags.writeable = False
+
+
+class _Now:
+    """What :func:`~.planner.cluster_state` computes from one reserved mask (read-only arrays: a
+    question's state may be read again later, for a reason): the load, busy, outside and available
+    arrays (available before any memory ask), each pool's packed slice of the mask, and each pool's
+    slices of them that the pool reports read (by pool index: ``(i, "loads")``, ``(i, mib)``)."""
+
+    __slots__ = ("mask", "slices", "load", "busy", "outside", "avail", "available", "local")
+
+    def __init__(self, mask, slices, load, busy, outside, avail, local) -> None:
+        _frozen(mask, load, busy, outside, avail)
+        self.mask, self.slices, self.load = mask, slices, load
+        self.busy, self.outside, self.avail = busy, outside, avail
+        self.available: dict = {}  # memory ask -> available with it
+        self.local: dict = local
+
+
 class _Parts:
-    """What :func:`~.planner.cluster_state` computes from one cluster (or a released copy) alone."""
+    """What :func:`~.planner.cluster_state` computes from one cluster (or a released copy) alone,
+    and the arrays of the last reserved mask asked about (:class:`_Now`)."""
 
     def __init__(self, cluster: Cluster, evicted, config: ClusterConfig, drained) -> None:
         base = cluster_state(cluster, PlanRequest(1), {}, evicted, config, drained=drained)
+        n = len(cluster.gpus)
         self.cluster = cluster
         self.base = base
+        self.busy_utilization = base.thresholds.busy_utilization
         self.usable = base.healthy & cluster.schedulable & ~base.on_drained
         self.block_foreign = config.thresholds.foreign_processes == "block"
         self.memory: dict[float, np.ndarray] = {}
         self.unhealthy: list | None = None
-        # the last mask seen, each pool's packed slice of it and its load array (None until
-        # asked for): the next call's mask differs only where an admission or a claim changed it.
-        # One tuple, replaced whole, so that passes in two threads never mix two masks' parts
-        self._last: tuple[np.ndarray, list[bytes], np.ndarray | None] | None = None
+        self.ones = np.ones(n, dtype=bool)
+        self.zeros = np.zeros(n, dtype=bool)
+        _frozen(self.ones, self.zeros)
+        self._healthy: dict[int, tuple[np.ndarray, int, np.ndarray]] = {}
+        self.primary: dict[tuple[PlanRequest, int], str | None] = {}  # (request, pool) -> refusal
+        # the last mask's arrays, replaced whole (passes in two threads never mix two masks' parts);
+        # the next mask differs from it only where an admission or a claim changed it
+        self._now: _Now | None = None
 
-    def slices(self, mask: np.ndarray) -> list[bytes]:
-        """Each pool's slice of ``mask``, packed: recomputed only for the pools where it changed."""
-        c = self.cluster
-        last = self._last
+    def now(self, mask: np.ndarray) -> _Now:
+        """The arrays of ``mask``: the last mask's, patched where ``mask`` differs from it."""
+        last = self._now
         if last is None:
-            slices = [np.packbits(mask[p.positions]).tobytes() for p in c.pools]
-            self._last = (mask.copy(), slices, None)
-            return slices
-        old, slices, load = last
-        changed = np.flatnonzero(mask != old)
-        if len(changed):
-            slices = list(slices)
-            for i in np.unique(c.pool_of[changed]).tolist():
-                slices[i] = np.packbits(mask[c.pools[i].positions]).tobytes()
-            if load is not None:  # never written to once made: a copy follows the mask
-                load = load.copy()
-                load[changed] = np.where(mask[changed], 1.0, c.base_load[changed])
-            self._last = (mask.copy(), slices, load)
-        return slices
+            got = self._fresh(mask)
+        else:
+            changed = np.flatnonzero(mask != last.mask)
+            if not len(changed):
+                return last
+            got = self._patched(last, mask, changed) if len(changed) <= len(mask) // 8 else self._fresh(mask)
+        self._now = got
+        return got
 
-    def load(self, mask: np.ndarray) -> np.ndarray:
-        """The base load with the GPUs in ``mask`` at 1 (made from the last mask's when it is that one)."""
-        last = self._last
-        if last is not None and np.array_equal(mask, last[0]):
-            if last[2] is None:
-                load = self.cluster.base_load.copy()
-                load[last[0]] = 1.0
-                self._last = (last[0], last[1], load)
-                return load
-            return last[2]
-        load = self.cluster.base_load.copy()
+    def _fresh(self, mask: np.ndarray) -> _Now:
+        c = self.cluster
+        load = c.base_load.copy()
         load[mask] = 1.0
-        return load
+        busy = load > self.busy_utilization
+        outside = c.has_processes & ~mask if self.block_foreign else self.zeros
+        avail = self.usable & ~mask & ~busy & ~outside
+        slices = [np.packbits(mask[p.positions]).tobytes() for p in c.pools]
+        return _Now(mask.copy(), slices, load, busy, outside, avail, {})
+
+    def _patched(self, last: _Now, mask: np.ndarray, changed: np.ndarray) -> _Now:
+        """``_fresh(mask)``, computed at the ``changed`` positions only: every array is the same
+        elementwise formula of the mask, so the other positions keep the last mask's values."""
+        c = self.cluster
+        m = mask[changed]
+        load = last.load.copy()
+        load[changed] = np.where(m, 1.0, c.base_load[changed])
+        busy = last.busy.copy()
+        busy[changed] = load[changed] > self.busy_utilization
+        outside = last.outside
+        if self.block_foreign:
+            outside = outside.copy()
+            outside[changed] = c.has_processes[changed] & ~m
+        avail = last.avail.copy()
+        avail[changed] = self.usable[changed] & ~m & ~busy[changed] & ~outside[changed]
+        touched = set(np.unique(c.pool_of[changed]).tolist())
+        slices = list(last.slices)
+        for i in touched:
+            slices[i] = np.packbits(mask[c.pools[i].positions]).tobytes()
+        local = {k: v for k, v in last.local.items() if k[0] not in touched}  # the other pools' slices hold
+        return _Now(mask.copy(), slices, load, busy, outside, avail, local)
 
     def memory_ok(self, mib) -> np.ndarray | None:
         if not mib:
@@ -90,40 +140,80 @@ class _Parts:
         if ok is None:
             with np.errstate(invalid="ignore"):
                 ok = self.memory[mib] = self.cluster.memory_free >= mib  # unknown (nan) is not enough
+            _frozen(ok)
         return ok
 
-    def state(self, request: PlanRequest, reserved: Mapping[GpuKey, str], mask: np.ndarray) -> ClusterState:
-        """cluster_state(cluster, request, reserved, reserved_mask=mask, ...), array for array."""
-        b, c = self.base, self.cluster
-        n = len(c.gpus)
-        mask = np.asarray(mask, dtype=bool)
-        if mask.shape != (n,):
-            raise ValueError(f"reserved_mask: expected {n} entries, got {mask.shape}")
-        load = self.load(mask)
-        busy = load > b.thresholds.busy_utilization
+    def available(self, now: _Now, mib) -> np.ndarray:
+        if not mib:
+            return now.avail
+        got = now.available.get(mib)
+        if got is None:
+            got = now.available[mib] = now.avail & self.memory_ok(mib)
+            _frozen(got)
+        return got
+
+    def state(self, request: PlanRequest, reserved: Mapping[GpuKey, str], now: _Now) -> ClusterState:
+        """cluster_state(cluster, request, reserved, reserved_mask=now.mask, ...), array for array."""
+        b = self.base
         memory_ok = self.memory_ok(request.gpu_memory_mib)
-        outside = c.has_processes & ~mask if self.block_foreign else np.zeros(n, dtype=bool)
-        available = self.usable & ~mask & ~busy & ~outside
-        if memory_ok is not None:
-            available &= memory_ok
-        else:
-            memory_ok = np.ones(n, dtype=bool)
-        return ClusterState(c, request, b.thresholds, reserved, b.evicted, mask, b.healthy, load, busy, memory_ok,
-                            available, outside, b.drained, b.on_drained)
+        return ClusterState(self.cluster, request, b.thresholds, reserved, b.evicted, now.mask, b.healthy, now.load,
+                            now.busy, self.ones if memory_ok is None else memory_ok,
+                            self.available(now, request.gpu_memory_mib), now.outside, b.drained, b.on_drained)
+
+    def _healthy_of(self, i: int) -> tuple[np.ndarray, int, np.ndarray]:
+        """Pool ``i``'s healthy GPUs (a mask over its positions, their count, their positions)."""
+        got = self._healthy.get(i)
+        if got is None:
+            pool = self.cluster.pools[i]
+            mask = self.base.healthy[pool.positions]
+            _frozen(mask)
+            got = self._healthy[i] = (mask, int(mask.sum()), pool.positions[mask])
+        return got
+
+    def _available_of(self, i: int, now: _Now, mib) -> tuple[np.ndarray, int]:
+        """Pool ``i``'s available GPUs under ``now`` and memory ask ``mib`` (a mask, its count)."""
+        got = now.local.get((i, mib))
+        if got is None:
+            a = self.available(now, mib)[self.cluster.pools[i].positions]
+            _frozen(a)
+            got = now.local[(i, mib)] = (a, int(a.sum()))
+        return got
+
+    def counts(self, i: int, now: _Now, mib) -> tuple[int, int]:
+        """Pool ``i``'s healthy and available GPUs (a report's counts)."""
+        return self._healthy_of(i)[1], self._available_of(i, now, mib)[1]
+
+    def view(self, i: int, state: ClusterState, now: _Now) -> PoolView:
+        """Pool ``i``'s view of ``state`` (``now``'s), with a cache shared by the views of every
+        request with the same memory ask under ``now`` (what a view keeps depends on the pool's
+        GPUs' state alone): the pool's slices of the arrays, gathered once, and what the filters,
+        candidates and scorers keep there."""
+        mib = state.request.gpu_memory_mib or None
+        cache = now.local.get((i, "view", mib))
+        if cache is None:
+            healthy = self._healthy_of(i)
+            avail = self._available_of(i, now, mib)
+            loads = now.local.get((i, "loads"))
+            if loads is None:
+                loads = now.local[(i, "loads")] = now.load[healthy[2]]
+                _frozen(loads)
+            cache = now.local[(i, "view", mib)] = {"healthy": healthy[0], "#healthy": healthy[1], "available": avail[0],
+                                                   "#available": avail[1], "healthy_loads": loads}
+        return PoolView(self.cluster.pools[i], state, _cache=cache)
 
 
 class _Call:
     """One question's inputs, to write a kept pool's reason when someone reads it."""
 
-    __slots__ = ("parts", "request", "reserved", "mask", "_state")
+    __slots__ = ("parts", "request", "reserved", "now", "_state")
 
-    def __init__(self, parts: _Parts, request, reserved, mask) -> None:
-        self.parts, self.request, self.reserved, self.mask = parts, request, reserved, mask
+    def __init__(self, parts: _Parts, request, reserved, now: _Now) -> None:
+        self.parts, self.request, self.reserved, self.now = parts, request, reserved, now
         self._state: ClusterState | None = None
 
     def state(self) -> ClusterState:
         if self._state is None:
-            self._state = self.parts.state(self.request, self.reserved, self.mask)
+            self._state = self.parts.state(self.request, self.reserved, self.now)
         return self._state
 
     def reason(self, pool) -> str | None:
@@ -174,14 +264,28 @@ class KeptPlans:
         mask = np.asarray(mask, dtype=bool)
         if mask.shape != (len(cluster.gpus),):
             raise ValueError(f"reserved_mask: expected {len(cluster.gpus)} entries, got {mask.shape}")
-        slices = parts.slices(mask)
-        call = _Call(parts, request, reserved, mask)
+        now = parts.now(mask)
+        slices = now.slices
+        call = _Call(parts, request, reserved, now)
+        k, mib = request.gpus, request.gpu_memory_mib or None
         for i, pool in enumerate(cluster.pools):
             pos = pool.positions
-            key = (request, i, slices[i], np.packbits(idle[pos]).tobytes() if released else None)
+            refused = parts.primary.get((request, i), _UNASKED)
+            if refused is _UNASKED:  # the primary filters read the request, the pool and its health
+                if len(parts.primary) >= self.limit:
+                    parts.primary.clear()
+                refused = parts.primary[(request, i)] = first_failure(filters.PRIMARY, parts.view(i, call.state(), now))
+            if refused is not None:
+                healthy, available = parts.counts(i, now, mib)
+                reports.append(PoolReport(pool.id, pool.card_type, pool.task_types, len(pos), healthy, available,
+                                          "rejected", refused))
+                continue
+            # past them, a pool's report reads of the request only k and the memory asked
+            key = (i, k, mib, slices[i], np.packbits(idle[pos]).tobytes() if released else None)
             row = kept.get(key)
             if row is None:
-                rep = pool_report(pool, call.state(), self.weights, explain=False)
+                state = call.state()
+                rep = pool_report(pool, state, self.weights, explain=False, view=parts.view(i, state, now))
                 self.computed += 1
                 row = (rep.healthy, rep.available, rep.stage, None if rep.explain is not None else rep.reason,
                        rep.score, rep.selection, rep.mean_distance, rep.explain is not None)

@@ -142,22 +142,25 @@ def plan(
     return conclude(cluster, request, reports, unhealthy_gpus(cluster, state))
 
 
-def pool_report(pool, state: ClusterState, w: Mapping[str, float], explain: bool = True) -> PoolReport:
+def pool_report(pool, state: ClusterState, w: Mapping[str, float], explain: bool = True,
+                view: PoolView | None = None) -> PoolReport:
     """One pool's report for ``state``'s request (S4-S7): it reads only that pool's GPUs (and
-    their hosts' GPUs of the same pool), so a caller may keep it while those do not change."""
+    their hosts' GPUs of the same pool), so a caller may keep it while those do not change.
+    ``view``: the pool's view of ``state``, when the caller has one (with slices filled in)."""
     request = state.request
-    view = PoolView(pool, state)
+    if view is None:
+        view = PoolView(pool, state)
     rep = PoolReport(pool.id, pool.card_type, pool.task_types, view.gpu_count, view.healthy_count,
                      view.available_count)
-    rep.reason = _first_failure(filters.PRIMARY, view)
+    rep.reason = first_failure(filters.PRIMARY, view)
     if rep.reason is not None:
         rep.stage = "rejected"
         return rep
     if not explain and view.available_count < request.gpus:
         rep.stage = "primary"
-        rep.explain = partial(_first_failure, filters.PRESELECT, view)
+        rep.explain = partial(first_failure, filters.PRESELECT, view)
         return rep
-    rep.reason = _first_failure(filters.PRESELECT, view)
+    rep.reason = first_failure(filters.PRESELECT, view)
     if rep.reason is not None:
         rep.stage = "primary"
         return rep
@@ -210,7 +213,7 @@ def check_mig_request(cluster: Cluster, request: PlanRequest) -> None:
                            f"span MIG instances); ask for gpus=1, or for a whole-GPU card type for {request.gpus} GPUs")
 
 
-def _first_failure(chain, view: PoolView) -> str | None:
+def first_failure(chain, view: PoolView) -> str | None:
     for f in chain:
         reason = f(view)
         if reason is not None:

@@ -142,6 +142,19 @@ class NetworkTiers:
         return self.max_tier + 1
 
     def host_distance(self, a: str, b: str) -> int:
+        """The distance between two hosts' GPUs (kept per pair: a spanning selection asks it for
+        every pair of its hosts, for every group it tries)."""
+        kept = self.__dict__.get("_distances")
+        if kept is None or kept[0] is not self.groups or kept[1] is not self.domain_of or kept[2] != self.flat:
+            kept = self.__dict__["_distances"] = (self.groups, self.domain_of, self.flat, {})
+        d = kept[3].get((a, b))
+        if d is None:
+            if len(kept[3]) >= 100_000:  # about 15 MB
+                kept[3].clear()
+            d = kept[3][(a, b)] = self._host_distance(a, b)
+        return d
+
+    def _host_distance(self, a: str, b: str) -> int:
         domain = self.domain_of.get(a)
         if domain is not None and domain == self.domain_of.get(b):
             return NVLINK_DOMAIN_DISTANCE
@@ -199,7 +212,7 @@ def mean_distance(keys: Sequence[tuple], host_matrix, net: NetworkTiers) -> floa
         if len(idx) > 1:
             rows, m = host_matrix(host)
             r = [rows[i] for i in idx]
-            sub = m[np.ix_(r, r)]
+            sub = m[r][:, r]
             total += int(sub.sum()) // 2
     hosts = list(by_host)
     for i, a in enumerate(hosts):

@@ -57,6 +57,10 @@ class ClusterState:
 
 @dataclass
 class PoolView:
+    """One pool of ``state``. ``_cache`` holds the pool's slices of the state's arrays and what
+    :meth:`memo` keeps: values that depend on the pool's GPUs' state alone, so one cache may serve
+    the views of that pool for every request with the same memory ask and reserved mask."""
+
     pool: "Pool"
     state: ClusterState
     selection: "Selection | None" = None
@@ -85,13 +89,29 @@ class PoolView:
     def gpu_count(self) -> int:
         return len(self.pool.positions)
 
+    def memo(self, name: str, make):
+        """``make()``, kept in the view's cache under ``name``: only for what the pool's GPUs'
+        state alone decides (never the request, beyond its memory ask), since a caller may share
+        one cache among the views of a pool under one state (``core/plankept.py`` does)."""
+        try:
+            return self._cache[name]
+        except KeyError:
+            value = self._cache[name] = make()
+            return value
+
+    def _count(self, name: str) -> int:
+        n = self._cache.get("#" + name)
+        if n is None:
+            n = self._cache["#" + name] = int(self._mask(name).sum())
+        return n
+
     @property
     def healthy_count(self) -> int:
-        return int(self._mask("healthy").sum())
+        return self._count("healthy")
 
     @property
     def available_count(self) -> int:
-        return int(self._mask("available").sum())
+        return self._count("available")
 
     @property
     def healthy_loads(self) -> np.ndarray:

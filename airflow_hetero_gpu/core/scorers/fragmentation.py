@@ -10,6 +10,10 @@ from airflow_hetero_gpu.core.view import PoolView
 
 
 def fragmentation(view: PoolView) -> float:
+    return view.memo("fragmentation", lambda: _fragmentation(view))  # the same for every request
+
+
+def _fragmentation(view: PoolView) -> float:
     loads = view.healthy_loads
     if len(loads) == 0:
         return 0.0

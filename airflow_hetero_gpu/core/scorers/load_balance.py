@@ -6,6 +6,10 @@ from airflow_hetero_gpu.core.view import PoolView
 
 
 def load_balance(view: PoolView) -> float:
+    return view.memo("load_balance", lambda: _load_balance(view))  # the same for every request
+
+
+def _load_balance(view: PoolView) -> float:
     loads = view.healthy_loads
     if len(loads) == 0:
         return 0.0
