@@ -234,6 +234,14 @@ def test_a_task_cleared_while_deferred_has_its_job_stopped_and_its_new_try_launc
                              dag_id, run_id, task_id) == [(2,)]
         airflow.wait_for(lambda: any(second in launches for _, launches, _ in sampler.samples), timeout=60,
                          what="the sampler seeing the second launch", poll=0.2)
+        # the new try deferred, and the scheduler has handled its worker's exit on deferring: a
+        # job that ends (and so wakes the task) before then meets Airflow 3.3's race that fails a
+        # task resumed before that stale exit is handled (apache/airflow#72716; durability.md)
+        deferred_exit = re.compile(
+            rf"Received executor event with state \w+ for task instance TaskInstanceKey\(dag_id='{dag_id}', "
+            rf"task_id='{task_id}', run_id='{run_id}', try_number=2,")
+        airflow.wait_for(lambda: deferred_exit.search(airflow.component_log("scheduler")), timeout=300,
+                         what="the scheduler handling the new try's exit on deferring", poll=0.5)
         (Path(airflow.root) / f"release-{run_id}").touch()
         state = airflow.wait_for_state(dag_id, run_id, task_id, {"success", "failed"}, timeout=300)
     finally:
