@@ -295,7 +295,23 @@ def default_ledger(args: argparse.Namespace, err=None) -> None:
           file=err or sys.stderr)
 
 
+def _stacks_on_sigusr1() -> None:
+    """``kill -USR1 <pid>`` prints every thread's stack to stderr (what a command that does not end
+    is doing); only where stderr is a file and this is the main thread (not when called in-process)."""
+    import faulthandler
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr.fileno(), all_threads=True)
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _stacks_on_sigusr1()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
