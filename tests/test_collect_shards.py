@@ -134,11 +134,18 @@ def test_kept_connections_stay_in_their_workers_until_the_collector_is_closed(em
     assert _wait_for(lambda: sum(cluster.connections().values()) == 0)  # the kept connections closed with them
 
 
+# `hetero-gpu` as a terminal starts it: Ctrl-C's signal at its default (a shell without job control
+# starts a background command with SIGINT ignored, and every process under it inherits that; the
+# command then rightly ignores Ctrl-C too), by an exec that keeps the pid
+_AS_FROM_A_TERMINAL = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                       "os.execv(sys.executable, [sys.executable, '-m', 'airflow_hetero_gpu.cli', *sys.argv[1:]])")
+
+
 def _collect_cli(cluster, tmp_path) -> subprocess.Popen:
     tmp_path.mkdir()
     hosts = cluster.write_hosts_file(tmp_path / "hosts")
     return subprocess.Popen(
-        [sys.executable, "-m", "airflow_hetero_gpu.cli", "collect", "--hosts-file", str(hosts),
+        [sys.executable, "-c", _AS_FROM_A_TERMINAL, "collect", "--hosts-file", str(hosts),
          "--identity-file", str(cluster.identity_file), "--known-hosts", str(cluster.known_hosts_path),
          "--out", str(tmp_path / "out"), "--command-timeout", "300"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
