@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from airflow_hetero_gpu.launch.command import (
+    LIST_JOBS_SCRIPT,
     PGID_MARKER,
+    RUN_ROOT,
     Command,
     HostShare,
     LaunchSpec,
@@ -28,6 +30,7 @@ from airflow_hetero_gpu.launch.command import (
     validate_job_id,
 )
 from airflow_hetero_gpu.launch.ports import derive_port
+from airflow_hetero_gpu.launch.run_files import sweep_line
 
 SHARES = [HostShare("dgx-a", "10.0.0.1", (0, 1, 2, 3)), HostShare("rtx-b", "10.0.0.2", (1, 3))]
 
@@ -149,10 +152,18 @@ def test_torchrun_argv_ipv6_endpoint_and_cpu_only_host():
     assert argv[argv.index("--nproc-per-node") + 1] == "1"
 
 
+def script_lines(script: str, job_id: str, host: str) -> list[str]:
+    """The lines of a host's launch script after its first step, the removal of the host's stale
+    run files of other jobs (launch/run_files.py), which spans lines of its own."""
+    stale = sweep_line(job_id, host, LIST_JOBS_SCRIPT, RUN_ROOT)
+    assert script.startswith(stale + "\n")
+    return script[len(stale) + 1:].splitlines()
+
+
 def test_script_layout():
     spec = LaunchSpec("job-7", Torchrun("train.py"), env={"OMP_NUM_THREADS": "1"}, workdir="/srv/run")
     script = build_script(spec, SHARES, 1, 29500)
-    lines = script.splitlines()
+    lines = script_lines(script, "job-7", "rtx-b")
     assert lines[0] == 'run_dir="$HOME"/.hetero-gpu/run/job-7'
     assert lines[2] == "cd /srv/run || exit 125"
     assert lines[3] == "export CUDA_VISIBLE_DEVICES=1,3 OMP_NUM_THREADS=1"

@@ -23,7 +23,7 @@ from airflow_hetero_gpu.launch.command import (
     parse_pgid_line,
 )
 from cluster_fixtures import emulated_cluster  # noqa: F401
-from test_launch_command import local_env
+from test_launch_command import local_env, script_lines
 from test_launch_remote import Lines, assert_nothing_left, factory_of, new_job_id, targets_of
 
 SHARE = [HostShare("h0", "127.0.0.1", (0,))]
@@ -34,7 +34,7 @@ SHOW = ("sh", "-c", 'p=$' + PAYLOAD_ENV + '; echo "$p"; stat -c %a "$p"; cat "$p
 def test_payload_script_runs_the_payload_file_and_needs_one():
     spec = LaunchSpec("job-p", Torchrun(PAYLOAD_SCRIPT, ("--checkpoint-dir", "/c d")), payload=b"print(1)\n")
     script = build_script(spec, SHARE, 0, 29500)
-    lines = script.splitlines()
+    lines = script_lines(script, "job-p", "h0")
     assert lines[2] == 'payload="$run_dir"/h0.payload'
     assert lines[3].startswith("(umask 077 && head -c 9 >\"$payload\") && ")
     assert lines[4] == f'export {PAYLOAD_ENV}="$payload"'

@@ -2,7 +2,9 @@
 
 Every host of a job runs the same shape of command: a POSIX ``sh -c`` script that
 
-1. creates the job's run directory ``$HOME/.hetero-gpu/run/<job id>/``,
+1. removes this host's run files of other jobs that ended unwatched more than a week ago
+   (:mod:`airflow_hetero_gpu.launch.run_files`), creates the job's run directory
+   ``$HOME/.hetero-gpu/run/<job id>/``,
    and, when the spec has a ``payload``, stores the first ``len(payload)`` bytes of its stdin
    there as ``<host>.payload`` (mode 0600; the launcher sends them right after the command
    starts, so no shared file system is needed) and exports its path as ``HETERO_GPU_PAYLOAD``;
@@ -39,6 +41,8 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping, Sequence, Union
+
+from airflow_hetero_gpu.launch import run_files
 
 if TYPE_CHECKING:
     from airflow_hetero_gpu.launch.supervisor import Supervision
@@ -386,7 +390,8 @@ def build_script(spec: LaunchSpec, shares: Sequence[HostShare], rank: int, rdzv_
     env = host_environment(spec, shares, rank, rdzv_port)
     markers = [(n, v) for n, v in env if n in _MARKERS]
     others = [(n, v) for n, v in env if n not in _MARKERS]
-    lines = [f'run_dir="$HOME"/{q(run_dir(spec.job_id))}',
+    lines = [run_files.sweep_line(spec.job_id, shares[rank].host, LIST_JOBS_SCRIPT, RUN_ROOT),
+             f'run_dir="$HOME"/{q(run_dir(spec.job_id))}',
              f'mkdir -p "$run_dir" || exit {SETUP_EXIT_CODE}']
     if spec.payload is not None:
         # the launcher sends the payload first on stdin; what follows it is the watchdog's

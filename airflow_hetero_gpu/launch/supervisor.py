@@ -33,6 +33,7 @@ from typing import Any
 from airflow_hetero_gpu.launch.command import (
     JOB_ENV, PGID_MARKER, SETUP_EXIT_CODE, SWEEP_SCRIPT, run_dir, validate_host_name, validate_job_id,
 )
+from airflow_hetero_gpu.launch.run_files import RUN_FILE_NAMES
 
 #: Seconds between two looks of the supervisor at its job and heartbeat.
 POLL_S = 1
@@ -211,9 +212,9 @@ def status_command(job_id: str, host: str) -> str:
 def cleanup_command(job_id: str, host: str, launch: str) -> str:
     """Remove this launch's files of ``host`` (and the run directory once empty)."""
     q = shlex.quote
+    files = " ".join(f'"$h".{name}' for name in RUN_FILE_NAMES)
     script = (f"h={prefix(job_id, host)}; [ \"$(cat \"$h\".launch 2>/dev/null)\" = {q(launch)} ] || exit 0; "
-              "rm -f \"$h\".launch \"$h\".sup \"$h\".pgid \"$h\".out \"$h\".err \"$h\".heartbeat \"$h\".heartbeat.new "
-              "\"$h\".relayed \"$h\".relayed.new \"$h\".exit \"$h\".deadman \"$h\".payload; rmdir \"${h%/*}\" 2>/dev/null; exit 0")
+              f"rm -f {files}; rmdir \"${{h%/*}}\" 2>/dev/null; exit 0")
     return f"sh -c {q(script)}"
 
 
