@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -276,3 +277,130 @@ def test_the_queue_cluster_is_rebuilt_for_the_changed_hosts_only_and_equals_a_fr
         conf, fresh = both()
         same(conf, fresh)
         assert conf.config.weights.topology == 0.9
+
+
+def _judge(captures, new_xids, files):
+    from airflow_hetero_gpu.core import watch
+    from airflow_hetero_gpu.core.config import ClusterConfig
+
+    config = ClusterConfig()
+    return watch.evaluate(captures, config, new_xids), watch.WatchPolicy.from_thresholds(config.thresholds)
+
+
+@contextmanager
+def _part_before_lock(led, check, clock, part):
+    """Each write of ``led`` in the block: a health check's part of ``part()`` (stored by another
+    ledger with ``admit=False``, as a check's parts: no pass, so this process's cache does not see
+    it) lands after the write warmed, before it takes the lock. Yields the cache's counters as
+    they were just before each lock (the last one)."""
+    locked, seen = led.db.locked, {}
+
+    def part_then_lock(action):
+        clock.tick(30)
+        check.record_health_check(records(part()), collector="test check", judge=_judge, admit=False)
+        stats = led.db.clusters.stats
+        seen["before"] = (stats.builds, stats.hosts_parsed, stats.warmed_uses)
+        return locked(action)
+
+    led.db.locked = part_then_lock
+    try:
+        yield seen
+    finally:
+        led.db.locked = locked
+
+
+def test_a_write_uses_the_cluster_it_warmed_when_a_check_part_lands_before_its_lock(ledger_db_url):  # noqa: F811
+    """A release warms the queue's cluster, then a health check's part lands before the release
+    takes the lock: an ECC fault on node02 GPU 0 (evicted by the part's own write), node03 busier,
+    a new host node05. Under the lock nothing is parsed; the eviction is still respected; the new
+    host waits for the check's own pass."""
+    specs = small_hosts(4, gpus=2)
+    clock = Clock()
+    with Ledger.from_url(ledger_db_url, clock=clock) as led, Ledger.from_url(ledger_db_url, clock=clock) as check:
+        store(led, specs)
+        assert led.enqueue("holder", PlanRequest(8), lease_seconds=3600).admitted
+        led.take_admission("holder")
+        for i in range(8):  # one GPU each: with the fleet's 8 free, all would be admitted
+            assert not led.enqueue(f"w{i}", PlanRequest(1), lease_seconds=3600).admitted
+        cache = led.db.clusters
+
+        def part():
+            specs[1].gpus[0].ecc_uncorrected_volatile = 2
+            specs[2].gpus[0].utilization_gpu = 77
+            return [specs[1], specs[2], *small_hosts(5, gpus=2)[4:]]
+
+        with _part_before_lock(led, check, clock, part) as seen:
+            assert led.release("holder")
+        builds, parsed, uses = seen["before"]
+        assert (cache.stats.builds, cache.stats.hosts_parsed) == (builds, parsed)  # nothing parsed under the lock
+        assert cache.stats.warmed_uses == uses + 1
+        assert GpuKey("node02", 0) in led.evicted_map()
+        held = {(g.host, g.index) for r in led.live_reservations() for g in r.gpus}
+        assert len(held) == 7 and ("node02", 0) not in held  # 8 usable in the warmed cluster but the eviction
+        assert not {h for h, _ in held} & {"node05"}  # the new host: not in the cluster the release warmed
+        # the check's own pass after its last part: warmed with the part's hosts, it places the last one
+        before = cache.stats.hosts_parsed
+        led.run_admission()
+        assert cache.stats.hosts_parsed == before + 3  # node02, node03, node05, before its lock
+        held = {(g.host, g.index) for r in led.live_reservations() for g in r.gpus}
+        assert len(held) == 8 and ("node02", 0) not in held and {h for h, _ in held} & {"node05"}
+
+
+def test_with_nobody_waiting_a_write_parses_nothing_under_the_lock(ledger_db_url):  # noqa: F811
+    """Nobody waits: without teams the pass needs no cluster at all; with teams (their usage
+    counts GPUs by card) the write warms it and uses it under the lock, a part landed or not."""
+    from airflow_hetero_gpu.core.admission import teams_from_mapping
+
+    specs = small_hosts(4, gpus=2)
+    clock = Clock()
+    with Ledger.from_url(ledger_db_url, clock=clock) as led, Ledger.from_url(ledger_db_url, clock=clock) as check:
+        store(led, specs)
+        cache = led.db.clusters
+        for team in (None, "research"):
+            assert led.enqueue(f"job-{team}", PlanRequest(2), lease_seconds=3600, team=team).admitted
+            led.take_admission(f"job-{team}")
+            with _part_before_lock(led, check, clock, lambda: specs[:2]) as seen:
+                assert led.release(f"job-{team}")
+            builds, parsed, uses = seen["before"]
+            assert (cache.stats.builds, cache.stats.hosts_parsed) == (builds, parsed)
+            assert cache.stats.warmed_uses == uses + (team is not None)
+            if team is None:
+                led.apply_teams(teams_from_mapping({"teams": {"research": {"quota": {"*": 4}}}}, "test"))
+        samples = [(x["team"], x["in_use"]) for x in led.team_samples() if x["team"] == "research"]
+        assert samples[-2:] == [("research", 2), ("research", 0)]  # the release's usage was recorded
+
+
+def test_a_warmed_cluster_is_not_used_once_a_host_it_has_is_removed_or_the_fleet_files_change(ledger_db_url):  # noqa: F811
+    from airflow_hetero_gpu.ledger.admission import ClusterCache
+
+    specs = small_hosts(3, gpus=2)
+    clock = Clock()
+    with Ledger.from_url(ledger_db_url, clock=clock) as led:
+        store(led, specs)
+        assert not led.enqueue("w", PlanRequest(8), lease_seconds=3600).admitted  # someone waits
+        kept = ClusterCache()  # another process's cache
+
+        def warm():
+            with led._read("test") as (conn, now):
+                return kept.warm(conn, now)
+
+        def get(warmed):
+            with led._read("test") as (conn, now):
+                return kept.get(conn, now, warmed)
+
+        warmed = warm()
+        assert warmed is not None and warmed.hosts == {"node01", "node02", "node03"}
+        clock.tick(30)
+        store(led, specs[:1])  # a part: the warmed cluster serves
+        assert get(warmed) is warmed.cluster and kept.stats.warmed_uses == 1
+        warmed = warm()
+        led.remove_host("node03")  # a host it has is gone: rebuilt, nothing parsed for a removal
+        parsed = kept.stats.hosts_parsed
+        cluster = get(warmed)
+        assert "node03" not in cluster.hosts and kept.stats.hosts_parsed == parsed
+        warmed = warm()
+        clock.tick(30)
+        led.store_collection(records(specs[:1]), collector="test collector",
+                             fleet_files={"cluster.yaml": "weights:\n  topology: 0.9\n"})
+        assert get(warmed).config.weights.topology == 0.9  # another cluster.yaml: rebuilt
+        assert kept.stats.warmed_uses == 1

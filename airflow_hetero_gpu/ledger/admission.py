@@ -7,7 +7,9 @@ a replacement, a new collection — and every enqueue and departure from the que
 :func:`airflow_hetero_gpu.core.admission.admit` with
 
 * the cluster from the ledger's stored inventory (every host, as last seen; the stored
-  ``cluster.yaml``), parsed once per inventory version and kept between passes,
+  ``cluster.yaml``), parsed once per inventory version and kept between passes; a write that
+  parsed it before taking the lock places on that even when a health check's part landed since
+  (:class:`ClusterCache`, :meth:`UnitOfWork.cluster <airflow_hetero_gpu.ledger.unit_of_work.UnitOfWork.cluster>`),
 * the live reservations and the evictions,
 * the waiting entries with the claims the previous pass gave them.
 
@@ -26,6 +28,7 @@ import hashlib
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -51,17 +54,43 @@ NO_INVENTORY = ("not considered yet: the ledger holds no inventory (fill it with
                 "--ledger URL`)")
 
 
+@dataclass(frozen=True)
+class Warmed:
+    """A cluster of the stored inventory as one build left it: the digest of the fleet files and
+    the hosts it was built over (what a write that warmed it checks under the lock)."""
+
+    cluster: Cluster
+    digest: str
+    hosts: frozenset[str]
+
+
+@dataclass
+class CacheStats:
+    """What a :class:`ClusterCache` did, counted (the tests and benchmarks read it)."""
+
+    builds: int = 0  #: builds of the cluster (the first, and each rebuild for a changed inventory)
+    hosts_parsed: int = 0  #: hosts re-read and parsed by those builds
+    warmed_uses: int = 0  #: writes that used the cluster they warmed although the inventory moved since
+
+
 class ClusterCache:
     """The planner's cluster of the stored inventory, rebuilt only for what a collection changed.
 
     One per ledger URL in a process. It keeps each host's parsed outputs with the time of the
     collection they came from, and its GPUs (:class:`~airflow_hetero_gpu.core.inventory.HostMemo`):
-    a health check stores its hosts in parts as they answer, and the next pass re-reads and
+    a health check stores its hosts in parts as they answer, and the next build re-reads and
     re-parses only the hosts collected since the last build (the cluster's arrays are then built
-    again over the kept GPUs). The writes that run passes most (release, enqueue, renew, leave) :meth:`warm` it
-    in a read transaction before they take the ledger lock; under the lock :meth:`get` then only
-    compares the inventory's version. A change of the fleet files (``cluster.yaml``,
-    ``topology.conf``) rebuilds everything.
+    again over the kept GPUs). A change of the fleet files (``cluster.yaml``, ``topology.conf``)
+    rebuilds everything.
+
+    The writes that run passes most (release, enqueue, renew, leave, the check's own pass) :meth:`warm`
+    it in a read transaction before they take the ledger lock, and keep what they warmed
+    (:class:`Warmed`). Under the lock :meth:`get` compares the inventory's version; when it moved
+    meanwhile (a health check's part landed), a write that warmed uses the cluster it warmed and
+    parses nothing under the lock, unless the fleet files changed or a host it knows was removed
+    (then it rebuilds, as a write that did not warm always does). The ledger's reservations,
+    evictions and drains are read under the lock either way (docs/ledger.md, "Which cluster a
+    write's pass uses").
     """
 
     def __init__(self) -> None:
@@ -73,29 +102,51 @@ class ClusterCache:
         self._stamps: dict[str, datetime] = {}
         self._captures: dict[str, Any] = {}  # host -> its HostCapture (None: a row without outputs)
         self._memo: Any = None
-        self._cluster: Cluster | None = None
+        self._built: Warmed | None = None
+        self.stats = CacheStats()
 
-    def warm(self, conn: Connection, now: datetime) -> None:
-        """Build the cluster now, outside the ledger lock, when someone waits and it is stale."""
-        if conn.execute(select(q_t.c.job_id).where(q_t.c.state == WAITING).limit(1)).first() is not None:
-            self.get(conn, now)
+    def warm(self, conn: Connection, now: datetime) -> Warmed | None:
+        """Build the cluster now, outside the ledger lock, when the write's pass will need it
+        (someone waits, or teams are configured: their usage counts GPUs by card) and it is stale;
+        what was built (None: not needed, or no inventory), for :meth:`get` under the lock."""
+        from airflow_hetero_gpu.ledger.teams import has_teams
 
-    def get(self, conn: Connection, now: datetime) -> Cluster | None:
+        if conn.execute(select(q_t.c.job_id).where(q_t.c.state == WAITING).limit(1)).first() is None \
+                and not has_teams(conn):
+            return None
+        return self._current(conn, now, None)
+
+    def get(self, conn: Connection, now: datetime, warmed: Warmed | None = None) -> Cluster | None:
+        """The cluster of the stored inventory (None: no inventory). ``warmed``: what this write
+        warmed before the lock, used when the inventory moved since (see the class docstring)."""
+        built = self._current(conn, now, warmed)
+        return built.cluster if built is not None else None
+
+    def _current(self, conn: Connection, now: datetime, warmed: Warmed | None) -> Warmed | None:
         files = inventory.read_fleet_files(conn)
         digest = hashlib.sha256(repr(sorted(files.items())).encode()).hexdigest()
         version = inventory.version(conn)  # (hosts, newest collection): changes with every collection
+        with self._lock:
+            if digest == self._files_digest and version == self._version and self._built is not None:
+                return self._built
+        if warmed is not None and warmed.digest == digest and warmed.hosts <= inventory.host_names(conn):
+            # a part landed since the warm: its new evictions are read under the lock by the pass,
+            # its hosts' other news go to the check's own pass; a host added waits for the next pass
+            with self._lock:
+                self.stats.warmed_uses += 1
+            return warmed
         with self._lock:  # one build at a time: the kept captures and GPUs are updated in place
-            if digest == self._files_digest and version == self._version and self._cluster is not None:
-                return self._cluster
+            if digest == self._files_digest and version == self._version and self._built is not None:
+                return self._built  # another thread built it meanwhile
             stamps = inventory.host_stamps(conn)
             if not stamps:
                 return None
-            cluster = self._build(conn, now, files, digest, stamps)
+            self._built = self._build(conn, now, files, digest, stamps)
             self._version = version
-            return cluster
+            return self._built
 
     def _build(self, conn: Connection, now: datetime, files: dict[str, str], digest: str,
-               stamps: dict[str, datetime]) -> Cluster:
+               stamps: dict[str, datetime]) -> Warmed:
         from airflow_hetero_gpu.capture.directory import CaptureSet
         from airflow_hetero_gpu.core.config import ClusterConfig, config_from_text
         from airflow_hetero_gpu.core.inventory import XIDS_FROM_LEDGER, HostMemo, cluster_from_captures
@@ -106,7 +157,7 @@ class ClusterCache:
             config = config_from_text(text, "ledger inventory file cluster.yaml") if text else ClusterConfig()
             switches = StoredInventory({}, files, now).captures().switches
             self._config, self._switches, self._memo = config, switches, HostMemo()
-            self._files_digest, self._stamps, self._captures, self._cluster = digest, {}, {}, None
+            self._files_digest, self._stamps, self._captures, self._built = digest, {}, {}, None
         changed = [h for h, at in stamps.items() if self._stamps.get(h) != at]
         parsed = StoredInventory(inventory.read_hosts(conn, changed), files, now).captures().hosts if changed else {}
         captures = {h: parsed.get(h) if h in parsed or h in changed else self._captures.get(h)
@@ -114,8 +165,10 @@ class ClusterCache:
         hosts = {h: cap for h, cap in captures.items() if cap is not None}
         cluster = cluster_from_captures(CaptureSet(root=None, hosts=hosts, switches=self._switches, config_path=None),
                                         self._config, xid_rule=XIDS_FROM_LEDGER, memo=self._memo)
-        self._stamps, self._captures, self._cluster = stamps, captures, cluster
-        return cluster
+        self._stamps, self._captures = stamps, captures
+        self.stats.builds += 1
+        self.stats.hosts_parsed += len(changed)
+        return Warmed(cluster, digest, frozenset(stamps))
 
 
 _CACHES: dict[str, ClusterCache] = {}
@@ -142,12 +195,10 @@ def run_pass(uow: UnitOfWork) -> AdmissionResult | None:
     """One admission pass over the waiting entries, in the unit of work's write (see the module
     docstring). None when nobody waits or the pass could not run (the reason is then on every
     waiting entry)."""
-    from airflow_hetero_gpu.ledger.teams import pool_cards
-
     conn, now = uow.conn, uow.now
     rows = waiting_rows(conn)
     if not rows:
-        uow.teams.record_usage(uow, pool_cards(uow.db.clusters.get(conn, now)))
+        _record_usage(uow)
         return None
     uow.reservations.expire_due(uow)  # nothing expired may block a GPU or a job id
     reserved = uow.reservations.held(uow)
@@ -158,7 +209,7 @@ def run_pass(uow: UnitOfWork) -> AdmissionResult | None:
             reason="admitted: the job holds a reservation of its own", admission=None))
     rows = [r for r in rows if r.job_id not in held]
     if not rows:
-        uow.teams.record_usage(uow, pool_cards(uow.db.clusters.get(conn, now)))
+        _record_usage(uow)
         return None
     began = time.perf_counter()
     result = _admit(uow, rows, reserved)
@@ -168,13 +219,21 @@ def run_pass(uow: UnitOfWork) -> AdmissionResult | None:
     return result
 
 
+def _record_usage(uow: UnitOfWork) -> None:
+    """The teams' usage when nobody waits: the cluster (its pools' cards) only with teams."""
+    from airflow_hetero_gpu.ledger.teams import pool_cards
+
+    if uow.teams.configured(uow):
+        uow.teams.record_usage(uow, pool_cards(uow.cluster()))
+
+
 def _admit(uow: UnitOfWork, rows: list[Any], reserved: Any) -> AdmissionResult | None:
     """The pass proper over the waiting ``rows``: the rule, then its admissions and standings written."""
     from airflow_hetero_gpu.ledger.teams import pool_cards
 
     conn, now = uow.conn, uow.now
     try:
-        cluster = uow.db.clusters.get(conn, now)
+        cluster = uow.cluster()
         if cluster is None:
             _note_all(conn, now, rows, NO_INVENTORY)
             return None

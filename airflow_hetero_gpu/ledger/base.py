@@ -26,7 +26,7 @@ from airflow_hetero_gpu.ledger.url import is_memory, mask, parse_url
 
 if TYPE_CHECKING:
     from airflow_hetero_gpu.core.admission import PreemptionRules
-    from airflow_hetero_gpu.ledger.admission import ClusterCache
+    from airflow_hetero_gpu.ledger.admission import ClusterCache, Warmed
     from airflow_hetero_gpu.ledger.unit_of_work import Rooms, UnitOfWork
 
 Clock = Callable[[], datetime]
@@ -114,11 +114,12 @@ class LedgerDatabase:
         key = self.url.render_as_string(hide_password=False)
         return cluster_cache(f"{key}#{id(self)}" if is_memory(self.url) else key)
 
-    def warm(self) -> None:
+    def warm(self) -> Warmed | None:
         """Parse the stored inventory for the next pass before taking the ledger lock (only when
-        someone waits and the inventory changed since this process last parsed it)."""
+        someone waits and the inventory changed since this process last parsed it); the cluster
+        built (None: nobody waits, or no inventory), for the write's pass under the lock."""
         with self.read("read the inventory for the queue") as uow:
-            self.clusters.warm(uow.conn, uow.now)
+            return self.clusters.warm(uow.conn, uow.now)
 
     # --- transactions ---------------------------------------------------------------------------
     @contextmanager
@@ -140,10 +141,11 @@ class LedgerDatabase:
     def write(self, action: str, *, warm: bool = False) -> Iterator[UnitOfWork]:
         """One write: a unit of work holding the ledger lock until it commits
         (:mod:`~airflow_hetero_gpu.ledger.unit_of_work`). ``warm``: parse the stored inventory for
-        its admission pass first, outside the lock."""
-        if warm:
-            self.warm()
+        its admission pass first, outside the lock; the pass then uses that cluster even when a
+        collection changed the inventory before the lock was taken (``UnitOfWork.cluster``)."""
+        warmed = self.warm() if warm else None
         with self.locked(action) as uow:
+            uow.warmed = warmed
             yield uow
 
     def locked(self, action: str) -> ContextManager[UnitOfWork]:

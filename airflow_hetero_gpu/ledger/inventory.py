@@ -209,6 +209,11 @@ def host_stamps(conn: Connection) -> dict[str, datetime]:
     return {r.host: r.collected_at for r in conn.execute(select(hosts_t.c.host, hosts_t.c.collected_at))}
 
 
+def host_names(conn: Connection) -> set[str]:
+    """Every stored host's name."""
+    return set(conn.execute(select(hosts_t.c.host)).scalars())
+
+
 def version(conn: Connection) -> tuple[int, datetime | None]:
     row = conn.execute(select(func.count(), func.max(hosts_t.c.collected_at))).one()
     return int(row[0]), row[1]

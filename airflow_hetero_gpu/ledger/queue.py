@@ -259,7 +259,7 @@ class Queue:
         team = row.team or DEFAULT_TEAM
         other = select(res_t.c.job_id).where(func.coalesce(res_t.c.team, DEFAULT_TEAM) != team, *ran).limit(1)
         return (conn.execute(other).first() is not None
-                and uow.teams.borrowing_now(uow, pool_cards(self.db.clusters.get(conn, now))))
+                and uow.teams.borrowing_now(uow, pool_cards(uow.cluster())))
 
     def sweep(self, uow: UnitOfWork) -> list[str]:
         """Delete entries whose lease passed (an admitted one's reservation expires with it)."""

@@ -65,6 +65,11 @@ def finite_usage(team: str, value: object, what: str = "decayed borrowed GPU-sec
     return clamped
 
 
+def has_teams(conn: Connection) -> bool:
+    """Whether teams are configured (one indexed read; :func:`read_teams` parses them)."""
+    return conn.execute(select(teams_t.c.name).limit(1)).first() is not None
+
+
 def read_teams(conn: Connection) -> Teams | None:
     """The applied teams, or None when none is configured."""
     rows = list(conn.execute(select(teams_t.c.name, teams_t.c.spec)))
@@ -186,6 +191,10 @@ class TeamQuotas:
         """:func:`borrowing_now` in the unit of work."""
         return borrowing_now(uow.conn, uow.now, cards)
 
+    def configured(self, uow: UnitOfWork) -> bool:
+        """:func:`has_teams` in the unit of work."""
+        return has_teams(uow.conn)
+
     def record_usage(self, uow: UnitOfWork, cards: Mapping[str, str] | None = None) -> None:
         """:func:`record_usage` in the unit of work."""
         record_usage(uow.conn, uow.now, cards)
@@ -198,7 +207,7 @@ class TeamQuotas:
         teams = teams_from_mapping(teams.to_json(), source)  # the file's bounds, whoever built it
         with self.db.write("apply the teams", warm=True) as uow:
             conn, now = uow.conn, uow.now
-            cluster = self.db.clusters.get(conn, now)
+            cluster = uow.cluster()
             if cluster is not None:
                 teams.check_fleet([p.card_type for p in cluster.pools], source)
             old = read_teams(conn)

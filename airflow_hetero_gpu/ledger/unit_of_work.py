@@ -11,6 +11,8 @@ through that repository's public methods on the same unit of work.
 A write that frees or changes GPUs runs the admission pass (:mod:`airflow_hetero_gpu.ledger.admission`)
 before it commits: :meth:`UnitOfWork.admit` runs it at once (the write reads what it admitted),
 :meth:`UnitOfWork.admit_before_commit` once the write's body is done, in the same transaction.
+Its cluster comes from :meth:`UnitOfWork.cluster`: the one the write warmed before the lock, if
+it did (:attr:`UnitOfWork.warmed`), even when a collection changed the inventory meanwhile.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from airflow_hetero_gpu.ledger.db import read_transaction, write_transaction
 
 if TYPE_CHECKING:
     from airflow_hetero_gpu.core.admission import AdmissionResult
+    from airflow_hetero_gpu.core.cluster import Cluster
+    from airflow_hetero_gpu.ledger.admission import Warmed
     from airflow_hetero_gpu.ledger.base import LedgerDatabase
     from airflow_hetero_gpu.ledger.drains import Drains
     from airflow_hetero_gpu.ledger.fleet import Inventory
@@ -68,6 +72,15 @@ class UnitOfWork:
         self.admit_at_end = False
         #: what the pass run by :meth:`admit_before_commit` did (None: nobody waited, or it could not run)
         self.admission: AdmissionResult | None = None
+        #: the cluster this write built before taking the lock (``LedgerDatabase.write(warm=True)``)
+        self.warmed: Warmed | None = None
+
+    def cluster(self) -> Cluster | None:
+        """The cluster of the stored inventory for this write's pass (None: no inventory). A write
+        that warmed it before the lock uses what it warmed when a collection changed the
+        inventory meanwhile: nothing is parsed under the lock
+        (:class:`~airflow_hetero_gpu.ledger.admission.ClusterCache`)."""
+        return self.db.clusters.get(self.conn, self.now, self.warmed)
 
     def admit(self) -> AdmissionResult | None:
         """One admission pass now, in this transaction."""
