@@ -359,7 +359,8 @@ class PassPreemption:
         self.aging = aging_interval_s
         self.rules = rules
         self.now = now
-        self.stopping = in_progress(running)  # preemptor -> victims still stopping
+        # preemptor -> victims still stopping (read from the kept columns where the pass has them)
+        self.stopping = self.columns.stopping() if columns is not None else in_progress(running)
         self.decided: list[Preemption] = []
 
     @functools.cached_property
@@ -391,7 +392,11 @@ class PassPreemption:
         runs on borrowed quota: a necessary condition of :meth:`Candidates.eligible` (a waiting
         job whose priority is not above the first, with no borrower to reclaim, has no
         candidate), so the pass need not build :class:`Candidates` for it."""
-        lowest = min([j.priority for j in self._running if j.preempting is None and j.preemptible], default=math.inf)
+        if self._columns is not None:
+            lowest = self.columns.lowest_preemptible()
+        else:
+            lowest = min([j.priority for j in self._running if j.preempting is None and j.preemptible],
+                         default=math.inf)
         if self._some_borrow is not None:  # no team above its quota: no job borrows (a superset is enough)
             return lowest, self._some_borrow
         return lowest, any(flag for job, flag in zip(self._running, self.borrowed) if job.preempting is None)
