@@ -94,7 +94,10 @@ class Walk:
             return Verdict(pools, borrow)
         hit = self._together.get((id(shape), id(said_once)))
         if hit is None or hit[0] is not shape or hit[1] is not said_once:
-            pools.flags.writeable = False  # handed out again: nobody may change it
+            if pools.shape == shape.ok.shape and bool((pools == shape.ok).all()):
+                pools = shape.ok  # no pool taken away: the shape's own mask, which visit() sees at once
+            else:
+                pools.flags.writeable = False  # handed out again: nobody may change it
             hit = self._together[(id(shape), id(said_once))] = (shape, said_once, Verdict(pools, borrow))
         return hit[2]
 
