@@ -194,3 +194,19 @@ def test_the_kept_columns_say_who_stops_and_the_lowest_preemptible_priority():
     assert cols.stopping()["w1"] == ["r1", "r4"]
     assert cols.lowest_preemptible() == 2.5  # r1, r4 stop, r2 may not be preempted
     assert RunningColumns([job(1, preempting="w")], None).lowest_preemptible() == float("inf")
+
+
+def test_kept_columns_are_handed_back_only_for_the_very_same_jobs(cluster):
+    """``build=False`` answers the kept columns for the same job objects in the same order, and
+    None (nothing built) for equal jobs that are other objects, or another order."""
+    from airflow_hetero_gpu.core.admission.kept import KeptHeld
+    from airflow_hetero_gpu.core.model import GpuKey
+
+    jobs = [RunningJob(f"r{i}", (GpuKey(f"h{i}", 0),), priority=i) for i in range(4)]
+    kept = KeptHeld()
+    assert kept.columns(jobs, cluster, build=False) is None
+    cols = kept.columns(jobs, cluster)
+    assert kept.columns(list(jobs), cluster, build=False) is cols
+    assert kept.columns(copy.copy(jobs[:3]) + [copy.copy(jobs[3])], cluster, build=False) is None
+    assert kept.columns(jobs[::-1], cluster, build=False) is None
+    assert kept.columns(jobs, cluster, build=False) is not None  # a miss without build keeps what was kept

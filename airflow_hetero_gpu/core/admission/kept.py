@@ -95,13 +95,16 @@ class KeptHeld:
         self._memo: dict = {}  # see memo()
         self._running: tuple | None = None  # (the jobs, their columns): see columns()
 
-    def columns(self, running: Sequence[Any], cluster: Any) -> RunningColumns:
+    def columns(self, running: Sequence[Any], cluster: Any, *, build: bool = True) -> RunningColumns | None:
         """The running jobs' :class:`~.running.RunningColumns`, kept while a pass is given the very
         same job objects in the same order (frozen: the same objects say the same; the copy of the
-        list kept here holds them, so no other object can take one of their ids)."""
+        list kept here holds them, so no other object can take one of their ids). ``build``
+        False: None unless they are kept (a pass that may not need them builds nothing)."""
         last = self._running
         if last is not None and len(last[0]) == len(running) and all(map(operator.is_, last[0], running)):
             return last[1]
+        if not build:
+            return None
         cols = RunningColumns(running, cluster)
         self._running = (list(running), cols)
         return cols
