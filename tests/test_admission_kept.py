@@ -173,3 +173,40 @@ def test_running_jobs_changed_in_place_are_seen(cluster):
     second = decided(c, running)
     assert second == decided(copy.copy(cluster), list(running))
     assert not victims & {v for _, vs in second[1] for v in vs}
+
+
+def test_the_kept_columns_say_who_stops_and_the_lowest_preemptible_priority():
+    """What a pass with preemption reads of the kept running columns is what the jobs say: the
+    victims stopping per preemptor (``in_progress``, in the jobs' order) and the lowest priority
+    of a job that may be preempted and is not stopping (the jobs' own numbers, floats kept)."""
+    from airflow_hetero_gpu.core.admission.preemption import in_progress
+    from airflow_hetero_gpu.core.admission.running import RunningColumns
+    from airflow_hetero_gpu.core.model import GpuKey
+
+    def job(i, **kw):
+        return RunningJob(f"r{i}", (GpuKey(f"h{i}", 0),), **kw)
+
+    jobs = [job(0, priority=3), job(1, priority=1, preempting="w1"), job(2, priority=2, preemptible=False),
+            job(3, priority=2.5), job(4, priority=0, preempting="w1"), job(5, priority=4, preempting="w2")]
+    cols = RunningColumns(jobs, None)
+    assert cols.stopping() == in_progress(jobs) == {"w1": ["r1", "r4"], "w2": ["r5"]}
+    cols.stopping()["w1"].append("x")  # the caller's own copy
+    assert cols.stopping()["w1"] == ["r1", "r4"]
+    assert cols.lowest_preemptible() == 2.5  # r1, r4 stop, r2 may not be preempted
+    assert RunningColumns([job(1, preempting="w")], None).lowest_preemptible() == float("inf")
+
+
+def test_kept_columns_are_handed_back_only_for_the_very_same_jobs(cluster):
+    """``build=False`` answers the kept columns for the same job objects in the same order, and
+    None (nothing built) for equal jobs that are other objects, or another order."""
+    from airflow_hetero_gpu.core.admission.kept import KeptHeld
+    from airflow_hetero_gpu.core.model import GpuKey
+
+    jobs = [RunningJob(f"r{i}", (GpuKey(f"h{i}", 0),), priority=i) for i in range(4)]
+    kept = KeptHeld()
+    assert kept.columns(jobs, cluster, build=False) is None
+    cols = kept.columns(jobs, cluster)
+    assert kept.columns(list(jobs), cluster, build=False) is cols
+    assert kept.columns(copy.copy(jobs[:3]) + [copy.copy(jobs[3])], cluster, build=False) is None
+    assert kept.columns(jobs[::-1], cluster, build=False) is None
+    assert kept.columns(jobs, cluster, build=False) is not None  # a miss without build keeps what was kept

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import itertools
+import operator
 
 import numpy as np
 
@@ -92,18 +93,20 @@ class KeptHeld:
         self._last: tuple[dict, Start, int] | None = None  # (reserved copy, its Start, serial)
         self._holdings: tuple | None = None  # ((serial, key), team_of copy, counts)
         self._memo: dict = {}  # see memo()
-        self._running: tuple | None = None  # (the jobs, their ids, their columns): see columns()
+        self._running: tuple | None = None  # (the jobs, their columns): see columns()
 
-    def columns(self, running: Sequence[Any], cluster: Any) -> RunningColumns:
+    def columns(self, running: Sequence[Any], cluster: Any, *, build: bool = True) -> RunningColumns | None:
         """The running jobs' :class:`~.running.RunningColumns`, kept while a pass is given the very
         same job objects in the same order (frozen: the same objects say the same; the copy of the
-        list kept here holds them, so no other object can take one of their ids)."""
-        ids = list(map(id, running))
+        list kept here holds them, so no other object can take one of their ids). ``build``
+        False: None unless they are kept (a pass that may not need them builds nothing)."""
         last = self._running
-        if last is not None and last[1] == ids:
-            return last[2]
+        if last is not None and len(last[0]) == len(running) and all(map(operator.is_, last[0], running)):
+            return last[1]
+        if not build:
+            return None
         cols = RunningColumns(running, cluster)
-        self._running = (list(running), ids, cols)
+        self._running = (list(running), cols)
         return cols
 
     def memo(self, key: Any, compute):

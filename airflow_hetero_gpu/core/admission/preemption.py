@@ -343,7 +343,7 @@ class PassPreemption:
     def __init__(self, running: Sequence[RunningJob], rules: PreemptionRules, now: float,
                  aging_interval_s: float | None = None, *, teams: bool = True,
                  borrowing: Callable[[RunningJob], bool] | None = None, some_borrow: bool | None = None,
-                 columns: Callable[[Sequence[RunningJob]], RunningColumns] | None = None,
+                 columns: Callable[..., RunningColumns | None] | None = None,
                  borrowing_many: Callable[[RunningColumns], list[bool]] | None = None) -> None:
         # ``teams`` False (no team configured): the whole fleet is one team, whatever team names
         # the jobs carry (the operator always sends one), and reasons name none. ``borrowing``:
@@ -359,7 +359,11 @@ class PassPreemption:
         self.aging = aging_interval_s
         self.rules = rules
         self.now = now
-        self.stopping = in_progress(running)  # preemptor -> victims still stopping
+        # the columns kept from an earlier pass given these very jobs, if any (none are built here:
+        # a pass where nobody can preempt does not need them)
+        self._kept = columns(running, build=False) if columns is not None else None
+        # preemptor -> victims still stopping
+        self.stopping = self._kept.stopping() if self._kept is not None else in_progress(running)
         self.decided: list[Preemption] = []
 
     @functools.cached_property
@@ -391,7 +395,12 @@ class PassPreemption:
         runs on borrowed quota: a necessary condition of :meth:`Candidates.eligible` (a waiting
         job whose priority is not above the first, with no borrower to reclaim, has no
         candidate), so the pass need not build :class:`Candidates` for it."""
-        lowest = min([j.priority for j in self._running if j.preempting is None and j.preemptible], default=math.inf)
+        cols = self._kept if self._kept is not None else self.__dict__.get("columns")  # those at hand
+        if cols is not None:
+            lowest = cols.lowest_preemptible()
+        else:
+            lowest = min([j.priority for j in self._running if j.preempting is None and j.preemptible],
+                         default=math.inf)
         if self._some_borrow is not None:  # no team above its quota: no job borrows (a superset is enough)
             return lowest, self._some_borrow
         return lowest, any(flag for job, flag in zip(self._running, self.borrowed) if job.preempting is None)

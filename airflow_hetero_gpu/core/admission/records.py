@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -71,6 +71,6 @@ class Held(NamedTuple):
     state: str  # head, waiting, impossible
     claim: Claim | None
     shape: "Shape"
-    heads: list[Any]
+    heads: Sequence[Any]  # the heads it waits behind (a shared empty tuple for none)
     refusal: Reason | None = None  # the rule that stopped it (then its reason is the rule's)
     notes: tuple[Reason, ...] = ()  # the rules' remarks added after the reason

@@ -173,9 +173,14 @@ class Admission:
         if preemption is not None and running:
             rules.append(PreemptionRule(PassPreemption(running, preemption, now, self.aging, teams=teams,
                                                         borrowing=borrowing, some_borrow=some_borrow,
-                                                        columns=lambda jobs: self.kept_held.columns(jobs, self.cluster),
+                                                        columns=self._columns,
                                                         borrowing_many=borrowing_many)))
         return ordering, rules
+
+    def _columns(self, running: Sequence[RunningJob], build: bool = True):
+        """The running jobs' columns kept with the cluster's state (``build`` False: None where
+        none are kept for these very jobs, nothing built)."""
+        return self.kept_held.columns(running, self.cluster, build=build)
 
 
 def admit(cluster: Cluster, queue: Sequence[QueueEntry], *, now: float,

@@ -47,6 +47,28 @@ class RunningColumns:
                    self.preemptible, self.enqueued, self.ids, self.team)
         self._positions: tuple[np.ndarray, np.ndarray] | None = None
         self._first: tuple[np.ndarray, np.ndarray] | None = None  # see first_positions
+        self._stopping: dict[str, tuple[str, ...]] | None = None  # see stopping
+        self._lowest: float | None = None  # see lowest_preemptible
+
+    def stopping(self) -> dict[str, list[str]]:
+        """Preemptor -> the jobs still stopping for it (``preemption.in_progress`` of the jobs, in
+        their order), read from the few jobs being stopped, once per columns (a new dict each
+        call: the caller's own)."""
+        if self._stopping is None:
+            out: dict[str, list[str]] = {}
+            for i in np.flatnonzero(~self.idle).tolist():
+                job = self.running[i]
+                out.setdefault(job.preempting, []).append(job.job_id)
+            self._stopping = {k: tuple(v) for k, v in out.items()}
+        return {k: list(v) for k, v in self._stopping.items()}
+
+    def lowest_preemptible(self) -> float:
+        """The lowest priority of a job not being stopped that may be preempted (inf: none), of the
+        jobs' own priorities (not the columns' integers), once per columns."""
+        if self._lowest is None:
+            rows = np.flatnonzero(self.idle & self.preemptible).tolist()
+            self._lowest = min((self.running[i].priority for i in rows), default=math.inf)
+        return self._lowest
 
     def gpu_positions(self) -> tuple[np.ndarray, np.ndarray]:
         """Every job's GPU positions, concatenated in job order (-1: a GPU the cluster does not

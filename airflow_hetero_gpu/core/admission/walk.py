@@ -26,6 +26,7 @@ from airflow_hetero_gpu.core.admission.rules.base import Ordering, Rule
 from airflow_hetero_gpu.core.model import PlanRequest
 
 _KIND = {"impossible": ReasonKind.IMPOSSIBLE, "head": ReasonKind.HEAD, "waiting": ReasonKind.QUEUE}
+_NO_HEADS: tuple = ()  # behind no head: one empty sequence for every such entry (nobody changes it)
 
 
 class Walk:
@@ -63,12 +64,12 @@ class Walk:
     def visit(self, item: Item) -> Outcome:
         shape = self.shape_of(item.entry)
         if not shape.possible:
-            return self._record(item, "impossible", None, shape, [])
+            return self._record(item, "impossible", None, shape, _NO_HEADS)
         verdict = self._verdict(item, shape)
         if verdict.refusal is not None:
             if verdict.defer:
                 return Outcome.DEFERRED
-            return self._record(item, "waiting", None, shape, [], verdict.refusal)
+            return self._record(item, "waiting", None, shape, _NO_HEADS, verdict.refusal)
         pools = verdict.pools
         same = pools is shape.ok or (pools.shape == shape.ok.shape and bool((pools == shape.ok).all()))
         sub = shape if same else Shape(shape.request, pools, shape.rejected)
@@ -93,7 +94,10 @@ class Walk:
             return Verdict(pools, borrow)
         hit = self._together.get((id(shape), id(said_once)))
         if hit is None or hit[0] is not shape or hit[1] is not said_once:
-            pools.flags.writeable = False  # handed out again: nobody may change it
+            if pools.shape == shape.ok.shape and bool((pools == shape.ok).all()):
+                pools = shape.ok  # no pool taken away: the shape's own mask, which visit() sees at once
+            else:
+                pools.flags.writeable = False  # handed out again: nobody may change it
             hit = self._together[(id(shape), id(said_once))] = (shape, said_once, Verdict(pools, borrow))
         return hit[2]
 
@@ -126,9 +130,9 @@ class Walk:
         if claim is None:
             sub.dead = True
             return self._record(item, "waiting", None, sub, self.p.heads_for(sub.ok))
-        return self._record(item, "head", claim, sub, [])
+        return self._record(item, "head", claim, sub, _NO_HEADS)
 
-    def _record(self, item: Item, state: str, claim, shape: Shape, heads: list,
+    def _record(self, item: Item, state: str, claim, shape: Shape, heads: Sequence,
                 refusal: Reason | None = None) -> Outcome:
         self.position += 1
         notes: tuple[Reason, ...] = ()
@@ -144,15 +148,19 @@ class Walk:
     # --- the answer --------------------------------------------------------------------------
     def _result(self, now: float, entries: Sequence[QueueEntry]) -> AdmissionResult:
         out: list[Waiting] = []
-        ahead = np.zeros(len(self.cluster.pools), dtype=np.int64)  # waiting jobs so far accepting each pool
-        aging = self.adm.aging
-        singles: dict[int, tuple] = {}  # id(shape) -> (shape, its one pool or None): see _text
+        ahead = [0] * len(self.cluster.pools)  # waiting jobs so far accepting each pool
+        aging, explain = self.adm.aging, self.explain
+        pools_of: dict[int, tuple] = {}  # id(shape) -> (shape, its pools' indices): see _pools
         behinds: dict[int, tuple] = {}  # id(heads) -> (heads, reasons.behind(heads))
         names: dict[int, tuple] = {}  # id(heads) -> (heads, their job ids)
         for h in self.held:
-            text = self._text(h, ahead, singles, behinds) if self.explain else ""
-            if self.explain and h.state != "impossible":
-                ahead += h.shape.ok
+            if explain:
+                text = self._text(h, ahead, pools_of, behinds)
+                if h.state != "impossible":
+                    for i in self._pools(h.shape, pools_of):
+                        ahead[i] += 1
+            else:
+                text = ""
             kind = h.refusal.kind if h.refusal is not None else _KIND[h.state]
             heads = names.get(id(h.heads))  # the jobs behind the same heads share one list
             if heads is None or heads[0] is not h.heads:
@@ -161,7 +169,15 @@ class Walk:
                                h.claim, heads[1], kind))
         return AdmissionResult(now, self.admitted, out, entries)
 
-    def _text(self, h: Held, ahead: np.ndarray, singles: dict[int, tuple], behinds: dict[int, tuple]) -> str:
+    @staticmethod
+    def _pools(shape: Shape, pools_of: dict[int, tuple]) -> list[int]:
+        """The indices of the pools ``shape`` may use, once per shape in an answer."""
+        hit = pools_of.get(id(shape))
+        if hit is None or hit[0] is not shape:
+            hit = pools_of[id(shape)] = (shape, np.flatnonzero(shape.ok).tolist())
+        return hit[1]
+
+    def _text(self, h: Held, ahead: list[int], pools_of: dict[int, tuple], behinds: dict[int, tuple]) -> str:
         if h.refusal is not None:
             text = reasons.refused(h.position, h.refusal.kind, h.refusal.text)
         elif h.state == "impossible":
@@ -169,13 +185,9 @@ class Walk:
         elif h.state == "head":
             text = reasons.head(h.position, h.claim)
         else:
-            ok = h.shape.ok
-            hit = singles.get(id(h.shape))
-            if hit is None or hit[0] is not h.shape:  # the pool of a shape with one pool, once per shape
-                one = np.flatnonzero(ok)
-                hit = singles[id(h.shape)] = (h.shape, int(one[0]) if len(one) == 1 else None)
-            single = self.cluster.pools[hit[1]].id if hit[1] is not None else None
-            pool_pos = int(ahead[hit[1]]) + 1 if single else None
+            pools = self._pools(h.shape, pools_of)  # a shape with one pool says its place there
+            single = self.cluster.pools[pools[0]].id if len(pools) == 1 else None
+            pool_pos = ahead[pools[0]] + 1 if single else None
             said = behinds.get(id(h.heads))  # the waiting jobs behind the same heads share one list
             if said is None or said[0] is not h.heads:
                 said = behinds[id(h.heads)] = (h.heads, reasons.behind(h.heads))

@@ -55,6 +55,7 @@ class TeamQuotaRule(Rule):
         self.pool_card = [pool.card_type for pool in c.pools]
         self.cards = cards = sorted(set(self.pool_card))
         self.pool_code = np.array([cards.index(t) for t in self.pool_card], dtype=np.int64)
+        self.pool_code_list = self.pool_code.tolist()
         gpu_code, healthy = _card_codes(adm, self.pool_code, len(cards))
         usage = holdings(p, quotas, reserved or {}, cards, gpu_code)
         self.book = QuotaBook(quotas.teams, {t: int(n) for t, n in zip(cards, healthy.tolist()) if n}, usage,
@@ -68,6 +69,7 @@ class TeamQuotaRule(Rule):
         self._rooms: dict[tuple[str, int], np.ndarray] = {}  # see _room()
         self._verdicts: dict[tuple, tuple] = {}  # see verdict()
         self._notes: dict[tuple, Reason] = {}  # see note()
+        self._cards: dict[int, tuple] = {}  # id(shape) -> (shape, its first pool's card type): see card()
         self.waiting_gpus: list[tuple[str, str, int]] = []  # (team, card type, GPUs) for the standing
 
     def borrows(self, job: RunningJob) -> bool:
@@ -119,33 +121,42 @@ class TeamQuotaRule(Rule):
         return hit[1]
 
     def _verdict(self, item: Item, shape) -> Verdict:
-        gpus = item.entry.request.gpus
+        # a cluster has a few pools and card types: plain Python over them (numpy's per-call cost
+        # is most of a verdict on arrays of 8)
+        gpus, code_of = item.entry.request.gpus, self.pool_code_list
+        usable = [i for i, ok in enumerate(shape.ok.tolist()) if ok]
         if item.stage is not Stage.BORROWING:
-            pools = shape.ok & (self._room(item.team)[self.pool_code] >= gpus)
-            pools.flags.writeable = False
-            return Verdict(pools) if pools.any() else Verdict(pools, refusal=Reason(ReasonKind.QUOTA), defer=True)
-        codes = list(dict.fromkeys(self.pool_code[shape.ok].tolist()))  # in pool order: the first refusal says why
-        allowed = np.zeros(len(self.cards), dtype=bool)
-        borrowed = np.zeros(len(self.cards), dtype=object)
-        why = ""
-        for code in codes:
-            chk = self.book.check(item.team, self.cards[code], gpus)
-            allowed[code], borrowed[code] = chk.allowed, chk.borrow
-            if not chk.allowed and not why:
-                why = chk.why
-        ok = shape.ok & allowed[self.pool_code]
-        ok.flags.writeable = False
-        if not ok.any():
-            return Verdict(ok, refusal=Reason(ReasonKind.QUOTA, why))
-        return Verdict(ok, {i: int(borrowed[self.pool_code[i]]) for i in np.flatnonzero(ok).tolist()})
+            room = self._room(item.team).tolist()
+            fits = [i for i in usable if room[code_of[i]] >= gpus]
+            pools = self._mask(fits)
+            return Verdict(pools) if fits else Verdict(pools, refusal=Reason(ReasonKind.QUOTA), defer=True)
+        checks: dict[int, object] = {}  # card code -> the book's answer, in pool order: the first refusal says why
+        for i in usable:
+            if code_of[i] not in checks:
+                checks[code_of[i]] = self.book.check(item.team, self.cards[code_of[i]], gpus)
+        fits = [i for i in usable if checks[code_of[i]].allowed]
+        if not fits:
+            why = next((chk.why for chk in checks.values() if not chk.allowed and chk.why), "")
+            return Verdict(self._mask(fits), refusal=Reason(ReasonKind.QUOTA, why))
+        return Verdict(self._mask(fits), {i: int(checks[code_of[i]].borrow) for i in fits})
+
+    def _mask(self, pools: list[int]) -> np.ndarray:
+        """A read-only mask over the cluster's pools with ``pools`` set."""
+        out = np.zeros(len(self.pool_card), dtype=bool)
+        out[pools] = True
+        out.flags.writeable = False
+        return out
 
     def card(self, shape, claim) -> str:
         if claim is not None:
             return self.pool_card[int(self.cluster.pool_of[self.p.positions(claim.gpus[:1])[0]])]
-        first = int(shape.ok.argmax())  # the first pool it may use (it has one: it was not impossible)
-        if not shape.ok[first]:
-            raise IndexError("a waiting job with no pool")
-        return self.pool_card[first]
+        hit = self._cards.get(id(shape))  # once per shape (its pools do not change in a pass)
+        if hit is None or hit[0] is not shape:
+            first = int(shape.ok.argmax())  # the first pool it may use (it has one: it was not impossible)
+            if not shape.ok[first]:
+                raise IndexError("a waiting job with no pool")
+            hit = self._cards[id(shape)] = (shape, self.pool_card[first])
+        return hit[1]
 
     def started(self, walk, item: Item, admitted, pool: int) -> None:
         self.book.take(item.team, self.pool_card[pool], item.entry.request.gpus)
