@@ -31,7 +31,7 @@ pytest.importorskip("psutil", reason="could not import psutil")
 
 from airflow_hetero_gpu.testing.fleet_day import DayConfig, run_day  # noqa: E402
 from airflow_hetero_gpu.testing.fleet_day_contention import CARD, OPENING  # noqa: E402
-from airflow_hetero_gpu.testing.fleet_day_report import render  # noqa: E402
+from airflow_hetero_gpu.testing.fleet_day_report import overlaps, render  # noqa: E402
 from airflow_hetero_gpu.testing.postgres import PostgresServer, PostgresUnavailable  # noqa: E402
 from airflow_hetero_gpu.testing.redis_server import RedisUnavailable, find_redis_server  # noqa: E402
 
@@ -64,6 +64,9 @@ def test_every_run_ends_and_succeeds(day):
     assert runs["states"] == {"success": runs["triggered"]}, runs["not succeeded"]
     assert day["task_start_s"]["all"]["n"] == runs["triggered"], day["task_start_s"]["not started"]
     assert {"placed at once", "waited in the queue"} <= set(day["task_start_s"])
+    starts = day["task_start_s"]  # those placed at once, split by the health watch's checks
+    assert (starts["placed at once, during a check"]["n"] + starts["placed at once, between checks"]["n"]
+            == starts["placed at once"]["n"])
 
 
 def test_no_gpu_held_twice_nothing_leaked_no_orphan(day):
@@ -114,3 +117,10 @@ def test_quotas_and_preemption_acted_on_the_contended_card(day):
     assert teams["research"]["peak"]["borrowed"] >= 8, teams  # 16 of the card on a quota of 8
     assert teams["research"]["decayed_borrowed_gpu_s"] > 0, teams  # its fair share remembers it
     assert teams["intern"]["peak"]["in_use"] <= 8 + 8, teams  # quota + borrowing limit
+
+
+def test_a_start_counts_as_during_a_check_when_their_seconds_overlap():
+    checks = [(100.0, 106.0), (160.0, 165.5)]
+    assert overlaps(99.0, 101.0, checks) and overlaps(104.0, 110.0, checks) and overlaps(150.0, 170.0, checks)
+    assert not overlaps(106.5, 110.0, checks) and not overlaps(90.0, 100.0, checks)
+    assert not overlaps(101.0, 103.0, [])

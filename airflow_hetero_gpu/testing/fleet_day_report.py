@@ -35,10 +35,18 @@ def _ts(value: datetime) -> float:
     return value.timestamp()
 
 
-def task_starts(day, results: Path) -> dict[str, Any]:
+def overlaps(began: float, ran: float, windows: Sequence[tuple[float, float]]) -> bool:
+    """Whether the seconds from ``began`` to ``ran`` overlap one of ``windows`` (start, end)."""
+    return any(began < end and ran > start for start, end in windows)
+
+
+def task_starts(day, results: Path, checks: Sequence[tuple[float, float]] = ()) -> dict[str, Any]:
     """execute() start (the run's ``.exec`` file) to the job's first process running (its
-    ``.start`` file: the command's first line), per run; split by whether the run waited in the queue."""
-    starts: dict[str, list[float]] = {"all": [], "placed at once": [], "waited in the queue": []}
+    ``.start`` file: the command's first line), per run; split by whether the run waited in the queue,
+    and those placed at once by whether they overlapped one of the health watch's ``checks``
+    (start, end): a check of a large fleet keeps the cores busy (docs/performance.md)."""
+    starts: dict[str, list[float]] = {"all": [], "placed at once": [], "waited in the queue": [],
+                                      "placed at once, during a check": [], "placed at once, between checks": []}
     missing = []
     for run_id, info in day.runs.items():
         exec_file, start_file = results / f"{run_id}.exec", results / f"{info['job']}.start"
@@ -51,11 +59,15 @@ def task_starts(day, results: Path) -> dict[str, Any]:
         starts["all"].append(seconds)
         queued = QUEUED in day.final.get("task_logs", {}).get(run_id, "")
         starts["waited in the queue" if queued else "placed at once"].append(seconds)
+        if not queued:
+            starts["placed at once, during a check" if overlaps(began, ran, checks)
+                   else "placed at once, between checks"].append(seconds)
     return {**{k: _stats(v) for k, v in starts.items()}, "not started": missing}
 
 
-def watch_checks(ledger_url: str) -> list[float]:
-    """Seconds each of the health watch's checks took (its collections: start to the last part)."""
+def watch_checks(ledger_url: str) -> list[tuple[float, float]]:
+    """(start, end) of each of the health watch's checks (its collections: start to the last
+    part), as POSIX timestamps."""
     from sqlalchemy import select
 
     from airflow_hetero_gpu.ledger import Ledger
@@ -64,7 +76,7 @@ def watch_checks(ledger_url: str) -> list[float]:
     with Ledger.open_existing(ledger_url) as ledger, ledger.db.engine.connect() as conn:
         rows = conn.execute(select(coll_t.c.started_at, coll_t.c.finished_at).where(
             coll_t.c.collector.like(f"GpuHealthSensor {WATCH_DAG}/%")).order_by(coll_t.c.started_at)).all()
-    return [_ts(b) - _ts(a) for a, b in rows]
+    return [(_ts(a), _ts(b)) for a, b in rows]
 
 
 def job_end(day, job: str) -> float | None:
@@ -192,7 +204,8 @@ def report(day, ledger_url: str, results: Path) -> dict[str, Any]:
               for r, info in day.runs.items() if info.get("state") != "success"}
     sampler = day.final["sampler"]
     faults = fault_outcomes(day, ledger_url)
-    checks = watch_checks(ledger_url)
+    windows = watch_checks(ledger_url)
+    checks = [end - start for start, end in windows]
     stream_s = day.times.get("stream_end", 0) - day.times.get("stream_start", 0)
     gpu_seconds = sum(info["conf"]["gpus"] * info["conf"]["seconds"] for info in day.runs.values())
     return {
@@ -205,7 +218,7 @@ def report(day, ledger_url: str, results: Path) -> dict[str, Any]:
                  "stream_seconds": stream_s, "settle_seconds": day.times.get("settled", 0) - day.times.get("stream_end", 0),
                  "trigger_late_max_s": day.times.get("trigger_late_max", 0.0),
                  "max_live_jobs": sampler["max_live"], "max_gpus_held": sampler["max_gpus"]},
-        "task_start_s": task_starts(day, results),
+        "task_start_s": task_starts(day, results, windows),
         "health_checks": {**_stats(checks), "first": checks[0] if checks else None,
                           "steady": _stats(checks[1:]), "watch_state": day.final.get("watch_state"),
                           "trigger_to_first_check_s": day.times.get("first_watch_check_s")},
@@ -239,7 +252,8 @@ def render(r: dict[str, Any]) -> str:
     for run_id, why in runs["not succeeded"].items():
         lines.append(f"  {run_id} not succeeded: {why}")
     ts = r["task_start_s"]
-    for k in ("all", "placed at once", "waited in the queue"):
+    for k in ("all", "placed at once", "placed at once, during a check", "placed at once, between checks",
+              "waited in the queue"):
         lines.append(f"task start (execute() -> job running), {k}: n={ts[k]['n']} p50 {_fmt(ts[k]['p50'])} "
                      f"p99 {_fmt(ts[k]['p99'])} max {_fmt(ts[k]['max'])}")
     hc = r["health_checks"]
