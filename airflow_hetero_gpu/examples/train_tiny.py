@@ -1,4 +1,4 @@
-"""A tiny but real distributed training: an MLP learning a synthetic regression under DDP.
+"""A tiny but real distributed training: an MLP learning a synthetic regression, data-parallel.
 
 Start it with torchrun (it reads RANK, LOCAL_RANK and WORLD_SIZE from torchrun's environment)::
 
@@ -6,6 +6,12 @@ Start it with torchrun (it reads RANK, LOCAL_RANK and WORLD_SIZE from torchrun's
 
 - Data: ``--samples`` points ``x ~ N(0, 1)^features``, ``y = sin(x·w) + x·v + noise``, generated
   from ``--seed`` so every rank builds the same set; each rank trains on its own shard.
+- Data-parallel as ``DistributedDataParallel`` is: rank 0's weights go to every rank at the
+  start, and after each step's backward the gradients are averaged over the ranks in one
+  all-reduce before the optimizer's step (SGD with momentum, torch.optim.SGD's update). Both are
+  written out here, a few lines each: building a ``DistributedDataParallel`` or any
+  ``torch.optim`` optimizer imports PyTorch's compiler stack (``torch._dynamo``), about 1.2 s of
+  CPU in every process, longer than this whole training takes.
 - Backend: gloo on CPU (the default), or ``--backend nccl`` on the GPU ``LOCAL_RANK`` of the
   devices the launcher made visible (needs CUDA).
 - Every rank prints ``rank R of W (local rank L) on HOST, device D`` once it joined the group;
@@ -54,7 +60,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 CHECKPOINT_NAME = "checkpoint.pt"
 CRASH_EXIT_CODE = 3
@@ -120,7 +125,65 @@ def make_model(features: int, hidden: int) -> nn.Module:
                          nn.ReLU(), nn.Linear(hidden, 1))
 
 
-def save_checkpoint(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
+def broadcast_parameters(model: nn.Module) -> None:
+    """Rank 0's weights on every rank (what ``DistributedDataParallel`` does when it is built)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            dist.broadcast(p, src=0)
+
+
+def average_gradients(params: list[torch.Tensor], world: int) -> None:
+    """Every parameter's gradient averaged over the ranks, in one all-reduce of them all
+    (``DistributedDataParallel``'s reduction, as one bucket)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+class MomentumSGD:
+    """SGD with momentum, the update ``torch.optim.SGD(lr=..., momentum=...)`` makes (the first
+    step's buffer is the gradient; then ``buf = momentum * buf + grad``; ``p -= lr * buf``)."""
+
+    def __init__(self, params, lr: float, momentum: float) -> None:
+        self.params = list(params)
+        self.lr, self.momentum = lr, momentum
+        self.buffers: list[torch.Tensor | None] = [None] * len(self.params)
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for i, p in enumerate(self.params):
+            if p.grad is None:
+                continue
+            buf = self.buffers[i]
+            if buf is None:
+                buf = self.buffers[i] = p.grad.detach().clone()
+            else:
+                buf.mul_(self.momentum).add_(p.grad)
+            p.add_(buf, alpha=-self.lr)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"lr": self.lr, "momentum": self.momentum,
+                "momentum_buffer": [None if b is None else b.clone() for b in self.buffers]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        buffers = state["momentum_buffer"]
+        if len(buffers) != len(self.params):
+            raise ValueError(f"the checkpoint's optimizer has {len(buffers)} parameters, the model {len(self.params)}")
+        self.buffers = [None if b is None else b.clone() for b in buffers]
+
+
+def save_checkpoint(directory: Path, model: nn.Module, optimizer: MomentumSGD,
                     epoch: int) -> None:
     """Write the checkpoint atomically: a reader sees the old one or the new one, never half."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -183,7 +246,7 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
     x, y = make_data(args.samples, args.features, args.seed)
     x, y = x[rank::world].to(device), y[rank::world].to(device)
     model = make_model(args.features, args.hidden).to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    optimizer = MomentumSGD(model.parameters(), lr=args.lr, momentum=0.9)
 
     # Rank 0 reads the checkpoint and hands it to everyone: no shared file system needed.
     box: list[Any] = [load_checkpoint(args.checkpoint_dir) if rank == 0 else None]
@@ -195,7 +258,7 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
         optimizer.load_state_dict(checkpoint["optimizer"])
         start = int(checkpoint["epoch"]) + 1
         say(f"rank {rank} resumed from epoch {checkpoint['epoch']}")
-    ddp = DistributedDataParallel(model)
+    broadcast_parameters(model)
     if rank == 0:
         say(f"training: world size {world}, {args.samples} samples, epochs {start}..{args.epochs}, "
             f"backend {args.backend}")
@@ -218,8 +281,9 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
                 return SIGTERM_EXIT_CODE
             xb, yb = x[first:first + args.batch_size], y[first:first + args.batch_size]
             optimizer.zero_grad()
-            loss = loss_fn(ddp(xb), yb)
+            loss = loss_fn(model(xb), yb)
             (loss / xb.shape[0]).backward()
+            average_gradients(optimizer.params, world)
             optimizer.step()
             total += torch.stack([loss.detach(), torch.tensor(float(xb.shape[0]), device=device),
                                   torch.tensor(0.0, device=device)])
@@ -268,7 +332,7 @@ class Checkpoints:
         self.directory, self.every, self.saved = directory, every, saved
         self.done: tuple[int, dict, dict] | None = None  # the last completed epoch's state, unsaved
 
-    def after_epoch(self, model: nn.Module, optimizer: torch.optim.Optimizer, epoch: int) -> None:
+    def after_epoch(self, model: nn.Module, optimizer: MomentumSGD, epoch: int) -> None:
         if self.directory is None:
             return
         if epoch % self.every == 0:
@@ -280,7 +344,7 @@ class Checkpoints:
 
             self.done = (epoch, copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict()))
 
-    def on_signal(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def on_signal(self, model: nn.Module, optimizer: MomentumSGD) -> None:
         if self.directory is None:
             return
         if self.done is not None:
