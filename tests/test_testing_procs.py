@@ -15,8 +15,12 @@ def test_a_rehash_lock_left_by_a_killed_shell_is_removed_and_a_held_one_kept(tmp
     lock = tmp_path / "shims" / ".pyenv-shim"
     lock.parent.mkdir()
     lock.write_text("\n")
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(120)", "pyenv-rehash"])
+    holder = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(120)",
+                               "pyenv-rehash"], stdout=subprocess.PIPE, text=True)
     try:
+        # its first line: it runs, under its own command line (a scan between fork and exec
+        # would still see this test's command line, and rightly remove the lock)
+        assert holder.stdout.readline().strip() == "up"
         assert procs.release_stale_pyenv_lock(tmp_path) is False  # a rehash runs: its lock stays
         assert lock.exists()
         assert procs.kill_all({holder.pid: 1}) == []
