@@ -173,14 +173,19 @@ class MomentumSGD:
             p.add_(buf, alpha=-self.lr)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"lr": self.lr, "momentum": self.momentum,
-                "momentum_buffer": [None if b is None else b.clone() for b in self.buffers]}
+        """In ``torch.optim.SGD``'s format: a checkpoint either of them wrote, the other reads."""
+        return {"state": {i: {"momentum_buffer": b.clone()} for i, b in enumerate(self.buffers) if b is not None},
+                "param_groups": [{"lr": self.lr, "momentum": self.momentum, "dampening": 0, "weight_decay": 0,
+                                  "nesterov": False, "maximize": False, "params": list(range(len(self.params)))}]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        buffers = state["momentum_buffer"]
-        if len(buffers) != len(self.params):
-            raise ValueError(f"the checkpoint's optimizer has {len(buffers)} parameters, the model {len(self.params)}")
-        self.buffers = [None if b is None else b.clone() for b in buffers]
+        (group,) = state["param_groups"]
+        if len(group["params"]) != len(self.params):
+            raise ValueError(f"the checkpoint's optimizer has {len(group['params'])} parameters, "
+                             f"the model {len(self.params)}")
+        saved = state["state"]
+        self.buffers = [None if saved.get(i, {}).get("momentum_buffer") is None
+                        else saved[i]["momentum_buffer"].clone() for i in range(len(self.params))]
 
 
 def save_checkpoint(directory: Path, model: nn.Module, optimizer: MomentumSGD,
