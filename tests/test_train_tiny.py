@@ -53,11 +53,12 @@ def test_the_written_out_momentum_sgd_makes_torch_optim_sgds_updates():
     opt_theirs = torch.optim.SGD(theirs.parameters(), lr=0.05, momentum=0.9)
     x, y = torch.randn(32, 8), torch.randn(32, 1)
     for step in range(12):
-        if step == 6:  # each resumes from the other's state dict (a checkpoint either wrote), momentum kept
+        if step == 6:  # each resumes from the other's state dict (a checkpoint either wrote): the
+            # momentum, and the saved lr and momentum over those it was built with
             mine, its = opt_ours.state_dict(), opt_theirs.state_dict()
-            opt_ours = train_tiny.MomentumSGD(ours.parameters(), lr=0.05, momentum=0.9)
+            opt_ours = train_tiny.MomentumSGD(ours.parameters(), lr=0.5, momentum=0.5)
             opt_ours.load_state_dict(its)
-            opt_theirs = torch.optim.SGD(theirs.parameters(), lr=0.05, momentum=0.9)
+            opt_theirs = torch.optim.SGD(theirs.parameters(), lr=0.5, momentum=0.5)
             opt_theirs.load_state_dict(mine)
         for model, opt in ((ours, opt_ours), (theirs, opt_theirs)):
             opt.zero_grad()

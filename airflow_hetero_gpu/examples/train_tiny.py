@@ -183,9 +183,9 @@ class MomentumSGD:
         if len(group["params"]) != len(self.params):
             raise ValueError(f"the checkpoint's optimizer has {len(group['params'])} parameters, "
                              f"the model {len(self.params)}")
-        saved = state["state"]
-        self.buffers = [None if saved.get(i, {}).get("momentum_buffer") is None
-                        else saved[i]["momentum_buffer"].clone() for i in range(len(self.params))]
+        self.lr, self.momentum = group["lr"], group["momentum"]  # as torch.optim.SGD resumes: the saved ones
+        buffers = [state["state"].get(i, {}).get("momentum_buffer") for i in range(len(self.params))]
+        self.buffers = [None if b is None else b.clone() for b in buffers]
 
 
 def save_checkpoint(directory: Path, model: nn.Module, optimizer: MomentumSGD,
