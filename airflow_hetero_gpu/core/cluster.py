@@ -190,6 +190,14 @@ class Cluster:
     def pool_of_gpu(self, key: tuple[str, int]) -> Pool:
         return self.pools[int(self.pool_of[self.position[GpuKey(*key)]])]
 
+    @cached_property
+    def memory_total(self) -> np.ndarray:
+        """Each GPU's total memory in MiB (nan: unknown), read-only."""
+        total = np.fromiter((np.nan if g.memory_total_mib is None else g.memory_total_mib for g in self.gpus),
+                            dtype=np.float64, count=len(self.gpus))
+        total.flags.writeable = False
+        return total
+
     # --- the networkx view (S2) --------------------------------------------------------------
     @cached_property
     def graph(self) -> nx.Graph:

@@ -11,7 +11,8 @@ question, of the GPUs counted as idle), and computes only the pools whose slice 
 answer is :func:`~.planner.plan`'s with ``explain=False`` for the same arguments
 (tests/test_core_plan_kept.py compares them).
 
-A question's arrays (:class:`_Now`) are the last question's patched where the mask changed, and a
+A question's arrays (:class:`_Now`) are the last question's, patched in place where the mask
+changed (a question asked before computes its own again if it is read later), and a
 pool's view cache (its slices of them, and what filters, candidates and scorers keep with
 :meth:`~.view.PoolView.memo`) is shared by every request under one mask and memory ask
 (tests/test_core_plan_now.py compares both with what is computed from scratch).
@@ -25,6 +26,7 @@ pass before it.
 
 from __future__ import annotations
 
+import threading
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -50,26 +52,53 @@ def _frozen(*arrays: np.ndarray) -> None:
 
 
 class _Now:
-    """What :func:`~.planner.cluster_state` computes from one reserved mask (read-only arrays: a
-    question's state may be read again later, for a reason): the load, busy, outside and available
-    arrays (available before any memory ask), each pool's packed slice of the mask, and each pool's
-    slices of them that the pool reports read (by pool index: ``(i, "loads")``, ``(i, mib)``)."""
+    """What :func:`~.planner.cluster_state` computes from one reserved mask: the load, busy,
+    outside and available arrays (available before any memory ask), each pool's packed slice of
+    the mask, and each pool's slices of them that the pool reports read (by pool index:
+    ``(i, "loads")``, ``(i, mib)``).
 
-    __slots__ = ("mask", "slices", "load", "busy", "outside", "avail", "available", "local")
+    The four arrays of the latest mask are patched in place for the next one (:meth:`_Parts.now`):
+    a question asked earlier then no longer owns them (``_arrays`` None) and, if read again (for a
+    reason written later), computes its own from its mask. What it handed out before stays its
+    own: the pools' slices are copies, and a :class:`_Call`'s state is built again."""
 
-    def __init__(self, mask, slices, load, busy, outside, avail, local) -> None:
-        _frozen(mask, load, busy, outside, avail)
-        self.mask, self.slices, self.load = mask, slices, load
-        self.busy, self.outside, self.avail = busy, outside, avail
+    __slots__ = ("mask", "slices", "_arrays", "_parts", "available", "local")
+
+    def __init__(self, parts, mask, slices, arrays, local) -> None:
+        _frozen(mask)
+        self.mask, self.slices, self._parts = mask, slices, parts
+        self._arrays: tuple | None = arrays  # (load, busy, outside, avail), read-only
         self.available: dict = {}  # memory ask -> available with it
         self.local: dict = local
+
+    def arrays(self) -> tuple:
+        got = self._arrays
+        if got is None:
+            got = self._arrays = self._parts.computed(self.mask)
+        return got
+
+    @property
+    def load(self) -> np.ndarray:
+        return self.arrays()[0]
+
+    @property
+    def busy(self) -> np.ndarray:
+        return self.arrays()[1]
+
+    @property
+    def outside(self) -> np.ndarray:
+        return self.arrays()[2]
+
+    @property
+    def avail(self) -> np.ndarray:
+        return self.arrays()[3]
 
 
 class _Parts:
     """What :func:`~.planner.cluster_state` computes from one cluster (or a released copy) alone,
     and the arrays of the last reserved mask asked about (:class:`_Now`)."""
 
-    def __init__(self, cluster: Cluster, evicted, config: ClusterConfig, drained) -> None:
+    def __init__(self, cluster: Cluster, evicted, config: ClusterConfig, drained, lock) -> None:
         base = cluster_state(cluster, PlanRequest(1), {}, evicted, config, drained=drained)
         n = len(cluster.gpus)
         self.cluster = cluster
@@ -84,12 +113,13 @@ class _Parts:
         _frozen(self.ones, self.zeros)
         self._healthy: dict[int, tuple[np.ndarray, int, np.ndarray]] = {}
         self.primary: dict[tuple[PlanRequest, int], str | None] = {}  # (request, pool) -> refusal
-        # the last mask's arrays, replaced whole (passes in two threads never mix two masks' parts);
-        # the next mask differs from it only where an admission or a claim changed it
+        # the last mask's arrays (patched in place for the next mask, which differs from it only
+        # where an admission or a claim changed it: the KeptPlans' lock is held meanwhile)
         self._now: _Now | None = None
+        self.lock = lock
 
     def now(self, mask: np.ndarray) -> _Now:
-        """The arrays of ``mask``: the last mask's, patched where ``mask`` differs from it."""
+        """The arrays of ``mask``: the last mask's, patched in place where ``mask`` differs."""
         last = self._now
         if last is None:
             got = self._fresh(mask)
@@ -97,41 +127,54 @@ class _Parts:
             changed = np.flatnonzero(mask != last.mask)
             if not len(changed):
                 return last
-            got = self._patched(last, mask, changed) if len(changed) <= len(mask) // 8 else self._fresh(mask)
+            if len(changed) <= len(mask) // 8 and last._arrays is not None:
+                got = self._patched(last, mask, changed)
+            else:
+                got = self._fresh(mask)
         self._now = got
         return got
 
-    def _fresh(self, mask: np.ndarray) -> _Now:
+    def computed(self, mask: np.ndarray) -> tuple:
+        """The load, busy, outside and available arrays of ``mask`` (read-only, new)."""
         c = self.cluster
         load = c.base_load.copy()
         load[mask] = 1.0
         busy = load > self.busy_utilization
-        outside = c.has_processes & ~mask if self.block_foreign else self.zeros
+        outside = c.has_processes & ~mask if self.block_foreign else self.zeros  # never patched then
         avail = self.usable & ~mask & ~busy & ~outside
-        slices = [np.packbits(mask[p.positions]).tobytes() for p in c.pools]
-        return _Now(mask.copy(), slices, load, busy, outside, avail, {})
+        _frozen(load, busy, outside, avail)
+        return load, busy, outside, avail
+
+    def _fresh(self, mask: np.ndarray) -> _Now:
+        mask = mask.copy()
+        slices = [np.packbits(mask[p.positions]).tobytes() for p in self.cluster.pools]
+        return _Now(self, mask, slices, self.computed(mask), {})
 
     def _patched(self, last: _Now, mask: np.ndarray, changed: np.ndarray) -> _Now:
-        """``_fresh(mask)``, computed at the ``changed`` positions only: every array is the same
-        elementwise formula of the mask, so the other positions keep the last mask's values."""
+        """``_fresh(mask)``, computed at the ``changed`` positions only, in the last mask's arrays
+        (every array is the same elementwise formula of the mask, so the other positions keep
+        their values); ``last`` no longer owns them."""
         c = self.cluster
+        arrays = last._arrays
+        last._arrays = None
+        load, busy, outside, avail = arrays
         m = mask[changed]
-        load = last.load.copy()
-        load[changed] = np.where(m, 1.0, c.base_load[changed])
-        busy = last.busy.copy()
-        busy[changed] = load[changed] > self.busy_utilization
-        outside = last.outside
-        if self.block_foreign:
-            outside = outside.copy()
-            outside[changed] = c.has_processes[changed] & ~m
-        avail = last.avail.copy()
-        avail[changed] = self.usable[changed] & ~m & ~busy[changed] & ~outside[changed]
+        for a in (load, busy, outside, avail) if self.block_foreign else (load, busy, avail):
+            a.flags.writeable = True
+        try:
+            load[changed] = np.where(m, 1.0, c.base_load[changed])
+            busy[changed] = load[changed] > self.busy_utilization
+            if self.block_foreign:
+                outside[changed] = c.has_processes[changed] & ~m
+            avail[changed] = self.usable[changed] & ~m & ~busy[changed] & ~outside[changed]
+        finally:
+            _frozen(load, busy, outside, avail)
         touched = set(np.unique(c.pool_of[changed]).tolist())
         slices = list(last.slices)
         for i in touched:
             slices[i] = np.packbits(mask[c.pools[i].positions]).tobytes()
         local = {k: v for k, v in last.local.items() if k[0] not in touched}  # the other pools' slices hold
-        return _Now(mask.copy(), slices, load, busy, outside, avail, local)
+        return _Now(self, mask.copy(), slices, arrays, local)
 
     def memory_ok(self, mib) -> np.ndarray | None:
         if not mib:
@@ -205,20 +248,23 @@ class _Parts:
 class _Call:
     """One question's inputs, to write a kept pool's reason when someone reads it."""
 
-    __slots__ = ("parts", "request", "reserved", "now", "_state")
+    __slots__ = ("parts", "request", "reserved", "now", "_state", "_of")
 
     def __init__(self, parts: _Parts, request, reserved, now: _Now) -> None:
         self.parts, self.request, self.reserved, self.now = parts, request, reserved, now
         self._state: ClusterState | None = None
+        self._of: tuple | None = None  # the arrays the state was built on
 
     def state(self) -> ClusterState:
-        if self._state is None:
-            self._state = self.parts.state(self.request, self.reserved, self.now)
+        arrays = self.now.arrays()
+        if self._state is None or self._of is not arrays:  # built again once the arrays moved on
+            self._state, self._of = self.parts.state(self.request, self.reserved, self.now), arrays
         return self._state
 
     def reason(self, pool) -> str | None:
-        view = PoolView(pool, self.state())
-        return next((r for r in (f(view) for f in filters.PRESELECT) if r is not None), None)
+        with self.parts.lock:  # another question may be patching the arrays
+            view = PoolView(pool, self.state())
+            return next((r for r in (f(view) for f in filters.PRESELECT) if r is not None), None)
 
 
 class KeptPlans:
@@ -237,18 +283,20 @@ class KeptPlans:
         self._parts: dict[int, _Parts] = {}  # id(cluster or released copy) -> its parts (the latest copy's)
         self._kept: dict[tuple, tuple] = {}
         self.computed = 0  # pool reports computed (not found kept): for tests and benchmarks
+        self._lock = threading.RLock()  # one question at a time: the arrays are patched in place
 
     def forget(self) -> None:
         """Drop every kept report (the next questions are answered from scratch)."""
-        self._kept.clear()
-        self._parts.clear()
+        with self._lock:
+            self._kept.clear()
+            self._parts.clear()
 
     def parts(self, cluster: Cluster) -> _Parts:
         got = self._parts.get(id(cluster))
         if got is None or got.cluster is not cluster:
             if cluster is not self.cluster:  # a released copy: keep the latest one only
                 self._parts = {k: v for k, v in self._parts.items() if v.cluster is self.cluster}
-            got = self._parts[id(cluster)] = _Parts(cluster, self.evicted, self.config, self.drained)
+            got = self._parts[id(cluster)] = _Parts(cluster, self.evicted, self.config, self.drained, self._lock)
         return got
 
     def plan(self, request: PlanRequest, reserved: Mapping[GpuKey, str], mask: np.ndarray, *,
@@ -256,6 +304,11 @@ class KeptPlans:
         """The plan for ``request`` with the GPUs in ``mask`` reserved (``reserved`` names their
         holders) on ``cluster`` (default: the kept one; a copy of it with the ``idle`` GPUs
         released, for a target question: then ``idle`` is part of each pool's key)."""
+        with self._lock:
+            return self._plan(request, reserved, mask, cluster, idle)
+
+    def _plan(self, request: PlanRequest, reserved: Mapping[GpuKey, str], mask: np.ndarray,
+              cluster: Cluster | None, idle: np.ndarray | None) -> PlanResult:
         cluster = cluster if cluster is not None else self.cluster
         check_mig_request(cluster, request)  # a mistake, refused as plan() refuses it
         parts = self.parts(cluster)

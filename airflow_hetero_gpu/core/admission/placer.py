@@ -77,22 +77,19 @@ class PlannerPlacer:
         # it on the cluster between passes): the same answers
         self.kept = kept or KeptPlans(cluster, evicted=self.evicted, config=config, drained=self.drained)
         self._released: tuple[np.ndarray, Cluster] | None = None
-        self._memory_total: np.ndarray | None = None
 
     def released(self, idle: np.ndarray) -> Cluster:
         """The cluster with the ``idle`` GPUs unloaded (a shallow copy; the last one is reused)."""
         if self._released is not None and np.array_equal(self._released[0], idle):
             return self._released[1]
-        if self._memory_total is None:
-            self._memory_total = np.array([np.nan if g.memory_total_mib is None else g.memory_total_mib
-                                           for g in self.cluster.gpus], dtype=np.float64)
+        total = self.cluster.memory_total  # computed once per cluster, not per pass
         c = copy.copy(self.cluster)
         c.base_load = self.cluster.base_load.copy()
         c.base_load[idle] = 0.0
         c.has_processes = self.cluster.has_processes & ~idle  # the job's processes end with it
         c.memory_free = self.cluster.memory_free.copy()
-        known = idle & ~np.isnan(self._memory_total)
-        c.memory_free[known] = self._memory_total[known]
+        known = idle & ~np.isnan(total)
+        c.memory_free[known] = total[known]
         self._released = (idle.copy(), c)
         return c
 
