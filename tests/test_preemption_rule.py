@@ -299,6 +299,31 @@ def test_the_prefilters_are_necessary_conditions_of_the_one_predicate_on_generat
     assert checked > 100 and len(kept) < len(running)  # both sides are common: the checks are not vacuous
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_the_pass_reads_who_stops_and_the_lowest_priority_as_the_columns_do(seed):
+    """A pass without kept columns reads both in one walk over the jobs; the columns (kept between
+    passes) and in_progress() give the same."""
+    import math
+    import random
+
+    from airflow_hetero_gpu.core.admission.preemption import PassPreemption, in_progress
+    from airflow_hetero_gpu.core.admission.running import RunningColumns
+
+    import dataclasses
+
+    running = _random_jobs(random.Random(seed), n=200 if seed else 0)
+    # the lowest priorities are of jobs that may not be preempted, or are being stopped already
+    running = [dataclasses.replace(j, priority=0) if not j.preemptible or j.preempting else
+               dataclasses.replace(j, priority=max(1, j.priority)) for j in running]
+    walked = PassPreemption(running, RULES, NOW, 3600.0)
+    cols = RunningColumns(running, None)
+    kept = PassPreemption(running, RULES, NOW, 3600.0, columns=lambda jobs, build=True: cols)
+    want = min((j.priority for j in running if j.preempting is None and j.preemptible), default=math.inf)
+    assert walked.stopping == kept.stopping == in_progress(running)
+    assert walked.bounds[0] == kept.bounds[0] == want
+    assert (1 <= want < math.inf and walked.stopping) if seed else want == math.inf
+
+
 def test_a_preemptor_waits_on_the_gpus_its_victims_free_not_on_a_holder_that_never_yields():
     """hi preempted a (hgx-a1) in an earlier pass; while a stops, hgx-a2 has fewer GPUs held, by a
     reservation that can never be preempted (``plan --reserve``): hi's claim stays on a's GPUs and

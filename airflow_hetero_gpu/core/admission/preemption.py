@@ -173,6 +173,20 @@ def in_progress(running: Iterable[RunningJob]) -> dict[str, list[str]]:
     return out
 
 
+def _stopping_and_lowest(running: Iterable[RunningJob]) -> tuple[dict[str, list[str]], float]:
+    """:func:`in_progress` of ``running`` and the lowest priority of a job there that is not
+    being stopped and may be preempted (inf: none), in one walk over the jobs."""
+    out: dict[str, list[str]] = {}
+    lowest = math.inf
+    for j in running:
+        by = j.preempting
+        if by is not None:
+            out.setdefault(by, []).append(j.job_id)
+        elif j.preemptible and j.priority < lowest:
+            lowest = j.priority
+    return out, lowest
+
+
 def choose(p, entry: QueueEntry, open_pools: np.ndarray, candidates: Sequence[RunningJob], now: float,
            reclaim: bool = False, borrowers: set[str] | None = None, where: tuple | None = None) -> Preemption | None:
     """The victims that let ``entry`` start, or None (see the module docstring).
@@ -362,8 +376,13 @@ class PassPreemption:
         # the columns kept from an earlier pass given these very jobs, if any (none are built here:
         # a pass where nobody can preempt does not need them)
         self._kept = columns(running, build=False) if columns is not None else None
-        # preemptor -> victims still stopping
-        self.stopping = self._kept.stopping() if self._kept is not None else in_progress(running)
+        # preemptor -> victims still stopping; without kept columns, the lowest priority that may
+        # be preempted is read in the same walk over the jobs (see :attr:`bounds`)
+        self._lowest: float | None = None
+        if self._kept is not None:
+            self.stopping = self._kept.stopping()
+        else:
+            self.stopping, self._lowest = _stopping_and_lowest(running)
         self.decided: list[Preemption] = []
 
     @functools.cached_property
@@ -398,6 +417,8 @@ class PassPreemption:
         cols = self._kept if self._kept is not None else self.__dict__.get("columns")  # those at hand
         if cols is not None:
             lowest = cols.lowest_preemptible()
+        elif self._lowest is not None:
+            lowest = self._lowest
         else:
             lowest = min([j.priority for j in self._running if j.preempting is None and j.preemptible],
                          default=math.inf)
