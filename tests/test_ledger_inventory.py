@@ -348,7 +348,9 @@ def test_a_write_uses_the_cluster_it_warmed_when_a_check_part_lands_before_its_l
 
 def test_with_nobody_waiting_a_write_parses_nothing_under_the_lock(ledger_db_url):  # noqa: F811
     """Nobody waits: without teams the pass needs no cluster at all; with teams (their usage
-    counts GPUs by card) the write warms it and uses it under the lock, a part landed or not."""
+    counts GPUs by card) neither, once the ledger has recorded the card type of the reservations'
+    pools (the pass that admitted the job did): nothing is built before or under the lock, a part
+    landed or not, and the release's usage is recorded by card."""
     from airflow_hetero_gpu.core.admission import teams_from_mapping
 
     specs = small_hosts(4, gpus=2)
@@ -360,14 +362,53 @@ def test_with_nobody_waiting_a_write_parses_nothing_under_the_lock(ledger_db_url
             assert led.enqueue(f"job-{team}", PlanRequest(2), lease_seconds=3600, team=team).admitted
             led.take_admission(f"job-{team}")
             with _part_before_lock(led, check, clock, lambda: specs[:2]) as seen:
+                builds = cache.stats.builds
                 assert led.release(f"job-{team}")
-            builds, parsed, uses = seen["before"]
-            assert (cache.stats.builds, cache.stats.hosts_parsed) == (builds, parsed)
-            assert cache.stats.warmed_uses == uses + (team is not None)
+            assert seen["before"] == (builds, cache.stats.hosts_parsed, cache.stats.warmed_uses)  # no warm
+            assert cache.stats.builds == builds  # nor a build under the lock
             if team is None:
                 led.apply_teams(teams_from_mapping({"teams": {"research": {"quota": {"*": 4}}}}, "test"))
         samples = [(x["team"], x["in_use"]) for x in led.team_samples() if x["team"] == "research"]
         assert samples[-2:] == [("research", 2), ("research", 0)]  # the release's usage was recorded
+
+
+def test_a_write_with_teams_builds_the_cluster_once_for_a_pool_whose_card_is_not_recorded(ledger_db_url):  # noqa: F811
+    """A reservation whose pool's card type the ledger has not recorded (written before the record
+    existed): a process's next write with teams needs the cluster (it warms it) and records the
+    card; a fresh process's write after it needs none, and the usage is still counted."""
+    from sqlalchemy import delete
+
+    from airflow_hetero_gpu.core.admission import teams_from_mapping
+    from airflow_hetero_gpu.ledger.admission import ClusterCache
+    from airflow_hetero_gpu.ledger.schema import team_settings
+    from airflow_hetero_gpu.ledger.teams import POOL_CARDS_KEY, known_pool_cards
+
+    specs = small_hosts(2, gpus=4)
+    clock = Clock()
+    with Ledger.from_url(ledger_db_url, clock=clock) as led:
+        store(led, specs)
+        led.apply_teams(teams_from_mapping({"teams": {"research": {"quota": {"*": 8}}}}, "test"))
+        for job in ("a", "b"):
+            assert led.enqueue(job, PlanRequest(2), lease_seconds=3600, team="research").admitted
+            led.take_admission(job)
+
+        def fresh_process_warms():
+            with led._read("test") as (conn, now):
+                return ClusterCache().warm(conn, now) is not None, known_pool_cards(conn)
+
+        needed, known = fresh_process_warms()
+        assert not needed and known  # the passes that admitted a and b recorded their pool's card
+        with led.db.write("forget the recorded cards") as uow:  # as a ledger written before the record
+            uow.conn.execute(delete(team_settings).where(team_settings.c.key == POOL_CARDS_KEY))
+        assert fresh_process_warms() == (True, {})  # a reservation's card unknown: the cluster is needed
+        clock.tick(10)
+        assert led.release("a")
+        needed, known = fresh_process_warms()
+        assert not needed and known  # recorded again: b's pool is covered
+        clock.tick(10)
+        assert led.release("b")
+        samples = [(x["team"], x["in_use"]) for x in led.team_samples() if x["team"] == "research"]
+        assert samples[-3:] == [("research", 4), ("research", 2), ("research", 0)]
 
 
 def test_a_warmed_cluster_is_not_used_once_a_host_it_has_is_removed_or_the_fleet_files_change(ledger_db_url):  # noqa: F811

@@ -107,12 +107,13 @@ class ClusterCache:
 
     def warm(self, conn: Connection, now: datetime) -> Warmed | None:
         """Build the cluster now, outside the ledger lock, when the write's pass will need it
-        (someone waits, or teams are configured: their usage counts GPUs by card) and it is stale;
-        what was built (None: not needed, or no inventory), for :meth:`get` under the lock."""
-        from airflow_hetero_gpu.ledger.teams import has_teams
+        (someone waits, or teams are configured and a live reservation is in a pool whose card
+        type the ledger has not recorded: their usage counts GPUs by card) and it is stale; what
+        was built (None: not needed, or no inventory), for :meth:`get` under the lock."""
+        from airflow_hetero_gpu.ledger.teams import cards_known, has_teams
 
         if conn.execute(select(q_t.c.job_id).where(q_t.c.state == WAITING).limit(1)).first() is None \
-                and not has_teams(conn):
+                and (not has_teams(conn) or cards_known(conn, now)):
             return None
         return self._current(conn, now, None)
 
@@ -220,11 +221,9 @@ def run_pass(uow: UnitOfWork) -> AdmissionResult | None:
 
 
 def _record_usage(uow: UnitOfWork) -> None:
-    """The teams' usage when nobody waits: the cluster (its pools' cards) only with teams."""
-    from airflow_hetero_gpu.ledger.teams import pool_cards
-
+    """The teams' usage when nobody waits (only with teams)."""
     if uow.teams.configured(uow):
-        uow.teams.record_usage(uow, pool_cards(uow.cluster()))
+        uow.teams.record_usage(uow)  # the recorded pools' cards: no cluster built while they cover the holdings
 
 
 def _admit(uow: UnitOfWork, rows: list[Any], reserved: Any) -> AdmissionResult | None:
@@ -275,6 +274,8 @@ def _admit(uow: UnitOfWork, rows: list[Any], reserved: Any) -> AdmissionResult |
         conn.execute(_STANDING, [{"b_job": w.job_id, "b_now": now, "b_position": w.position, "b_standing": w.state,
                                   "b_reason": w.reason, "b_claim": w.claim.to_json() if w.claim else None}
                                  for w in result.waiting])
+    if quotas is not None:  # the writes after this one count the teams' holdings without a cluster
+        uow.teams.remember_cards(uow, cards)
     uow.teams.record_usage(uow, cards)
     return result
 

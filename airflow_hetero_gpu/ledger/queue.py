@@ -27,7 +27,6 @@ from airflow_hetero_gpu.ledger.checks import check_job_id, check_lease, check_pr
 from airflow_hetero_gpu.ledger.errors import LedgerError, ReservationConflict
 from airflow_hetero_gpu.ledger.preemption import RELEASED, may_be_preempted
 from airflow_hetero_gpu.ledger.records import Reservation, TaskIdentity
-from airflow_hetero_gpu.ledger.teams import pool_cards
 from airflow_hetero_gpu.ledger.schema import queue_entries as q_t
 from airflow_hetero_gpu.ledger.schema import reservations as res_t
 
@@ -259,7 +258,7 @@ class Queue:
         team = row.team or DEFAULT_TEAM
         other = select(res_t.c.job_id).where(func.coalesce(res_t.c.team, DEFAULT_TEAM) != team, *ran).limit(1)
         return (conn.execute(other).first() is not None
-                and uow.teams.borrowing_now(uow, pool_cards(uow.cluster())))
+                and uow.teams.borrowing_now(uow, uow.teams.cards(uow)))
 
     def sweep(self, uow: UnitOfWork) -> list[str]:
         """Delete entries whose lease passed (an admitted one's reservation expires with it)."""

@@ -387,6 +387,7 @@ def _quota_check(uow: UnitOfWork, cluster: Cluster, reserved: Mapping[GpuKey, st
     if quotas is None:
         return None
     card_of = {pool.id: pool.card_type for pool in cluster.pools}
+    uow.teams.remember_cards(uow, card_of)  # the writes after this one count holdings without a cluster
     fleet: dict[str, int] = {}
     for pool in cluster.pools:
         fleet[pool.card_type] = fleet.get(pool.card_type, 0) + len(pool.positions)

@@ -41,6 +41,12 @@ if TYPE_CHECKING:
     from airflow_hetero_gpu.ledger.unit_of_work import UnitOfWork
 
 HALF_LIFE_KEY = "usage_half_life_s"
+#: pool id -> card type of the pools reservations were made in: what the teams' holdings are
+#: counted by, read without building the inventory's cluster. A pool's id is made of its card type
+#: and task types (``Pool.make_id``), so an entry never goes stale; the map grows only with the
+#: fleet's pools, and is rewritten whole past :data:`MAX_POOL_CARDS`.
+POOL_CARDS_KEY = "pool_cards"
+MAX_POOL_CARDS = 10_000
 #: The most decayed borrowed GPU-seconds a team can have: every GPU of a fleet at the bound borrowed
 #: for ever, at the longest half-life (sum of the decayed series: borrowed × half-life / ln 2).
 MAX_DECAYED_GPU_S = MAX_GPUS * MAX_DURATION_S / math.log(2)
@@ -113,6 +119,36 @@ def _held(conn: Connection, now: datetime) -> list[Any]:
     """Live reservations: job, team, pool, GPUs."""
     return list(conn.execute(select(res_t.c.job_id, res_t.c.team, res_t.c.pool, res_t.c.gpu_count)
                              .where(res_t.c.expires_at > now)))
+
+
+def known_pool_cards(conn: Connection) -> dict[str, str]:
+    """The pools whose card type the ledger has recorded (pool id -> card type)."""
+    value = conn.execute(select(team_settings.c.value).where(team_settings.c.key == POOL_CARDS_KEY)).scalar()
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+def held_pools(conn: Connection, now: datetime) -> set[str]:
+    """The pools of the live reservations."""
+    return set(conn.execute(select(res_t.c.pool).where(res_t.c.expires_at > now).distinct()).scalars())
+
+
+def cards_known(conn: Connection, now: datetime) -> bool:
+    """Whether the card type of every live reservation's pool is recorded (the teams' holdings
+    then need no cluster)."""
+    return held_pools(conn, now) <= known_pool_cards(conn).keys()
+
+
+def remember_pool_cards(conn: Connection, cards: Mapping[str, str],
+                        known: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Record ``cards`` (pool id -> card type, from a cluster at hand) beside those recorded
+    (``known``, read when not given); what is recorded now. Written only when something is new."""
+    known = known_pool_cards(conn) if known is None else dict(known)
+    if all(known.get(k) == v for k, v in cards.items()):
+        return dict(known)
+    merged = {**known, **cards} if len(known) + len(cards) <= MAX_POOL_CARDS else dict(cards)
+    conn.execute(delete(team_settings).where(team_settings.c.key == POOL_CARDS_KEY))
+    conn.execute(insert(team_settings).values(key=POOL_CARDS_KEY, value=merged))
+    return merged
 
 
 def holdings(conn: Connection, now: datetime, pool_cards: Mapping[str, str] | None = None) -> dict[tuple[str, str], int]:
@@ -196,8 +232,25 @@ class TeamQuotas:
         return has_teams(uow.conn)
 
     def record_usage(self, uow: UnitOfWork, cards: Mapping[str, str] | None = None) -> None:
-        """:func:`record_usage` in the unit of work."""
-        record_usage(uow.conn, uow.now, cards)
+        """:func:`record_usage` in the unit of work (``cards``: :meth:`cards`'s, when not given)."""
+        record_usage(uow.conn, uow.now, self.cards(uow) if cards is None else cards)
+
+    def cards(self, uow: UnitOfWork) -> dict[str, str]:
+        """Pool id -> card type for the teams' holdings (empty without teams): the recorded pools
+        when they cover every live reservation's (no cluster is built), else the cluster of the
+        stored inventory's pools, recorded."""
+        conn = uow.conn
+        if not has_teams(conn):
+            return {}
+        known = known_pool_cards(conn)
+        if held_pools(conn, uow.now) <= known.keys():
+            return known
+        return remember_pool_cards(conn, pool_cards(uow.cluster()), known)
+
+    def remember_cards(self, uow: UnitOfWork, cards: Mapping[str, str]) -> None:
+        """Record the card types of a cluster's pools at hand (:func:`remember_pool_cards`)."""
+        if has_teams(uow.conn):
+            remember_pool_cards(uow.conn, cards)
 
     def apply_teams(self, teams: Teams, source: str = "teams") -> bool:
         """Replace every team's quota by ``teams`` in one transaction; True when something changed.
