@@ -74,3 +74,69 @@ def test_a_write_that_runs_an_admission_pass_loads_no_airflow(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().splitlines()[-1] == "[true, false]"
+
+
+LOCKED = r'''
+import json, sys, time
+import airflow_hetero_gpu.settings as settings
+from airflow_hetero_gpu.core.admission import teams_from_mapping
+from airflow_hetero_gpu.core.model import PlanRequest
+from airflow_hetero_gpu.ledger import Ledger
+from airflow_hetero_gpu.ledger.base import LedgerDatabase
+from airflow_hetero_gpu.ledger.inventory import HostRecord
+from airflow_hetero_gpu.testing.captures import host_files
+from airflow_hetero_gpu.testing.demo import small_hosts
+
+url = sys.argv[1]
+if sys.argv[2] == "fill":
+    with Ledger.from_url(url) as led:
+        led.store_collection([HostRecord(s.name, True, host_files(s)) for s in small_hosts(4, gpus=4)], collector="t")
+        led.apply_teams(teams_from_mapping({"teams": {"a": {"quota": {"*": 4}}, "b": {"quota": {"*": 12}}}}, "t"))
+        assert led.enqueue("held", PlanRequest(4), lease_seconds=3600, team="a").admitted
+        led.take_admission("held")
+    sys.exit()
+inside, seen = [False], []
+read = settings.setting
+def setting(name, *a, **k):
+    if inside[0]:
+        seen.append(("setting", name))
+    return read(name, *a, **k)
+settings.setting = setting
+locked = LedgerDatabase.locked
+def watched(self, action):
+    cm = locked(self, action)
+    class Span:
+        def __enter__(s):
+            s.before = set(sys.modules); inside[0] = True
+            return cm.__enter__()
+        def __exit__(s, *exc):
+            try:
+                return cm.__exit__(*exc)
+            finally:
+                inside[0] = False
+                seen.extend(("import", m) for m in sorted(set(sys.modules) - s.before))
+    return Span()
+LedgerDatabase.locked = watched
+with Ledger.from_url(url) as led:
+    waits = not led.enqueue("big", PlanRequest(16), lease_seconds=3600, team="a").admitted
+    led.renew_queue_entry("big")
+    led.release("held")
+    led.leave_queue("big")
+print(json.dumps({"waited": waits, "seen": seen}))
+'''
+
+
+def test_a_fresh_processs_writes_read_no_setting_and_import_nothing_under_the_ledger_lock(tmp_path):
+    """A fresh process's writes (an enqueue that waits, a renewal, a release whose pass runs with
+    teams and preemption on, leaving the queue) read the settings the pass needs and import what
+    it needs before they take the ledger's lock: every other writer waits on it."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "AIRFLOW_HOME": str(tmp_path), "AIRFLOW__HETERO_GPU__PREEMPTION": "on"}
+    url = f"sqlite:///{tmp_path}/l.db"
+    for step in ("fill", "watch"):
+        r = subprocess.run([sys.executable, "-c", LOCKED, url, step], capture_output=True, text=True, env=env,
+                           timeout=300, cwd=ROOT)
+        assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["waited"] is True
+    assert got["seen"] == []

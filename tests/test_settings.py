@@ -46,3 +46,22 @@ def test_a_seconds_setting_is_finite_and_bounded(monkeypatch, value):
     with pytest.raises(ConfigError, match=r"^\[hetero_gpu\] preemption_delay: expected (seconds >= 0|at most "
                                           r"315360000 seconds \(ten years\)), got '"):
         preemption_settings()
+
+
+def test_a_bad_preemption_setting_stops_no_write(monkeypatch, tmp_path):
+    """The pass's settings are read before a write takes the ledger's lock; one that does not
+    parse is the pass's to report (on the waiting entry), and the writes go on."""
+    from airflow_hetero_gpu.core.model import PlanRequest
+    from airflow_hetero_gpu.ledger import Ledger
+    from airflow_hetero_gpu.ledger.inventory import HostRecord
+    from airflow_hetero_gpu.testing.captures import host_files
+    from airflow_hetero_gpu.testing.demo import small_hosts
+
+    monkeypatch.setenv("AIRFLOW__HETERO_GPU__PREEMPTION_DELAY", "nan")
+    with Ledger.from_url(f"sqlite:///{tmp_path}/l.db") as led:
+        led.store_collection([HostRecord(s.name, True, host_files(s)) for s in small_hosts(1, gpus=2)],
+                             collector="test")
+        entry = led.enqueue("j", PlanRequest(2), lease_seconds=600)
+        assert not entry.admitted
+        assert "admission could not run: [hetero_gpu] preemption_delay" in led.queue_entry("j").reason
+        assert led.leave_queue("j")

@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from airflow_hetero_gpu.core.admission.defaults import DEFAULT_AGING_INTERVAL_S
+from airflow_hetero_gpu.errors import HeteroGpuError
 from airflow_hetero_gpu.ledger import guard, migrations
 from airflow_hetero_gpu.ledger.checks import first_line
 from airflow_hetero_gpu.ledger.db import db_now, make_engine
@@ -144,9 +145,19 @@ class LedgerDatabase:
         its admission pass first, outside the lock; the pass then uses that cluster even when a
         collection changed the inventory before the lock was taken (``UnitOfWork.cluster``)."""
         warmed = self.warm() if warm else None
+        self._settings_before_lock()
         with self.locked(action) as uow:
             uow.warmed = warmed
             yield uow
+
+    def _settings_before_lock(self) -> None:
+        """Read the pass's settings once per process before a write takes the lock, not in its
+        pass under it. A setting that does not parse is left to the pass, which says so on the
+        waiting entries and lets the write go on (docs/preemption.md)."""
+        try:
+            self.settings.preemption  # noqa: B018 - read once, then kept
+        except HeteroGpuError:
+            pass
 
     def locked(self, action: str) -> ContextManager[UnitOfWork]:
         """The write's unit of work proper: from taking the ledger lock to the commit
