@@ -153,7 +153,7 @@ class LedgerDatabase:
     def _settings_before_lock(self) -> None:
         """Read the pass's settings once per process before a write takes the lock, not in its
         pass under it. A setting that does not parse is left to the pass, which says so on the
-        waiting entries and lets the write go on (docs/preemption.md)."""
+        waiting entries and lets the write go on (docs/configuration.md)."""
         try:
             self.settings.preemption  # noqa: B018 - read once, then kept
         except HeteroGpuError:
