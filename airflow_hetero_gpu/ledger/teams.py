@@ -248,9 +248,9 @@ class TeamQuotas:
         return remember_pool_cards(conn, pool_cards(uow.cluster()), known)
 
     def remember_cards(self, uow: UnitOfWork, cards: Mapping[str, str]) -> None:
-        """Record the card types of a cluster's pools at hand (:func:`remember_pool_cards`)."""
-        if has_teams(uow.conn):
-            remember_pool_cards(uow.conn, cards)
+        """Record the card types of a cluster's pools at hand (:func:`remember_pool_cards`); the
+        callers have read the teams already (only with teams is the record read)."""
+        remember_pool_cards(uow.conn, cards)
 
     def apply_teams(self, teams: Teams, source: str = "teams") -> bool:
         """Replace every team's quota by ``teams`` in one transaction; True when something changed.
