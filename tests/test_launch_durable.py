@@ -4,7 +4,10 @@ last one stopped, and the dead-man switch stops a job nobody watches."""
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -191,3 +194,43 @@ def test_unstopped_names_the_host_whose_share_could_not_be_stopped(two_hosts):
     job.kill()
     assert job.wait(timeout=60).killed and job.unstopped() == []
     assert_nothing_left(other, timeout=10)
+
+
+def test_a_supervisor_ending_while_its_status_is_read_is_seen_with_its_exit_status(tmp_path):
+    """The status looks at the supervisor before its exit file: the supervisor writes the file
+    before it ends, so one that ends between the two looks is read with its status. Here it ends
+    during the look at its process (a ``grep`` of ours writes its exit file, stops it and answers
+    "gone"); read in the other order, the host would be "gone without an exit status"."""
+    job_id, host, launch = "t-status-race", "node01", "l1"
+    run = tmp_path / ".hetero-gpu" / "run" / job_id
+    run.mkdir(parents=True)
+    sup = subprocess.Popen(["sh", "-c", "sleep 60; :", "hetero-gpu-supervisor"])
+    try:
+        (run / f"{host}.launch").write_text(f"{launch}\n")
+        (run / f"{host}.sup").write_text(f"{sup.pid}\n")
+        shims = tmp_path / "bin"
+        shims.mkdir()
+        (shims / "grep").write_text(f"#!/bin/sh\necho 0 > {shlex.quote(str(run / (host + '.exit')))}\n"
+                                    f"kill {sup.pid}\nexit 1\n")
+        (shims / "grep").chmod(0o755)
+        env = {**os.environ, "HOME": str(tmp_path), "PATH": f"{shims}:{os.environ['PATH']}"}
+        out = subprocess.run(status_command(job_id, host), shell=True, env=env, capture_output=True, text=True,
+                             timeout=60, check=True).stdout
+        sup.wait(timeout=60)
+        assert parse_status(host, launch, out) == parse_status(host, launch, f"launch {launch}\nexit 0\n"), out
+        assert parse_status(host, launch, out).state == "succeeded", out
+        # a supervisor that lives and has no exit file is running (the real grep)
+        sup2 = subprocess.Popen(["sh", "-c", "sleep 60; :", "hetero-gpu-supervisor"])
+        try:
+            (run / f"{host}.exit").unlink()
+            (run / f"{host}.sup").write_text(f"{sup2.pid}\n")
+            env["PATH"] = os.environ["PATH"]
+            out = subprocess.run(status_command(job_id, host), shell=True, env=env, capture_output=True,
+                                 text=True, timeout=60, check=True).stdout
+            assert parse_status(host, launch, out).state == "running", out
+        finally:
+            sup2.kill()
+            sup2.wait()
+    finally:
+        sup.kill()
+        sup.wait()

@@ -142,19 +142,23 @@ exit __LOST__
 _LEADER = ('{ echo "$$" > "$1"; } 2>/dev/null || { mkdir -p -- "${1%/*}" && echo "$$" > "$1"; } || exit '
            + str(SETUP_EXIT_CODE) + '; shift; exec "$@"')
 
-# $1 file prefix, $2 launch token: what the job's handle needs to know of this host.
+# $1 file prefix, $2 launch token: what the job's handle needs to know of this host. Whether the
+# supervisor lives is looked at before its exit file: it writes that file before it ends, so a
+# supervisor that ends between the two looks is seen with its status, never as lost.
 STATUS_SCRIPT = r"""
 h=$1
 [ -e "$h".launch ] || { echo none; exit 0; }
+alive=
+sup=$(cat "$h".sup 2>/dev/null)
+if [ -n "$sup" ] && st=$(cat /proc/"$sup"/stat 2>/dev/null); then
+  st=${st##*") "}
+  [ "${st%% *}" != Z ] && grep -qa hetero-gpu-supervisor /proc/"$sup"/cmdline && alive=1
+fi
 echo "launch $(cat "$h".launch)"
 [ -s "$h".exit ] && echo "exit $(cat "$h".exit)"
 [ -e "$h".deadman ] && echo "deadman $(cat "$h".deadman)"
 [ -s "$h".relayed ] && echo "relayed $(cat "$h".relayed)"
-sup=$(cat "$h".sup 2>/dev/null)
-if [ -n "$sup" ] && st=$(cat /proc/"$sup"/stat 2>/dev/null); then
-  st=${st##*") "}
-  [ "${st%% *}" != Z ] && grep -qa hetero-gpu-supervisor /proc/"$sup"/cmdline && echo alive
-fi
+[ -n "$alive" ] && echo alive
 exit 0
 """
 
