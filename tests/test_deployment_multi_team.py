@@ -86,7 +86,7 @@ def test_a_team_scoped_triggerer_runs_its_teams_queue_waits_only(fleet, tmp_path
             assert led.release("holder-team_a")
         state = airflow.wait_for_state("hg_a_dags", run_a, None, {"success", "failed"}, timeout=WAIT_S)
         log_a = airflow.task_log("hg_a_dags", run_a, "train")
-        assert state == "success", log_a[-4000:] + airflow.component_log("triggerer-a")[-3000:]
+        assert state == "success", airflow.failure_context("hg_a_dags", run_a, "train", "scheduler", "triggerer-a")
         assert "deferring until one can" in log_a and "team_a-done" in log_a
         # team_a's trigger ran, fired and its task finished on team_a's triggerer; neither that
         # triggerer nor the global one took team_b's
@@ -105,7 +105,7 @@ def test_a_team_scoped_triggerer_runs_its_teams_queue_waits_only(fleet, tmp_path
             assert led.release("holder-team_b")
         state = airflow.wait_for_state("hg_b_dags", run_b, None, {"success", "failed"}, timeout=WAIT_S)
         log_b = airflow.task_log("hg_b_dags", run_b, "train")
-        assert state == "success", log_b[-4000:] + airflow.component_log("triggerer-b")[-3000:]
+        assert state == "success", airflow.failure_context("hg_b_dags", run_b, "train", "scheduler", "triggerer-b")
         assert "team_b-done" in log_b
     with Ledger.open_existing(url) as led:
         assert led.queue() == [] and led.live_reservations() == []

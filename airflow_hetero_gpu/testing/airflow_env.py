@@ -199,6 +199,10 @@ def _stop(proc: subprocess.Popen, grace: float = 10) -> None:
             proc.wait(timeout=10)
 
 
+#: words of a component's log line worth a failing test's message
+_WORTH_READING = ("[error", "[warning", "exception", "traceback", "exited", "signal")
+
+
 class AirflowDeployment:
     """Airflow's components as separate processes, as a real deployment runs them: api-server
     (with the task execution API), scheduler (LocalExecutor by default: each task in a
@@ -358,6 +362,18 @@ class AirflowDeployment:
     def component_log(self, name: str) -> str:
         path = self.home / "components" / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
+
+    def failure_context(self, dag_id: str, run_id: str, task_id: str, *components: str) -> str:
+        """For a test's failure message: the task's log tail, then each component's lines (the
+        scheduler's by default, whose executor's task supervisors log there what never reaches
+        the task log: a task process that died at its start) that name the run or are warnings
+        or errors."""
+        parts = [self.task_log(dag_id, run_id, task_id)[-4000:]]
+        for name in components or ("scheduler",):
+            lines = [line for line in self.component_log(name).splitlines()
+                     if run_id in line or any(w in line.lower() for w in _WORTH_READING)]
+            parts.append(f"--- {name}: lines naming {run_id}, warnings, errors ---\n" + "\n".join(lines[-40:])[-4000:])
+        return "\n".join(parts)
 
     # -- the metadata database (read-only) ----------------------------------------------------
     def query(self, sql: str, *params: object) -> list[tuple]:
