@@ -195,3 +195,30 @@ def test_the_health_watch_judges_the_gpu_and_its_instances_follow(tmp_path):
     assert GpuKey("a100-1", 0) in observed and all(GpuKey(*k).instance is None for k in observed)
     assert len(observed) == 32  # the 32 physical GPUs, no instance
     assert [g.reasons for g in ev.cluster.gpus if g.host == "a100-1" and g.index == 0] == [("ecc",)] * 5
+
+
+def _lookups(cluster, keys) -> list[int]:
+    return [p if (p := cluster.position.get(k) if isinstance(k, tuple) else None) is not None else -1 for k in keys]
+
+
+def test_a_keys_position_by_arithmetic_is_the_position_lookups(tmp_path):
+    """``Cluster.positions_of`` finds a whole-GPU fleet's positions by arithmetic (host's first
+    position + index): the same answer as the lookup of each key, -1 for what the fleet does not
+    list (unknown host, index out of range or negative, a MIG instance's key, an index that is not
+    an integer); a fleet with MIG instances looks each key up."""
+    whole_fleet = load_cluster(write_capture_dir(tmp_path / "whole", hosts(), topology_conf=TOPOLOGY_CONF))
+    assert whole_fleet.host_ids is not None
+    keys = list(whole_fleet.keys)
+    keys += [GpuKey("no-such-host", 0), GpuKey(keys[0].host, 99), GpuKey(keys[0].host, -1), GpuKey(keys[0].host, 0, 1),
+             (keys[3].host, keys[3].index), (keys[-1].host, 8), (keys[1].host, True)]
+    got = whole_fleet.positions_of(keys).tolist()
+    assert got == _lookups(whole_fleet, keys)
+    assert got[:len(whole_fleet.keys)] == list(range(len(whole_fleet.keys)))
+    assert got[len(whole_fleet.keys):] == [-1, -1, -1, -1, 3, -1, 1]
+    assert whole_fleet.positions_of([(keys[0].host, "0")]).tolist() == [-1]  # not an integer: looked up
+    assert whole_fleet.positions_of([]).tolist() == []
+
+    mig = mig_fleet(tmp_path / "mig")
+    assert mig.host_ids is None
+    keys = list(mig.keys) + [GpuKey("no-such-host", 0), GpuKey(mig.keys[0].host, 0, 99)]
+    assert mig.positions_of(keys).tolist() == _lookups(mig, keys) == list(range(len(mig.keys))) + [-1, -1]

@@ -7,6 +7,8 @@ Per-GPU facts are kept in numpy arrays so a plan over 100,000 GPUs stays in mill
 
 from __future__ import annotations
 
+import itertools
+import operator
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Iterable, Mapping
@@ -191,6 +193,39 @@ class Cluster:
         return self.pools[int(self.pool_of[self.position[GpuKey(*key)]])]
 
     @cached_property
+    def host_ids(self) -> dict[str, int] | None:
+        """Host name -> host number when every position is ``host_start[host] + index`` (whole
+        GPUs only, each host's indices 0, 1, ... in order): a key's position is then arithmetic,
+        no tuple hashed (:meth:`positions_of`). None otherwise."""
+        n = len(self.gpus)
+        if n == 0 or not self.is_whole_gpu.all():
+            return None
+        if not np.array_equal(self.index_of, np.arange(n) - self.host_start[self.host_of]):
+            return None
+        return {h: i for i, h in enumerate(self.hosts)}
+
+    def positions_of(self, keys: list) -> np.ndarray:
+        """Each key's position (-1: a GPU the cluster does not list), as ``position.get`` gives it."""
+        ids, n = self.host_ids, len(keys)
+        if ids is not None and n:
+            try:  # C-level maps; an index that is not an integer (operator.index) takes the slow way
+                size = np.fromiter(map(len, keys), dtype=np.int64, count=n)
+                idx = np.fromiter(map(operator.index, map(operator.itemgetter(1), keys)), dtype=np.int64, count=n)
+                host = np.fromiter(map(ids.get, map(operator.itemgetter(0), keys), itertools.repeat(-1)),
+                                   dtype=np.int64, count=n)
+            except (TypeError, ValueError, IndexError, OverflowError):
+                size = None
+            if size is not None:
+                start = self.host_start[host]
+                ok = (size == 2) & (host >= 0) & (idx >= 0) & (idx < self.host_start[host + 1] - start)
+                return np.where(ok, start + idx, -1)
+        found = list(map(self.position.get, keys))
+        if None in found:
+            found = [p if p is not None else self.position.get(GpuKey(*k)) for p, k in zip(found, keys)]
+            found = [-1 if p is None else p for p in found]
+        return np.array(found, dtype=np.int64)
+
+    @cached_property
     def memory_total(self) -> np.ndarray:
         """Each GPU's total memory in MiB (nan: unknown), read-only."""
         total = np.fromiter((np.nan if g.memory_total_mib is None else g.memory_total_mib for g in self.gpus),
@@ -199,6 +234,13 @@ class Cluster:
         return total
 
     # --- the networkx view (S2) --------------------------------------------------------------
+    @cached_property
+    def memory_known(self) -> np.ndarray:
+        """Whether each GPU's total memory is known (read-only)."""
+        known = ~np.isnan(self.memory_total)
+        known.flags.writeable = False
+        return known
+
     @cached_property
     def graph(self) -> nx.Graph:
         """The cluster's GPU topology graph.

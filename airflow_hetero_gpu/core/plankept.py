@@ -112,7 +112,7 @@ class _Parts:
         self.zeros = np.zeros(n, dtype=bool)
         _frozen(self.ones, self.zeros)
         self._healthy: dict[int, tuple[np.ndarray, int, np.ndarray]] = {}
-        self.primary: dict[tuple[PlanRequest, int], str | None] = {}  # (request, pool) -> refusal
+        self.primary: dict[PlanRequest, list] = {}  # request -> each pool's refusal (_UNASKED: not yet)
         # the last mask's arrays (patched in place for the next mask, which differs from it only
         # where an admission or a claim changed it: the KeptPlans' lock is held meanwhile)
         self._now: _Now | None = None
@@ -321,13 +321,16 @@ class KeptPlans:
         slices = now.slices
         call = _Call(parts, request, reserved, now)
         k, mib = request.gpus, request.gpu_memory_mib or None
+        primary = parts.primary.get(request)
+        if primary is None:
+            if len(parts.primary) >= self.limit:
+                parts.primary.clear()
+            primary = parts.primary[request] = [_UNASKED] * len(cluster.pools)
         for i, pool in enumerate(cluster.pools):
             pos = pool.positions
-            refused = parts.primary.get((request, i), _UNASKED)
+            refused = primary[i]
             if refused is _UNASKED:  # the primary filters read the request, the pool and its health
-                if len(parts.primary) >= self.limit:
-                    parts.primary.clear()
-                refused = parts.primary[(request, i)] = first_failure(filters.PRIMARY, parts.view(i, call.state(), now))
+                refused = primary[i] = first_failure(filters.PRIMARY, parts.view(i, call.state(), now))
             if refused is not None:
                 healthy, available = parts.counts(i, now, mib)
                 reports.append(PoolReport(pool.id, pool.card_type, pool.task_types, len(pos), healthy, available,

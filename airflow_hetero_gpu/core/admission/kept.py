@@ -49,13 +49,9 @@ class Start:
 
 
 def positions(cluster: Any, keys: list) -> np.ndarray:
-    """Each key's GPU position (-1: a GPU the cluster does not list). GpuKeys as the ledger gives
-    them are looked up as they are (no copies); keys of another tuple type through a GpuKey."""
-    found = list(map(cluster.position.get, keys))
-    if None in found:
-        found = [p if p is not None else cluster.position.get(GpuKey(*k)) for p, k in zip(found, keys)]
-        found = [-1 if p is None else p for p in found]
-    return np.array(found, dtype=np.int64)
+    """Each key's GPU position (-1: a GPU the cluster does not list): :meth:`Cluster.positions_of
+    <airflow_hetero_gpu.core.cluster.Cluster.positions_of>`."""
+    return cluster.positions_of(keys)
 
 
 def start_arrays(adm: Any, pos: np.ndarray, jobs: list) -> Start:

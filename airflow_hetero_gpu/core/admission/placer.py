@@ -82,14 +82,12 @@ class PlannerPlacer:
         """The cluster with the ``idle`` GPUs unloaded (a shallow copy; the last one is reused)."""
         if self._released is not None and np.array_equal(self._released[0], idle):
             return self._released[1]
-        total = self.cluster.memory_total  # computed once per cluster, not per pass
-        c = copy.copy(self.cluster)
-        c.base_load = self.cluster.base_load.copy()
-        c.base_load[idle] = 0.0
-        c.has_processes = self.cluster.has_processes & ~idle  # the job's processes end with it
-        c.memory_free = self.cluster.memory_free.copy()
-        known = idle & ~np.isnan(total)
-        c.memory_free[known] = total[known]
+        base = self.cluster
+        total = base.memory_total  # computed once per cluster, not per pass
+        c = copy.copy(base)
+        c.base_load = np.where(idle, 0.0, base.base_load)  # one pass over the arrays each
+        c.has_processes = base.has_processes & ~idle  # the job's processes end with it
+        c.memory_free = np.where(idle & base.memory_known, total, base.memory_free)
         self._released = (idle.copy(), c)
         return c
 

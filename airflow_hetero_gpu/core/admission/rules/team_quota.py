@@ -213,7 +213,7 @@ def holdings(p, quotas: QuotaInput, reserved: Mapping[GpuKey, str], cards: list[
 def _count(p, quotas: QuotaInput, cards: list[str], gpu_code: np.ndarray) -> dict[tuple[str, str], int]:
     names = list(dict.fromkeys([quotas.default_team, *quotas.team_of.values()]))
     index = {t: i for i, t in enumerate(names)}
-    job_code = {job: index[t] for job, t in quotas.team_of.items()}
+    job_code = dict(zip(quotas.team_of.keys(), map(index.__getitem__, quotas.team_of.values())))
     pos, jobs = p.reserved_positions()
     codes = np.fromiter(map(job_code.get, jobs, itertools.repeat(0)), dtype=np.int64, count=len(jobs))
     found = pos >= 0
