@@ -14,8 +14,10 @@ answer is :func:`~.planner.plan`'s with ``explain=False`` for the same arguments
 A question's arrays (:class:`_Now`) are the last question's, patched in place where the mask
 changed (a question asked before computes its own again if it is read later), and a
 pool's view cache (its slices of them, and what filters, candidates and scorers keep with
-:meth:`~.view.PoolView.memo`) is shared by every request under one mask and memory ask
-(tests/test_core_plan_now.py compares both with what is computed from scratch).
+:meth:`~.view.PoolView.memo`) is shared by every request under one mask and memory ask. A pool
+the change touched gets the last question's slices copied and written at the changed positions,
+not gathered again from the whole arrays (tests/test_core_plan_now.py compares all of it with
+what is computed from scratch).
 
 What depends on the cluster, the evictions, the drains and the configuration alone (healthy,
 drained, the GPUs usable at all, each memory ask's mask, the unhealthy list) is computed once per
@@ -27,7 +29,7 @@ pass before it.
 from __future__ import annotations
 
 import threading
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -94,6 +96,11 @@ class _Now:
         return self.arrays()[3]
 
 
+class _Offsets(NamedTuple):
+    pool: np.ndarray  # position -> its index in its pool's positions
+    healthy: np.ndarray  # position -> its index in its pool's healthy positions, -1: not healthy
+
+
 class _Parts:
     """What :func:`~.planner.cluster_state` computes from one cluster (or a released copy) alone,
     and the arrays of the last reserved mask asked about (:class:`_Now`)."""
@@ -116,6 +123,7 @@ class _Parts:
         # the last mask's arrays (patched in place for the next mask, which differs from it only
         # where an admission or a claim changed it: the KeptPlans' lock is held meanwhile)
         self._now: _Now | None = None
+        self._offsets: _Offsets | None = None
         self.lock = lock
 
     def now(self, mask: np.ndarray) -> _Now:
@@ -169,12 +177,53 @@ class _Parts:
             avail[changed] = self.usable[changed] & ~m & ~busy[changed] & ~outside[changed]
         finally:
             _frozen(load, busy, outside, avail)
-        touched = set(np.unique(c.pool_of[changed]).tolist())
+        pool_of = c.pool_of[changed]
+        touched = set(pool_of.tolist())
         slices = list(last.slices)
         for i in touched:
             slices[i] = np.packbits(mask[c.pools[i].positions]).tobytes()
         local = {k: v for k, v in last.local.items() if k[0] not in touched}  # the other pools' slices hold
-        return _Now(self, mask.copy(), slices, arrays, local)
+        now = _Now(self, mask.copy(), slices, arrays, local)
+        for i in touched:  # the touched pools' slices: the last ones, patched where the mask changed
+            self._patch_slices(now, last.local, i, changed[pool_of == i])
+        return now
+
+    def _patch_slices(self, now: _Now, before: dict, i: int, changed: np.ndarray) -> None:
+        """Pool ``i``'s slices of the arrays in ``before`` (the last mask's), as they are under
+        ``now`` (whose arrays are patched): copies, written at the ``changed`` positions (its own)."""
+        offsets = self.offsets()
+        at = offsets.pool[changed]
+        avail = now.avail[changed]
+        for mib in (None, *self.memory):
+            got = before.get((i, mib))
+            if got is not None:
+                old, count = got
+                new = old.copy()
+                new[at] = avail if mib is None else avail & self.memory[mib][changed]
+                _frozen(new)
+                now.local[(i, mib)] = (new, count + int(new[at].sum()) - int(old[at].sum()))
+        loads = before.get((i, "loads"))
+        if loads is not None:
+            h = offsets.healthy[changed]
+            if (h >= 0).any():
+                loads = loads.copy()
+                loads[h[h >= 0]] = now.load[changed[h >= 0]]
+                _frozen(loads)
+            now.local[(i, "loads")] = loads
+
+    def offsets(self) -> "_Offsets":
+        """Each GPU's place in its pool's positions, and in its pool's healthy positions (-1: not
+        healthy): where a pool's slice holds it."""
+        got = self._offsets
+        if got is None:
+            n = len(self.cluster.gpus)
+            pool, healthy = np.zeros(n, dtype=np.int64), np.full(n, -1, dtype=np.int64)
+            for i, p in enumerate(self.cluster.pools):
+                pool[p.positions] = np.arange(len(p.positions))
+                where = self._healthy_of(i)[2]
+                healthy[where] = np.arange(len(where))
+            got = self._offsets = _Offsets(pool, healthy)
+        return got
 
     def memory_ok(self, mib) -> np.ndarray | None:
         if not mib:
