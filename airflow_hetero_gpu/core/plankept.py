@@ -155,8 +155,12 @@ class _Parts:
 
     def _fresh(self, mask: np.ndarray) -> _Now:
         mask = mask.copy()
-        slices = [np.packbits(mask[p.positions]).tobytes() for p in self.cluster.pools]
-        return _Now(self, mask, slices, self.computed(mask), {})
+        local = {}
+        for i, p in enumerate(self.cluster.pools):
+            local[(i, "mask")] = mask[p.positions]
+            _frozen(local[(i, "mask")])
+        slices = [np.packbits(local[(i, "mask")]).tobytes() for i in range(len(self.cluster.pools))]
+        return _Now(self, mask, slices, self.computed(mask), local)
 
     def _patched(self, last: _Now, mask: np.ndarray, changed: np.ndarray) -> _Now:
         """``_fresh(mask)``, computed at the ``changed`` positions only, in the last mask's arrays
@@ -179,11 +183,8 @@ class _Parts:
             _frozen(load, busy, outside, avail)
         pool_of = c.pool_of[changed]
         touched = set(pool_of.tolist())
-        slices = list(last.slices)
-        for i in touched:
-            slices[i] = np.packbits(mask[c.pools[i].positions]).tobytes()
         local = {k: v for k, v in last.local.items() if k[0] not in touched}  # the other pools' slices hold
-        now = _Now(self, mask.copy(), slices, arrays, local)
+        now = _Now(self, mask.copy(), list(last.slices), arrays, local)
         for i in touched:  # the touched pools' slices: the last ones, patched where the mask changed
             self._patch_slices(now, last.local, i, changed[pool_of == i])
         return now
@@ -193,6 +194,15 @@ class _Parts:
         ``now`` (whose arrays are patched): copies, written at the ``changed`` positions (its own)."""
         offsets = self.offsets()
         at = offsets.pool[changed]
+        mask = before.get((i, "mask"))
+        if mask is None:
+            mask = now.mask[self.cluster.pools[i].positions]
+        else:
+            mask = mask.copy()
+            mask[at] = now.mask[changed]
+        _frozen(mask)
+        now.local[(i, "mask")] = mask
+        now.slices[i] = np.packbits(mask).tobytes()  # the pool's part of every kept report's key
         avail = now.avail[changed]
         for mib in (None, *self.memory):
             got = before.get((i, mib))
