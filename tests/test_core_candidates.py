@@ -14,7 +14,7 @@ from airflow_hetero_gpu.core.cluster import build_cluster
 from airflow_hetero_gpu.core.model import Gpu, PlanRequest
 from airflow_hetero_gpu.core.planner import cluster_state
 from airflow_hetero_gpu.core.selection import select_gpus
-from airflow_hetero_gpu.core.topology import HostWiring, NetworkTiers
+from airflow_hetero_gpu.core.topology import HostWiring, NetworkTiers, mean_distance
 from airflow_hetero_gpu.core.view import PoolView
 
 LABELS = ["NV1", "NV2", "NV12", "PIX", "PXB", "PHB", "NODE", "SYS"]
@@ -89,7 +89,19 @@ def test_narrowed_hosts_choose_what_all_hosts_choose(seed):
             assert narrow is not None, (seed, k)
             assert narrow.keys == full.keys, (seed, k)
             assert narrow.mean_distance == pytest.approx(full.mean_distance, abs=1e-12)
+            # d(S) is what mean_distance() says of the GPUs chosen, to the last bit
+            assert full.mean_distance == _d(cluster, full.keys), (seed, k)
     assert checked > 0
+
+
+def _d(cluster, keys) -> float:
+    def host_matrix(host):
+        rows = {cluster.gpus[p].index: int(cluster.row_of[p])
+                for p in range(int(cluster.host_start[cluster.hosts.index(host)]),
+                               int(cluster.host_start[cluster.hosts.index(host) + 1]))}
+        return rows, cluster.matrices[cluster.host_matrix_ids[cluster.hosts.index(host)]]
+
+    return mean_distance(keys, host_matrix, cluster.net) if len(keys) > 1 else 1.0
 
 
 def test_narrowing_hands_on_only_the_chosen_hosts():

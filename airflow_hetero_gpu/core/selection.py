@@ -19,12 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import combinations
 from math import comb
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from airflow_hetero_gpu.core.model import GpuKey
-from airflow_hetero_gpu.core.topology import NetworkTiers, mean_distance
+from airflow_hetero_gpu.core.topology import NetworkTiers
 
 EXACT_SEARCH_MAX_GPUS = 16
 EPS = 1e-9
@@ -168,6 +168,7 @@ def select_gpus(
 
 
 def _span_hosts(hosts: Sequence[HostAvail], k: int, matrices, net: NetworkTiers) -> Selection | None:
+    pairs = k * (k - 1) / 2
     order = sorted(hosts, key=lambda h: (-len(h.keys), h.host))
     # As few hosts as possible: the smallest m whose m largest hosts hold k.
     total, m = 0, 0
@@ -176,7 +177,6 @@ def _span_hosts(hosts: Sequence[HostAvail], k: int, matrices, net: NetworkTiers)
         m += 1
         if total >= k:
             break
-    by_name = {h.host: h for h in hosts}
     # every switch's available hosts, most available first (one pass over hosts x depth)
     members: dict[str, list[HostAvail]] = {}
     for h in order:
@@ -192,13 +192,20 @@ def _span_hosts(hosts: Sequence[HostAvail], k: int, matrices, net: NetworkTiers)
         if len(chosen) < m or sum(len(h.keys) for h in chosen) < k:
             continue
         keys: list[GpuKey] = []
-        left = k
+        left, total = k, 0
+        takes = []
         for h in chosen:
             take = min(left, len(h.keys))
-            _, share = _host_share(h, take, matrices)
+            pair_sum, share = _host_share(h, take, matrices)
             keys.extend(share)
+            total += pair_sum  # the pairs inside the host (the matrices' diagonals are 0)
+            takes.append((h.host, take))
             left -= take
-        d = _mean_distance_keys(keys, by_name, matrices, net)
+        # and the pairs across hosts: d(S) as mean_distance() gives it, from the same integers
+        for i, (a, ta) in enumerate(takes):
+            for b, tb in takes[i + 1:]:
+                total += net.host_distance(a, b) * ta * tb
+        d = total / pairs if k > 1 else 1.0
         rank = (d, tuple(sorted(h.host for h in chosen)))
         if best is None or rank[0] < best[0][0] - EPS or (abs(rank[0] - best[0][0]) <= EPS and rank[1] < best[0][1]):
             best = (rank, keys)
@@ -208,14 +215,6 @@ def _span_hosts(hosts: Sequence[HostAvail], k: int, matrices, net: NetworkTiers)
     ranks = {host: r for r, host in enumerate(rank_order({key.host for key in best[1]}, net))}
     keys = sorted(best[1], key=lambda key: (ranks[key[0]], key))
     return Selection(tuple(keys), best[0][0])
-
-
-def _mean_distance_keys(keys, by_name: Mapping[str, HostAvail], matrices, net: NetworkTiers) -> float:
-    def host_matrix(host: str):
-        h = by_name[host]
-        return {key.index: row for key, row in zip(h.keys, h.rows)}, matrices[h.matrix_id]
-
-    return mean_distance(keys, host_matrix, net)
 
 
 def choose_replacement(
