@@ -102,12 +102,16 @@ def test_a_decision_is_never_the_gpus_just_taken(cluster):
 
 
 def test_target_questions_on_a_released_copy(cluster):
-    """A target question (the GPUs of running jobs counted idle) is plan()'s on the released copy."""
+    """A target question (the GPUs of running jobs counted idle) is plan()'s on the released copy:
+    before any start question, and after one (the copy's parts then share what depends on the
+    GPUs' health alone with the cluster's)."""
     c = cluster
     rng = random.Random(5)
     placer = PlannerPlacer(c)
     held = rng_mask(c, rng, 0.7)
-    for _ in range(10):
+    for i in range(10):
+        if i == 5:  # a start question: the cluster's own parts exist from here on
+            placer(QueueEntry("s", PlanRequest(1)), held, {})
         idle = held & rng_mask(c, rng, 0.5)
         blocked = held & ~idle
         entry = QueueEntry("t", PlanRequest(rng.choice((2, 8, 16)), rng.choice(CARDS)))

@@ -105,13 +105,21 @@ class _Parts:
     """What :func:`~.planner.cluster_state` computes from one cluster (or a released copy) alone,
     and the arrays of the last reserved mask asked about (:class:`_Now`)."""
 
-    def __init__(self, cluster: Cluster, evicted, config: ClusterConfig, drained, lock) -> None:
-        base = cluster_state(cluster, PlanRequest(1), {}, evicted, config, drained=drained)
+    def __init__(self, cluster: Cluster, evicted, config: ClusterConfig, drained, lock,
+                 like: "_Parts | None" = None) -> None:
+        """``like``: the parts of a cluster this one is a copy of with other loads, processes and
+        free memory only (the same GPUs, health, schedulability and pools): what depends on
+        those alone is taken from it (the base state's health and drains, the healthy GPUs of
+        each pool, their offsets, the unhealthy list), not computed again."""
         n = len(cluster.gpus)
+        if like is not None:
+            base, self.usable = like.base, like.usable
+        else:
+            base = cluster_state(cluster, PlanRequest(1), {}, evicted, config, drained=drained)
+            self.usable = base.healthy & cluster.schedulable & ~base.on_drained
         self.cluster = cluster
-        self.base = base
+        self.base = base  # read for its thresholds, health, evictions and drains only
         self.busy_utilization = base.thresholds.busy_utilization
-        self.usable = base.healthy & cluster.schedulable & ~base.on_drained
         self.block_foreign = config.thresholds.foreign_processes == "block"
         self.memory: dict[float, np.ndarray] = {}
         self.unhealthy: list | None = None
@@ -125,6 +133,8 @@ class _Parts:
         self._now: _Now | None = None
         self._offsets: _Offsets | None = None
         self.lock = lock
+        if like is not None:
+            self._healthy, self.unhealthy, self._offsets = like._healthy, like.unhealthy, like._offsets
 
     def now(self, mask: np.ndarray) -> _Now:
         """The arrays of ``mask``: the last mask's, patched in place where ``mask`` differs."""
@@ -353,9 +363,16 @@ class KeptPlans:
     def parts(self, cluster: Cluster) -> _Parts:
         got = self._parts.get(id(cluster))
         if got is None or got.cluster is not cluster:
+            like = None
             if cluster is not self.cluster:  # a released copy: keep the latest one only
                 self._parts = {k: v for k, v in self._parts.items() if v.cluster is self.cluster}
-            got = self._parts[id(cluster)] = _Parts(cluster, self.evicted, self.config, self.drained, self._lock)
+                main = self._parts.get(id(self.cluster))
+                c = self.cluster
+                if main is not None and cluster.gpus is c.gpus and cluster.healthy is c.healthy \
+                        and cluster.schedulable is c.schedulable and cluster.pools is c.pools:
+                    like = main
+            got = self._parts[id(cluster)] = _Parts(cluster, self.evicted, self.config, self.drained, self._lock,
+                                                    like)
         return got
 
     def plan(self, request: PlanRequest, reserved: Mapping[GpuKey, str], mask: np.ndarray, *,
