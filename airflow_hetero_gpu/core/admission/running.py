@@ -11,7 +11,9 @@ the same order (it holds them, so their ids cannot be reused by others).
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from typing import Any, Sequence
 
 import numpy as np
@@ -31,16 +33,21 @@ class RunningColumns:
     def __init__(self, running: Sequence[Any], cluster: Any) -> None:
         self.cluster = cluster
         self.running = tuple(running)  # its own: what it reads later is what it was given
-        nan = math.nan
-        self.started = np.array([j.started_at for j in running], dtype=np.float64)
+        nan, n = math.nan, len(running)
+
+        def column(name: str, dtype) -> np.ndarray:  # one C-level walk over the jobs per column
+            return np.fromiter(map(operator.attrgetter(name), running), dtype=dtype, count=n)
+
+        self.started = column("started_at", np.float64)
         ckpt = np.array([nan if j.checkpoint_at is None else j.checkpoint_at for j in running], dtype=np.float64)
         self.since = np.where(np.isnan(ckpt), self.started, np.fmax(self.started, ckpt))
-        self.ngpus = np.array([len(j.gpus) for j in running], dtype=np.int64)
-        self.own_borrowed = np.array([j.borrowed for j in running], dtype=bool)
-        self.priority = np.array([j.priority for j in running], dtype=np.int64)
-        self.idle = np.array([j.preempting is None for j in running], dtype=bool)
-        self.preemptible = np.array([j.preemptible for j in running], dtype=bool)
-        self.enqueued = np.array([j.enqueued_at for j in running], dtype=np.float64)
+        self.ngpus = np.fromiter(map(len, map(operator.attrgetter("gpus"), running)), dtype=np.int64, count=n)
+        self.own_borrowed = column("borrowed", bool)
+        self.priority = column("priority", np.int64)
+        self.idle = np.fromiter(map(operator.is_, map(operator.attrgetter("preempting"), running), itertools.repeat(None)),
+                                dtype=bool, count=n)
+        self.preemptible = column("preemptible", bool)
+        self.enqueued = column("enqueued_at", np.float64)
         self.ids = np.array([j.job_id for j in running], dtype=str)
         self.team = np.array([j.team for j in running] + [None], dtype=object)[:len(running)]
         _read_only(self.started, self.since, self.ngpus, self.own_borrowed, self.priority, self.idle,
@@ -74,9 +81,7 @@ class RunningColumns:
         """Every job's GPU positions, concatenated in job order (-1: a GPU the cluster does not
         list), and where each job's start (``offsets``, one more than the jobs)."""
         if self._positions is None:
-            get = self.cluster.position.get
-            flat = np.fromiter((-1 if (q := get(k)) is None else q for j in self.running for k in j.gpus),
-                               dtype=np.int64, count=int(self.ngpus.sum()))
+            flat = self.cluster.positions_of(list(itertools.chain.from_iterable(j.gpus for j in self.running)))
             offsets = np.zeros(len(self.running) + 1, dtype=np.int64)
             np.cumsum(self.ngpus, out=offsets[1:])
             _read_only(flat, offsets)
