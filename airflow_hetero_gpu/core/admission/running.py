@@ -33,13 +33,13 @@ class RunningColumns:
     def __init__(self, running: Sequence[Any], cluster: Any) -> None:
         self.cluster = cluster
         self.running = tuple(running)  # its own: what it reads later is what it was given
-        nan, n = math.nan, len(running)
+        n = len(running)
 
         def column(name: str, dtype) -> np.ndarray:  # one C-level walk over the jobs per column
             return np.fromiter(map(operator.attrgetter(name), running), dtype=dtype, count=n)
 
         self.started = column("started_at", np.float64)
-        ckpt = np.array([nan if j.checkpoint_at is None else j.checkpoint_at for j in running], dtype=np.float64)
+        ckpt = column("checkpoint_at", np.float64)  # None: nan
         self.since = np.where(np.isnan(ckpt), self.started, np.fmax(self.started, ckpt))
         self.ngpus = np.fromiter(map(len, map(operator.attrgetter("gpus"), running)), dtype=np.int64, count=n)
         self.own_borrowed = column("borrowed", bool)
@@ -49,7 +49,7 @@ class RunningColumns:
         self.preemptible = column("preemptible", bool)
         self.enqueued = column("enqueued_at", np.float64)
         self.ids = np.array([j.job_id for j in running], dtype=str)
-        self.team = np.array([j.team for j in running] + [None], dtype=object)[:len(running)]
+        self.team = column("team", object)
         _read_only(self.started, self.since, self.ngpus, self.own_borrowed, self.priority, self.idle,
                    self.preemptible, self.enqueued, self.ids, self.team)
         self._positions: tuple[np.ndarray, np.ndarray] | None = None
