@@ -51,7 +51,10 @@ def host_candidates(view: PoolView, k: int, *, narrow: bool = True) -> list[Host
         chosen = _best_fitting_host(c, hid, starts, counts, keep, k, codes) if narrow else None
     else:
         keep = np.arange(len(starts))
-        chosen = _spanning_hosts(c, hid[starts], counts, k, codes) if narrow else None
+        chosen = None
+        if narrow:
+            ranked = view.memo("host_ranks", lambda: _ranked_pairs(c, hid[starts], counts))
+            chosen = _spanning_hosts(c, hid[starts], counts, k, codes, ranked)
     if chosen is not None:
         keep = chosen
     return _records(c, pos, hid, starts, ends, keep)
@@ -188,30 +191,42 @@ def _build_span_index(c) -> _SpanIndex | None:
     return _SpanIndex(np.asarray([t for _, t, _ in groups], dtype=np.int64), level_of, level_tier, unit)
 
 
-def _spanning_hosts(c, host_ids, counts, k: int, signatures) -> np.ndarray | None:
-    """Indices (into ``starts``) of the m hosts the spanning selection will use, or None."""
+def _ranked_pairs(c, host_ids, counts) -> tuple | None:
+    """What the spanning selection reads of the hosts whatever k: the hosts most available first
+    (then by name), and every (host, group) pair sorted by group, then by that rank, with each
+    pair's place in its group (None: the network is no tree). Kept in the pool's view cache."""
     idx = _span_index(c)
     if idx is None:
         return None
     n = len(host_ids)
     order = np.lexsort((host_ids, -counts))  # most available first, then name
-    m = int(np.searchsorted(np.cumsum(counts[order]), k) + 1)
-    if m > n:
-        return None
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n)
-    # every group's m best hosts: (group, rank)-sorted pairs, the first m of each group; the
-    # pairs of these hosts read from their rows of ``level_of`` (one group per level), not
+    # the pairs of these hosts read from their rows of ``level_of`` (one group per level), not
     # filtered out of the whole network's pairs
     lv = idx.level_of[host_ids]
     inside = lv >= 0
     p_local = np.nonzero(inside)[0]  # each pair's host, in the row-major order of lv[inside]
     p_group = lv[inside]
-    p_rank = rank[p_local]
-    srt = np.lexsort((p_rank, p_group))
+    srt = np.lexsort((rank[p_local], p_group))
     p_local, p_group = p_local[srt], p_group[srt]
-    first = np.searchsorted(p_group, p_group, side="left")
-    within = np.arange(len(p_group)) - first
+    within = np.arange(len(p_group)) - np.searchsorted(p_group, p_group, side="left")
+    out = (idx, order, np.cumsum(counts[order]), p_local, p_group, within)
+    for a in out[1:]:
+        a.flags.writeable = False
+    return out
+
+
+def _spanning_hosts(c, host_ids, counts, k: int, signatures, ranked) -> np.ndarray | None:
+    """Indices (into ``starts``) of the m hosts the spanning selection will use, or None."""
+    if ranked is None:
+        return None
+    idx, order, held_first, p_local, p_group, within = ranked
+    n = len(host_ids)
+    m = int(np.searchsorted(held_first, k) + 1)
+    if m > n:
+        return None
+    # every group's m best hosts: the first m pairs of each group
     top = within < m
     t_local, t_group = p_local[top], p_group[top]
     n_groups = len(idx.group_tier)

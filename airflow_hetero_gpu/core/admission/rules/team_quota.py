@@ -213,9 +213,10 @@ def holdings(p, quotas: QuotaInput, reserved: Mapping[GpuKey, str], cards: list[
 def _count(p, quotas: QuotaInput, cards: list[str], gpu_code: np.ndarray) -> dict[tuple[str, str], int]:
     names = list(dict.fromkeys([quotas.default_team, *quotas.team_of.values()]))
     index = {t: i for i, t in enumerate(names)}
-    job_code = dict(zip(quotas.team_of.keys(), map(index.__getitem__, quotas.team_of.values())))
     pos, jobs = p.reserved_positions()
-    codes = np.fromiter(map(job_code.get, jobs, itertools.repeat(0)), dtype=np.int64, count=len(jobs))
+    # each holder's team, then its number (a job no team names: the default team's, number 0)
+    teams = map(quotas.team_of.get, jobs, itertools.repeat(quotas.default_team))
+    codes = np.fromiter(map(index.__getitem__, teams), dtype=np.int64, count=len(jobs))
     found = pos >= 0
     found[found] = p.held[pos[found]]  # with a reserved_mask, only the GPUs it marks held
     counts = np.bincount(codes[found] * len(cards) + gpu_code[pos[found]], minlength=len(names) * len(cards))
