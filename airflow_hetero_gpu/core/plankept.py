@@ -132,6 +132,7 @@ class _Parts:
         # where an admission or a claim changed it: the KeptPlans' lock is held meanwhile)
         self._now: _Now | None = None
         self._offsets: _Offsets | None = None
+        self._idle: tuple[np.ndarray, dict] | None = None  # see idle_slice
         self.lock = lock
         if like is not None:
             self._healthy, self.unhealthy, self._offsets = like._healthy, like.unhealthy, like._offsets
@@ -184,11 +185,15 @@ class _Parts:
         for a in (load, busy, outside, avail) if self.block_foreign else (load, busy, avail):
             a.flags.writeable = True
         try:
-            load[changed] = np.where(m, 1.0, c.base_load[changed])
-            busy[changed] = load[changed] > self.busy_utilization
+            ld = np.where(m, 1.0, c.base_load[changed])
+            bz = ld > self.busy_utilization
+            load[changed], busy[changed] = ld, bz
+            ok = self.usable[changed] & ~m & ~bz
             if self.block_foreign:
-                outside[changed] = c.has_processes[changed] & ~m
-            avail[changed] = self.usable[changed] & ~m & ~busy[changed] & ~outside[changed]
+                out = c.has_processes[changed] & ~m
+                outside[changed] = out
+                ok &= ~out
+            avail[changed] = ok
         finally:
             _frozen(load, busy, outside, avail)
         pool_of = c.pool_of[changed]
@@ -230,6 +235,17 @@ class _Parts:
                 loads[h[h >= 0]] = now.load[changed[h >= 0]]
                 _frozen(loads)
             now.local[(i, "loads")] = loads
+
+    def idle_slice(self, idle: np.ndarray, i: int) -> bytes:
+        """Pool ``i``'s packed slice of a target question's ``idle`` mask (kept for the last mask:
+        the questions on one released copy ask with the same one)."""
+        last = self._idle
+        if last is None or not np.array_equal(last[0], idle):
+            last = self._idle = (idle.copy(), {})
+        got = last[1].get(i)
+        if got is None:
+            got = last[1][i] = np.packbits(idle[self.cluster.pools[i].positions]).tobytes()
+        return got
 
     def offsets(self) -> "_Offsets":
         """Each GPU's place in its pool's positions, and in its pool's healthy positions (-1: not
@@ -413,7 +429,7 @@ class KeptPlans:
                                           "rejected", refused))
                 continue
             # past them, a pool's report reads of the request only k and the memory asked
-            key = (i, k, mib, slices[i], np.packbits(idle[pos]).tobytes() if released else None)
+            key = (i, k, mib, slices[i], parts.idle_slice(idle, i) if released else None)
             row = kept.get(key)
             if row is None:
                 state = call.state()
