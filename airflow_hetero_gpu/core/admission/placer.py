@@ -97,4 +97,6 @@ class PlannerPlacer:
         result = self.kept.plan(entry.request, holders, blocked, cluster=cluster, idle=idle)
         if result.decision is None:
             return Placement(result=result)
-        return Placement(tuple(result.decision.keys), result.decision.pool, result)
+        # the scheduling pool's selection: the decision's GPUs' keys, without making them again
+        chosen = next(r.selection for r in result.pools if r.stage == "scheduling")
+        return Placement(tuple(chosen), result.decision.pool, result)
