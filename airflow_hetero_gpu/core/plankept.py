@@ -166,11 +166,11 @@ class _Parts:
 
     def _fresh(self, mask: np.ndarray) -> _Now:
         mask = mask.copy()
-        local = {}
+        local, slices = {}, []
         for i, p in enumerate(self.cluster.pools):
-            local[(i, "mask")] = mask[p.positions]
-            _frozen(local[(i, "mask")])
-        slices = [np.packbits(local[(i, "mask")]).tobytes() for i in range(len(self.cluster.pools))]
+            local[(i, "mask")] = part = mask[p.positions]
+            _frozen(part)
+            slices.append(np.packbits(part).tobytes())
         return _Now(self, mask, slices, self.computed(mask), local)
 
     def _patched(self, last: _Now, mask: np.ndarray, changed: np.ndarray) -> _Now:

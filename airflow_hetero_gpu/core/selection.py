@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from airflow_hetero_gpu.core.model import GpuKey
-from airflow_hetero_gpu.core.topology import NetworkTiers
+from airflow_hetero_gpu.core.topology import NetworkTiers, across_hosts
 
 EXACT_SEARCH_MAX_GPUS = 16
 EPS = 1e-9
@@ -202,9 +202,7 @@ def _span_hosts(hosts: Sequence[HostAvail], k: int, matrices, net: NetworkTiers)
             takes.append((h.host, take))
             left -= take
         # and the pairs across hosts: d(S) as mean_distance() gives it, from the same integers
-        for i, (a, ta) in enumerate(takes):
-            for b, tb in takes[i + 1:]:
-                total += net.host_distance(a, b) * ta * tb
+        total += across_hosts(takes, net)
         d = total / pairs if k > 1 else 1.0
         rank = (d, tuple(sorted(h.host for h in chosen)))
         if best is None or rank[0] < best[0][0] - EPS or (abs(rank[0] - best[0][0]) <= EPS and rank[1] < best[0][1]):

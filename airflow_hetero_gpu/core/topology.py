@@ -214,9 +214,16 @@ def mean_distance(keys: Sequence[tuple], host_matrix, net: NetworkTiers) -> floa
             r = [rows[i] for i in idx]
             sub = m[r][:, r]
             total += int(sub.sum()) // 2
-    hosts = list(by_host)
-    for i, a in enumerate(hosts):
-        for b in hosts[i + 1:]:
-            total += net.host_distance(a, b) * len(by_host[a]) * len(by_host[b])
+    total += across_hosts([(host, len(idx)) for host, idx in by_host.items()], net)
     k = len(keys)
     return total / (k * (k - 1) / 2)
+
+
+def across_hosts(shares: Sequence[tuple[str, int]], net: NetworkTiers) -> int:
+    """The pair-distance sum of a set's pairs on different hosts: ``shares`` is each host with
+    the number of the set's GPUs on it (each host once)."""
+    total = 0
+    for i, (a, ta) in enumerate(shares):
+        for b, tb in shares[i + 1:]:
+            total += net.host_distance(a, b) * ta * tb
+    return total

@@ -48,12 +48,6 @@ class Start:
     host_held: np.ndarray
 
 
-def positions(cluster: Any, keys: list) -> np.ndarray:
-    """Each key's GPU position (-1: a GPU the cluster does not list): :meth:`Cluster.positions_of
-    <airflow_hetero_gpu.core.cluster.Cluster.positions_of>`."""
-    return cluster.positions_of(keys)
-
-
 def start_arrays(adm: Any, pos: np.ndarray, jobs: list) -> Start:
     """The pass's starting arrays for reservations at ``pos`` (``adm``: the Admission)."""
     c = adm.cluster
@@ -120,7 +114,7 @@ class KeptHeld:
         last = self._last
         if last is not None and type(reserved) is dict and len(last[0]) == len(reserved) and last[0] == reserved:
             return last[1], last[2]
-        start = start_arrays(adm, positions(adm.cluster, list(reserved)), list(reserved.values()))
+        start = start_arrays(adm, adm.cluster.positions_of(list(reserved)), list(reserved.values()))
         serial = next(_SERIALS)
         if type(reserved) is dict:  # another Mapping may not compare fast: not kept
             self._last = (dict(reserved), start, serial)

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from airflow_hetero_gpu.core.admission.kept import positions, start_arrays, start_from_mask
+from airflow_hetero_gpu.core.admission.kept import start_arrays, start_from_mask
 from airflow_hetero_gpu.core.admission.model import Claim, QueueEntry
 from airflow_hetero_gpu.core.admission.placer import Placement
 from airflow_hetero_gpu.core.model import GpuKey, PlanRequest
@@ -56,7 +56,7 @@ class PassState:
                 start, self.serial = kept.start(adm, reserved)
             else:
                 keys = list(reserved or {})
-                start = start_arrays(adm, positions(c, keys), list((reserved or {}).values()))
+                start = start_arrays(adm, c.positions_of(keys), list((reserved or {}).values()))
         else:
             held = np.array(reserved_mask, dtype=bool)
             if held.shape != (n,):
@@ -84,7 +84,7 @@ class PassState:
         start = self._start
         if start.pos is None:
             reserved = self.holders.maps[1]
-            self._start = start = dataclasses.replace(start, pos=positions(self.cluster, list(reserved)),
+            self._start = start = dataclasses.replace(start, pos=self.cluster.positions_of(list(reserved)),
                                                       jobs=list(reserved.values()))
         return start.pos, start.jobs
 
