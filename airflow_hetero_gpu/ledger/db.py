@@ -36,6 +36,7 @@ from sqlalchemy.pool import StaticPool
 
 from airflow_hetero_gpu.ledger import guard
 from airflow_hetero_gpu.ledger.migrations import LATEST
+from airflow_hetero_gpu.ledger.switching import prompt_switching
 from airflow_hetero_gpu.ledger.url import is_memory
 
 # One 64-bit advisory lock key for the whole ledger (schema changes and every write).
@@ -120,15 +121,17 @@ def _set_wal(cur: sqlite3.Cursor) -> None:
 def write_transaction(engine: Engine) -> Iterator[Connection]:
     """A transaction holding the ledger lock from its first statement to commit/rollback, its
     writes declaring the engine's schema version to the writers' guard (:mod:`.guard`; SQLite's
-    connections declared it when they opened)."""
+    connections declared it when they opened). From asking for the lock to the commit, this
+    process's threads switch promptly (:mod:`.switching`): the write gets the interpreter back
+    after each round trip even beside a busy thread."""
     with engine.connect() as conn:
         if engine.dialect.name == "sqlite":
             conn.execution_options(**{_BEGIN_OPTION: "IMMEDIATE"})
-            with conn.begin():
+            with prompt_switching(), conn.begin():
                 yield conn
         else:
             declared = str(getattr(engine, "hetero_gpu_writes_schema", LATEST))
-            with conn.begin():  # the lock and the writer's declaration, in one statement
+            with prompt_switching(), conn.begin():  # the lock and the writer's declaration, in one statement
                 conn.execute(select(func.pg_advisory_xact_lock(bindparam("key", LOCK_KEY)),
                                     func.set_config(guard.SETTING, bindparam("writes", declared), True)))
                 yield conn
