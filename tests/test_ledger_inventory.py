@@ -445,3 +445,54 @@ def test_a_warmed_cluster_is_not_used_once_a_host_it_has_is_removed_or_the_fleet
                              fleet_files={"cluster.yaml": "weights:\n  topology: 0.9\n"})
         assert get(warmed).config.weights.topology == 0.9  # another cluster.yaml: rebuilt
         assert kept.stats.warmed_uses == 1
+
+
+def test_a_write_with_its_warmed_cluster_does_not_wait_for_another_threads_build(ledger_db_url):  # noqa: F811
+    """In the triggerer a check's warm builds the cluster after its last part while a trigger's
+    renewal, which warmed before that part, holds the ledger lock: the renewal uses its own
+    cluster at once rather than waiting, with the fleet's lock held, for the build."""
+    import threading
+
+    from airflow_hetero_gpu.ledger.admission import ClusterCache
+
+    specs = small_hosts(3, gpus=2)
+    clock = Clock()
+    with Ledger.from_url(ledger_db_url, clock=clock) as led:
+        store(led, specs)
+        assert not led.enqueue("w", PlanRequest(8), lease_seconds=3600).admitted  # someone waits
+        kept = ClusterCache()  # one process's cache, shared by its threads
+        build = kept._build
+        building, finish = threading.Event(), threading.Event()
+
+        def held_build(*args, **kwargs):
+            if threading.current_thread().name == "check":
+                building.set()
+                assert finish.wait(120), "the test let the build finish"
+            return build(*args, **kwargs)
+
+        kept._build = held_build  # type: ignore[method-assign]
+
+        def read(call, *args):
+            with led._read("test") as (conn, now):
+                return call(conn, now, *args)
+
+        warmed = read(kept.warm)  # the renewal's warm
+        clock.tick(30)
+        store(led, specs[:1])  # the check's last part
+        check = threading.Thread(target=read, args=(kept.warm,), name="check")
+        check.start()
+        got: list = []
+        renewal = threading.Thread(target=lambda: got.append(read(kept.get, warmed)), name="renewal")
+        try:
+            assert building.wait(120), "the check's build began"
+            renewal.start()  # the renewal's pass, while the check builds
+            renewal.join(60)
+            assert got, "the renewal's pass waited for the check's build"
+            assert got[0] is warmed.cluster and kept.stats.warmed_uses == 1
+            builds = kept.stats.builds
+        finally:
+            finish.set()
+            check.join(120)
+            renewal.join(120)
+        assert kept.stats.builds == builds + 1  # the check's build went on and is kept
+        assert read(kept.get, None) is not warmed.cluster

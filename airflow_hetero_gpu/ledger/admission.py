@@ -83,26 +83,30 @@ class ClusterCache:
     again over the kept GPUs). A change of the fleet files (``cluster.yaml``, ``topology.conf``)
     rebuilds everything.
 
-    The writes that run passes most (release, enqueue, renew, leave, the check's own pass) :meth:`warm`
-    it in a read transaction before they take the ledger lock, and keep what they warmed
-    (:class:`Warmed`). Under the lock :meth:`get` compares the inventory's version; when it moved
-    meanwhile (a health check's part landed), a write that warmed uses the cluster it warmed and
-    parses nothing under the lock, unless the fleet files changed or a host it knows was removed
-    (then it rebuilds, as a write that did not warm always does). The ledger's reservations,
+    The writes that run passes (release, enqueue, renew, leave, evict, replace, the check's own
+    pass) :meth:`warm` it in a read transaction before they take the ledger lock, and keep what
+    they warmed (:class:`Warmed`). Under the lock :meth:`get` compares the inventory's version;
+    when it moved meanwhile (a health check's part landed), a write that warmed uses the cluster it
+    warmed and parses nothing under the lock, nor waits for another thread's build in progress,
+    unless the fleet files changed or a host it knows was removed (then it rebuilds, as a write
+    that did not warm always does). The ledger's reservations,
     evictions and drains are read under the lock either way (docs/ledger.md, "Which cluster a
     write's pass uses").
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one build at a time (it updates what is kept in place)
+        self._count = threading.Lock()  # the counters of a write that uses its warmed cluster
         self._files_digest: str | None = None
         self._config: Any = None
         self._switches: Any = None
-        self._version: Any = None
         self._stamps: dict[str, datetime] = {}
         self._captures: dict[str, Any] = {}  # host -> its HostCapture (None: a row without outputs)
         self._memo: Any = None
-        self._built: Warmed | None = None
+        #: (files digest, inventory version, the cluster built for them): replaced whole by a
+        #: build, read without the lock (one attribute), so a write never waits on a build that
+        #: would give it nothing newer than it may use
+        self._latest: tuple[str, Any, Warmed] | None = None
         self.stats = CacheStats()
 
     def warm(self, conn: Connection, now: datetime) -> Warmed | None:
@@ -127,24 +131,26 @@ class ClusterCache:
         files = inventory.read_fleet_files(conn)
         digest = hashlib.sha256(repr(sorted(files.items())).encode()).hexdigest()
         version = inventory.version(conn)  # (hosts, newest collection): changes with every collection
-        with self._lock:
-            if digest == self._files_digest and version == self._version and self._built is not None:
-                return self._built
+        latest = self._latest
+        if latest is not None and latest[0] == digest and latest[1] == version:
+            return latest[2]
         if warmed is not None and warmed.digest == digest and warmed.hosts <= inventory.host_names(conn):
             # a part landed since the warm: its new evictions are read under the lock by the pass,
-            # its hosts' other news go to the check's own pass; a host added waits for the next pass
-            with self._lock:
+            # its hosts' other news go to the check's own pass; a host added waits for the next pass.
+            # Another thread's build in progress (a check's warm) is not waited for.
+            with self._count:
                 self.stats.warmed_uses += 1
             return warmed
         with self._lock:  # one build at a time: the kept captures and GPUs are updated in place
-            if digest == self._files_digest and version == self._version and self._built is not None:
-                return self._built  # another thread built it meanwhile
+            latest = self._latest
+            if latest is not None and latest[0] == digest and latest[1] == version:
+                return latest[2]  # another thread built it meanwhile
             stamps = inventory.host_stamps(conn)
             if not stamps:
                 return None
-            self._built = self._build(conn, now, files, digest, stamps)
-            self._version = version
-            return self._built
+            built = self._build(conn, now, files, digest, stamps)
+            self._latest = (digest, version, built)
+            return built
 
     def _build(self, conn: Connection, now: datetime, files: dict[str, str], digest: str,
                stamps: dict[str, datetime]) -> Warmed:
@@ -158,7 +164,7 @@ class ClusterCache:
             config = config_from_text(text, "ledger inventory file cluster.yaml") if text else ClusterConfig()
             switches = StoredInventory({}, files, now).captures().switches
             self._config, self._switches, self._memo = config, switches, HostMemo()
-            self._files_digest, self._stamps, self._captures, self._built = digest, {}, {}, None
+            self._files_digest, self._stamps, self._captures, self._latest = digest, {}, {}, None
         changed = [h for h, at in stamps.items() if self._stamps.get(h) != at]
         parsed = StoredInventory(inventory.read_hosts(conn, changed), files, now).captures().hosts if changed else {}
         captures = {h: parsed.get(h) if h in parsed or h in changed else self._captures.get(h)

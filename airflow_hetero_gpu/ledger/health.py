@@ -40,7 +40,7 @@ class Evictions:
         is a GPU's: a MIG instance's key evicts its GPU, and so every instance of it.
         """
         key = check_key(key).gpu
-        with self.db.write(f"evict GPU {key}") as uow:
+        with self.db.write(f"evict GPU {key}", warm=True) as uow:
             out = self.record(uow, key, uuid, check_reasons(reasons))
             uow.admit_before_commit()  # a claim on it moves
         return out

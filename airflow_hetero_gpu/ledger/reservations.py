@@ -265,7 +265,7 @@ class Reservations:
         if bad not in cluster.position:
             raise LedgerError(f"replace: GPU {bad} is not in the cluster inventory, so its pool is unknown")
         why = check_reasons(reasons)
-        with self.db.write(f"replace GPU {bad} of job {job_id!r}") as uow:
+        with self.db.write(f"replace GPU {bad} of job {job_id!r}", warm=True) as uow:
             conn = uow.conn
             uow.expire()
             found = self.load(uow, job_id)
