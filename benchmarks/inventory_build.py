@@ -89,7 +89,10 @@ def main(argv: list[str] | None = None) -> int:
         assert base["package"] != this["package"], "the baseline ran the same package"
     print(f"python {platform.python_version()} on {platform.machine()}, {args.hosts} hosts ({this['gpus']} GPUs), "
           f"Airflow loaded, {args.repeat} repeats; CPU ms")
-    print(f"{'':>6}  {'median':>8}  {'min':>8}" + (f"  {'base median':>11}  {'base min':>8}  {'base/this':>9}" if base else ""))
+    head = f"{'':>6}  {'median':>8}  {'min':>8}"
+    if base:
+        head += f"  {'base median':>11}  {'base min':>8}  {'base/this':>9}"
+    print(head)
     for k in ("read", "build", "cache"):
         row = f"{k:>6}  {this[k]['median']:8.1f}  {this[k]['min']:8.1f}"
         if base:

@@ -138,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"{pct(r['hold'], 0.99) * 1e3:8.1f}  {max(r['hold']) * 1e3:8.1f}  "
                           f"{statistics.median(r['wall']) * 1e3:8.1f}")
                 was, now = rows["busy, as it was"]["hold"], rows["busy, prompt"]["hold"]
-                print(f"{label}: lock hold beside a busy thread, as it was / prompt: p50 "
-                      f"{statistics.median(was) / statistics.median(now):.1f}x, p99 {pct(was, 0.99) / pct(now, 0.99):.1f}x")
+                p50, p99 = statistics.median(was) / statistics.median(now), pct(was, 0.99) / pct(now, 0.99)
+                print(f"{label}: lock hold beside a busy thread, as it was / prompt: p50 {p50:.1f}x, p99 {p99:.1f}x")
     finally:
         if server is not None:
             server.stop()

@@ -5,14 +5,14 @@ makes a database round trip per statement, and CPython releases its global inter
 (GIL) for each. When another thread of the same process is busy with pure Python meanwhile — in
 the triggerer, a health check merging and judging its parts while a trigger's renewal runs its
 pass — the writing thread waits, after each round trip, up to the interpreter's switch interval
-(5 ms by default) for the busy thread to hand the GIL back: a pass of 21 statements that takes
-13 ms alone held the lock 240 ms beside one busy thread
+(5 ms by default) for the busy thread to hand the GIL back: a pass of about 20 statements that
+held the lock 10 ms alone held it 190 ms beside one busy thread on PostgreSQL, 414 ms on SQLite
 (`benchmarks/pass_beside_busy_thread.py`, docs/performance.md).
 
 :func:`prompt_switching` lowers the process's switch interval to :data:`WRITE_SWITCH_INTERVAL_S`
-from the moment one of its writes asks for the lock to its commit, and puts back the interval it found when the
-last such write ends. A process whose interval is already as short keeps its own. The cost is
-more frequent switches of the busy threads for the lock's few milliseconds.
+from the moment one of its writes asks for the lock to its commit, and puts back the interval
+it found when the last such write ends. A process whose interval is already as short keeps its
+own. The cost is more frequent switches of the busy threads for the lock's few milliseconds.
 """
 
 from __future__ import annotations
