@@ -31,7 +31,6 @@ from airflow_hetero_gpu.core.machines import duplicate_hosts, duplicate_line
 from airflow_hetero_gpu.core.foreign import host_processes, instance_processes
 from airflow_hetero_gpu.core.model import Fabric, Gpu, GpuProcess
 from airflow_hetero_gpu.core.topology import HostWiring, NetworkTiers
-from airflow_hetero_gpu.interpreter import gc_paused
 
 
 @dataclass(frozen=True)
@@ -240,7 +239,6 @@ class HostMemo:
             del self.hosts[name]
 
 
-@gc_paused()
 def cluster_from_captures(captures: CaptureSet, config: ClusterConfig | None = None, *,
                           xid_rule: XidRule | None = None, memo: HostMemo | None = None) -> Cluster:
     """Build the planner's cluster from parsed captures.

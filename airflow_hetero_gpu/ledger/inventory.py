@@ -39,7 +39,6 @@ from airflow_hetero_gpu.capture.xid import parse_xid_log
 from airflow_hetero_gpu.core.model import GpuKey
 from airflow_hetero_gpu.core.watch import XidMarker, split_new_lines
 from airflow_hetero_gpu.errors import CaptureError
-from airflow_hetero_gpu.interpreter import gc_paused
 from airflow_hetero_gpu.ledger.schema import collections as coll_t
 from airflow_hetero_gpu.ledger.schema import gpu_watch as watch_t
 from airflow_hetero_gpu.ledger.schema import inventory_files as files_t
@@ -106,7 +105,6 @@ class StoredInventory:
     fleet_files: dict[str, str]
     read_at: datetime
 
-    @gc_paused()
     def captures(self, *, count_xids: bool = False, max_age: float | None = None,
                  fresh: Collection[str] = ()) -> CaptureSet:
         """The stored outputs parsed as a capture set (the planner's input).
@@ -169,7 +167,6 @@ def _parsed_query(host: str, files: Mapping[str, str]) -> QueryResult | None:
         return None
 
 
-@gc_paused()
 def read_hosts(conn: Connection, hosts: Collection[str] | None = None) -> dict[str, StoredHost]:
     """The stored rows of ``hosts`` (all when None)."""
     out: dict[str, StoredHost] = {}

@@ -18,35 +18,42 @@ own. The cost is more frequent switches of the busy threads for the lock's few m
 from __future__ import annotations
 
 import sys
-from typing import Callable, ContextManager
-
-from airflow_hetero_gpu.interpreter import HeldSetting
+import threading
+from contextlib import contextmanager
+from typing import Iterator
 
 #: the switch interval while a write of this process holds the ledger lock, in seconds
 WRITE_SWITCH_INTERVAL_S = 0.0005
 
-
-def _lower() -> Callable[[], None] | None:
-    found = sys.getswitchinterval()
-    if found <= WRITE_SWITCH_INTERVAL_S:
-        return None  # the process's own interval is as short: it stays
-    sys.setswitchinterval(WRITE_SWITCH_INTERVAL_S)
-    ours = sys.getswitchinterval()
-
-    def put_back() -> None:
-        if sys.getswitchinterval() == ours:  # nobody else set it meanwhile: theirs stays
-            sys.setswitchinterval(found)
-
-    return put_back
+_lock = threading.Lock()
+_holders = 0
+_found: float | None = None  # the interval the first holder found (None: already as short)
+_ours: float | None = None  # the interval as set, to tell whether someone changed it meanwhile
 
 
-_SWITCHING = HeldSetting(_lower)
-
-
-def prompt_switching() -> ContextManager[None]:
-    """Lower the switch interval to :data:`WRITE_SWITCH_INTERVAL_S` for the block (see the module
-    docstring); nested and concurrent blocks share one lowering, undone when the last ends."""
-    return _SWITCHING.held()
+@contextmanager
+def prompt_switching(interval: float = WRITE_SWITCH_INTERVAL_S) -> Iterator[None]:
+    """Lower the switch interval to ``interval`` for the block (see the module docstring); nested
+    and concurrent blocks share one lowering, undone when the last ends."""
+    global _holders, _found, _ours
+    with _lock:
+        if _holders == 0:
+            current = sys.getswitchinterval()
+            if current > interval:
+                sys.setswitchinterval(interval)
+                _found, _ours = current, sys.getswitchinterval()
+            else:
+                _found = _ours = None
+        _holders += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _holders -= 1
+            if _holders == 0 and _found is not None:
+                if sys.getswitchinterval() == _ours:  # nobody else set it meanwhile: theirs stays
+                    sys.setswitchinterval(_found)
+                _found = _ours = None
 
 
 __all__ = ["WRITE_SWITCH_INTERVAL_S", "prompt_switching"]
