@@ -131,9 +131,9 @@ class ClusterCache:
         files = inventory.read_fleet_files(conn)
         digest = hashlib.sha256(repr(sorted(files.items())).encode()).hexdigest()
         version = inventory.version(conn)  # (hosts, newest collection): changes with every collection
-        latest = self._latest
-        if latest is not None and latest[0] == digest and latest[1] == version:
-            return latest[2]
+        latest = self._built_for(digest, version)
+        if latest is not None:
+            return latest
         if warmed is not None and warmed.digest == digest and warmed.hosts <= inventory.host_names(conn):
             # a part landed since the warm: its new evictions are read under the lock by the pass,
             # its hosts' other news go to the check's own pass; a host added waits for the next pass.
@@ -142,15 +142,20 @@ class ClusterCache:
                 self.stats.warmed_uses += 1
             return warmed
         with self._lock:  # one build at a time: the kept captures and GPUs are updated in place
-            latest = self._latest
-            if latest is not None and latest[0] == digest and latest[1] == version:
-                return latest[2]  # another thread built it meanwhile
+            latest = self._built_for(digest, version)
+            if latest is not None:
+                return latest  # another thread built it meanwhile
             stamps = inventory.host_stamps(conn)
             if not stamps:
                 return None
             built = self._build(conn, now, files, digest, stamps)
             self._latest = (digest, version, built)
             return built
+
+    def _built_for(self, digest: str, version: Any) -> Warmed | None:
+        """The last build, if it was made for these fleet files and this inventory version."""
+        latest = self._latest
+        return latest[2] if latest is not None and latest[0] == digest and latest[1] == version else None
 
     def _build(self, conn: Connection, now: datetime, files: dict[str, str], digest: str,
                stamps: dict[str, datetime]) -> Warmed:
